@@ -1,0 +1,24 @@
+"""Named failures of the rollout activities, raised as Temporal ApplicationErrors whose `type`
+the workflow reads (never the message)."""
+
+from __future__ import annotations
+
+from temporalio.exceptions import ApplicationError
+
+from workflows.rollout_workflow import AGENT_LOST_ERROR, AGENT_SPEC_ERROR
+
+
+def agent_spec_error(message: str) -> ApplicationError:
+    """The agent spec cannot start an agent (no such command or entrypoint): not retried."""
+    return ApplicationError(message, type=AGENT_SPEC_ERROR, non_retryable=True)
+
+
+def agent_lost_error(message: str) -> ApplicationError:
+    """The agent vanished without an exit status (killed from outside, machine lost): the
+    attempt failed for infra reasons and the workflow starts a new one."""
+    return ApplicationError(message, type=AGENT_LOST_ERROR, non_retryable=True)
+
+
+def agent_service_unavailable(message: str) -> ApplicationError:
+    """An agent HTTP service could not be reached: retried by the activity's retry policy."""
+    return ApplicationError(message, type="AgentServiceUnavailable")

@@ -1,0 +1,1 @@
+"""Agent runners: one interface, one implementation per place an agent can run."""

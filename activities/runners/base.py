@@ -1,0 +1,44 @@
+"""The agent runner interface: launch an attempt's agent, await it, kill it.
+
+Every runner keeps DESIGN.md rule 3: `launch` is idempotent for a (rollout, attempt) — a retried
+launch returns the agent already started — and `wait` re-attaches from the handle alone, so a
+new worker can await an agent that an earlier, crashed worker launched.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import ClassVar
+
+from activities.agent_contract import AgentContract
+from workflows.contracts import AgentExit, AgentHandle, AwaitRequest, LaunchRequest
+
+Heartbeat = Callable[..., None]
+
+LOG_TAIL_BYTES = 4096
+
+
+class AgentRunner(ABC):
+    kind: ClassVar[str]
+
+    @abstractmethod
+    async def launch(self, request: LaunchRequest, contract: AgentContract) -> AgentHandle:
+        """Start the attempt's agent, or return the handle of the one already started."""
+
+    @abstractmethod
+    async def wait(
+        self, request: AwaitRequest, contract: AgentContract, heartbeat: Heartbeat
+    ) -> AgentExit:
+        """Await the agent's end, calling `heartbeat` at least every `heartbeat_interval`.
+
+        Enforces the rollout timeout plus a grace itself (the workflow's timer normally acts
+        first). Raises `agent_lost_error` when the agent is gone without an exit status.
+        """
+
+    @abstractmethod
+    async def kill(self, handle: AgentHandle) -> None:
+        """Stop the agent and everything it started; idempotent."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release what the runner holds (clients, watchers)."""

@@ -1,0 +1,127 @@
+"""Agent HTTP service runner: the agent already runs as a service; an attempt is one POST.
+
+The request carries the task and the agent contract (base URL, token, result URL, traceparent)
+and `Idempotency-Key: <rollout>/<attempt>`: after a worker crash the retried activity POSTs the
+same key again, and a service that honours it answers with the attempt already running rather
+than starting a second one (the example service in `examples/` does). The reply body is the
+agent's report: `{"reward"?, "answer"?, "metadata"?}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import httpx
+from pydantic import ValidationError
+
+from activities.agent_contract import AgentContract, env_map_values
+from activities.errors import agent_service_unavailable, agent_spec_error
+from activities.runners.base import LOG_TAIL_BYTES, AgentRunner, Heartbeat
+from workflows.contracts import (
+    AgentExit,
+    AgentHandle,
+    AgentReport,
+    AwaitRequest,
+    HttpAgentSpec,
+    LaunchRequest,
+)
+from workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
+
+# Statuses that say the service (or what fronts it) is unavailable, not that the agent failed.
+_UNAVAILABLE = frozenset({502, 503, 504})
+REPORT_FIELDS = ("reward", "answer", "metadata")
+
+
+class HttpAgentRunner(AgentRunner):
+    kind = "http"
+
+    def __init__(self, client: httpx.AsyncClient | None = None) -> None:
+        self._client = client or httpx.AsyncClient(timeout=None)
+
+    async def launch(self, request: LaunchRequest, contract: AgentContract) -> AgentHandle:
+        agent = request.spec.agent
+        if not isinstance(agent, HttpAgentSpec):
+            raise agent_spec_error(f"the http runner cannot run a {agent.kind!r} agent")
+        # Nothing starts until the POST in wait(): launching is free and trivially idempotent.
+        return AgentHandle(
+            kind=self.kind,
+            rollout_id=request.spec.rollout_id,
+            attempt=request.attempt,
+            started_at=time.time(),
+            data={"url": agent.url},
+        )
+
+    async def wait(
+        self, request: AwaitRequest, contract: AgentContract, heartbeat: Heartbeat
+    ) -> AgentExit:
+        spec = request.spec
+        agent = spec.agent
+        if not isinstance(agent, HttpAgentSpec):
+            raise agent_spec_error(f"the http runner cannot run a {agent.kind!r} agent")
+        deadline = (
+            request.handle.started_at
+            + spec.timeouts.agent_seconds
+            + RUNNER_DEADLINE_GRACE.total_seconds()
+        )
+        body = {
+            "rollout_id": spec.rollout_id,
+            "attempt": request.attempt,
+            "run_id": spec.run_id,
+            "group_id": spec.group_id,
+            "mode": spec.mode.value,
+            "task": spec.task,
+            "env": env_map_values(spec.task, agent.env_map),
+            "openai_base_url": contract.base_url,
+            "api_key": contract.token,
+            "result_url": contract.result_url,
+            "traceparent": contract.traceparent,
+            "deadline": deadline,
+        }
+        headers = {**agent.headers, "Idempotency-Key": f"{spec.rollout_id}/{request.attempt}"}
+        if contract.traceparent:
+            headers["traceparent"] = contract.traceparent
+        post = asyncio.ensure_future(self._client.post(agent.url, json=body, headers=headers))
+        interval = min(max(spec.timeouts.heartbeat_seconds / 3, 0.2), 10.0)
+        try:
+            while not post.done():
+                remaining = deadline - time.time()
+                if remaining <= 0:
+                    return AgentExit(exit_code=None, timed_out=True)
+                heartbeat({"url": agent.url})
+                await asyncio.wait({post}, timeout=min(interval, remaining))
+            response = post.result()
+        except httpx.TransportError as err:
+            raise agent_service_unavailable(f"agent service {agent.url}: {err!r}") from err
+        finally:
+            if not post.done():
+                post.cancel()
+                with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                    await post
+        return self._exit_from(response)
+
+    async def kill(self, handle: AgentHandle) -> None:
+        # Cancelling wait() closes the connection; the service sees the client go away.
+        return None
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    @staticmethod
+    def _exit_from(response: httpx.Response) -> AgentExit:
+        text = response.text[-LOG_TAIL_BYTES:]
+        if response.status_code in _UNAVAILABLE:
+            raise agent_service_unavailable(
+                f"agent service answered {response.status_code}: {text[-500:]}"
+            )
+        if response.status_code >= 400:
+            return AgentExit(exit_code=1, log_tail=f"HTTP {response.status_code}: {text}")
+        try:
+            reply = response.json() if response.content else {}
+            if not isinstance(reply, dict):
+                raise ValueError("the reply is not a JSON object")
+            report = AgentReport.model_validate({k: reply[k] for k in REPORT_FIELDS if k in reply})
+        except (ValueError, ValidationError) as err:
+            return AgentExit(exit_code=1, log_tail=f"agent service reply is not a report: {err}")
+        return AgentExit(exit_code=0, report=report, log_tail=text)

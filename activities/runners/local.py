@@ -1,0 +1,236 @@
+"""Local process runner: each attempt's agent is a process group of its own on this machine.
+
+State lives on disk under `<agents_dir>/<rollout>/attempt-<n>/` (handle, task, log, exit code),
+so a worker that replaces a crashed one re-attaches to the agent still running there. A small
+`sh` wrapper records the agent's exit status in `exit_code`, since only the parent could
+otherwise learn it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from activities.agent_contract import AgentContract, inherited_env
+from activities.errors import agent_lost_error, agent_spec_error
+from activities.runners.base import LOG_TAIL_BYTES, AgentRunner, Heartbeat
+from workflows.contracts import AgentExit, AgentHandle, AwaitRequest, LaunchRequest, LocalAgentSpec
+from workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
+
+log = logging.getLogger(__name__)
+
+# $1 is the exit-code file; the rest is the agent's argv. The file appears (atomically) only
+# when the agent exited by itself; a killed group leaves none.
+_WRAPPER = 'f=$1; shift; "$@"; c=$?; printf "%s" "$c" > "$f.tmp" && mv "$f.tmp" "$f"; exit "$c"'
+
+HANDLE_FILE = "handle.json"
+LAUNCH_MARKER = "launching"
+EXIT_FILE = "exit_code"
+LOG_FILE = "agent.log"
+TASK_FILE = "task.json"
+AGENT_KEY_ENV = "DARL_AGENT_KEY"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _read_exit_code(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def _log_tail(attempt_dir: Path) -> str:
+    path = attempt_dir / LOG_FILE
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
+            return f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _is_our_leader(pid: int, create_time: float) -> bool:
+    """True while the process that leads the agent's group still runs (not a reused pid)."""
+    try:
+        proc = psutil.Process(pid)
+        return (
+            abs(proc.create_time() - create_time) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
+        )
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def _wait_for_exit(pid: int, timeout: float) -> None:
+    """Return when `pid` exits or after `timeout`, without polling (a pidfd on the loop)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+    loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(exited, timeout)
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+
+
+def _find_adoptable(agent_key: str) -> psutil.Process | None:
+    """A group leader started for this attempt by a launch that died before saving its handle."""
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error):
+            if os.getpgid(proc.pid) == proc.pid and proc.environ().get(AGENT_KEY_ENV) == agent_key:
+                return proc
+    return None
+
+
+class LocalProcessRunner(AgentRunner):
+    kind = "local"
+
+    def __init__(self, agents_dir: Path, kill_grace_seconds: float = 5.0) -> None:
+        self._agents_dir = agents_dir
+        self._kill_grace = kill_grace_seconds
+        # Agents this process started, so it can reap them (a re-attached one is not our child).
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def attempt_dir(self, rollout_id: str, attempt: int) -> Path:
+        return self._agents_dir / rollout_id / f"attempt-{attempt}"
+
+    async def launch(self, request: LaunchRequest, contract: AgentContract) -> AgentHandle:
+        spec = request.spec
+        agent = spec.agent
+        if not isinstance(agent, LocalAgentSpec):
+            raise agent_spec_error(f"the local runner cannot run a {agent.kind!r} agent")
+        attempt_dir = self.attempt_dir(spec.rollout_id, request.attempt)
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        handle_path = attempt_dir / HANDLE_FILE
+        if handle_path.exists():
+            log.info("agent of %s attempt %d already launched", spec.rollout_id, request.attempt)
+            return AgentHandle.model_validate_json(handle_path.read_text())
+        agent_key = f"{spec.rollout_id}/{request.attempt}"
+        marker = attempt_dir / LAUNCH_MARKER
+        if marker.exists():
+            adopted = _find_adoptable(agent_key)
+            if adopted is not None:
+                return self._save_handle(request, attempt_dir, adopted.pid, adopted.create_time())
+        marker.touch()
+
+        env = inherited_env() | contract.env | agent.env
+        env[AGENT_KEY_ENV] = agent_key
+        env["DARL_TASK_FILE"] = str(attempt_dir / TASK_FILE)
+        (attempt_dir / TASK_FILE).write_text(json.dumps(spec.task))
+        argv = self._argv(agent, env)
+        with (attempt_dir / LOG_FILE).open("ab") as log_file:
+            try:
+                proc = await asyncio.to_thread(
+                    subprocess.Popen,
+                    ["/bin/sh", "-c", _WRAPPER, "darl-agent", str(attempt_dir / EXIT_FILE), *argv],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=agent.cwd,
+                    start_new_session=True,
+                )
+            except OSError as err:
+                raise agent_spec_error(f"cannot start agent {argv!r}: {err}") from err
+        self._children[proc.pid] = proc
+        create_time = psutil.Process(proc.pid).create_time()
+        return self._save_handle(request, attempt_dir, proc.pid, create_time)
+
+    async def wait(
+        self, request: AwaitRequest, contract: AgentContract, heartbeat: Heartbeat
+    ) -> AgentExit:
+        handle = request.handle
+        pid, create_time = int(handle.data["pid"]), float(handle.data["create_time"])
+        attempt_dir = Path(handle.data["dir"])
+        timeouts = request.spec.timeouts
+        deadline = (
+            handle.started_at + timeouts.agent_seconds + RUNNER_DEADLINE_GRACE.total_seconds()
+        )
+        interval = min(max(timeouts.heartbeat_seconds / 3, 0.2), 10.0)
+        while True:
+            code = _read_exit_code(attempt_dir / EXIT_FILE)
+            if code is not None:
+                await self._after_exit(pid)
+                return AgentExit(exit_code=code, log_tail=_log_tail(attempt_dir))
+            if not _is_our_leader(pid, create_time):
+                # The wrapper writes the file before it exits: read once more, then it is lost.
+                code = _read_exit_code(attempt_dir / EXIT_FILE)
+                if code is not None:
+                    continue
+                await self._after_exit(pid)
+                raise agent_lost_error(
+                    f"agent process {pid} ended without an exit status (killed from outside "
+                    f"DARL); log tail: {_log_tail(attempt_dir)[-500:]}"
+                )
+            now = time.time()
+            if now >= deadline:
+                await self.kill(handle)
+                return AgentExit(exit_code=None, timed_out=True, log_tail=_log_tail(attempt_dir))
+            heartbeat({"pid": pid})
+            await _wait_for_exit(pid, min(interval, deadline - now))
+
+    async def kill(self, handle: AgentHandle) -> None:
+        pid, create_time = int(handle.data["pid"]), float(handle.data["create_time"])
+        if _is_our_leader(pid, create_time):
+            self._signal_group(pid, signal.SIGTERM)
+            await _wait_for_exit(pid, self._kill_grace)
+        await self._after_exit(pid)
+
+    async def aclose(self) -> None:
+        self._children.clear()
+
+    def _save_handle(
+        self, request: LaunchRequest, attempt_dir: Path, pid: int, create_time: float
+    ) -> AgentHandle:
+        handle = AgentHandle(
+            kind=self.kind,
+            rollout_id=request.spec.rollout_id,
+            attempt=request.attempt,
+            started_at=create_time,
+            data={"pid": pid, "create_time": create_time, "dir": str(attempt_dir)},
+        )
+        _write_atomic(attempt_dir / HANDLE_FILE, handle.model_dump_json())
+        return handle
+
+    @staticmethod
+    def _argv(agent: LocalAgentSpec, env: dict[str, str]) -> list[str]:
+        if agent.entrypoint is not None:
+            return [sys.executable, "-m", "activities.runners.agl_entrypoint", agent.entrypoint]
+        argv = [part.replace("{python}", sys.executable) for part in agent.command or []]
+        if "/" not in argv[0] and shutil.which(argv[0], path=env.get("PATH")) is None:
+            raise agent_spec_error(f"agent command {argv[0]!r} is not on PATH")
+        return argv
+
+    async def _after_exit(self, pid: int) -> None:
+        """The leader is gone (or going): kill what the agent left in its group, then reap."""
+        self._signal_group(pid, signal.SIGKILL)
+        proc = self._children.pop(pid, None)
+        if proc is not None:
+            await _wait_for_exit(pid, self._kill_grace)
+            if proc.poll() is None:
+                log.warning("agent process %d did not exit after SIGKILL", pid)
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)

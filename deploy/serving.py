@@ -1,0 +1,72 @@
+"""Serving an ASGI app on 127.0.0.1 (or a given host) with uvicorn, under DARL's own signal
+handling, and announcing the bound address in a ready file once it accepts connections."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # The process's entrypoint owns SIGINT/SIGTERM and sets `should_exit`.
+        yield
+
+
+def write_ready_file(path: Path, info: dict[str, Any]) -> None:
+    """Atomically publish a component's address (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps({**info, "pid": os.getpid()}))
+    os.replace(tmp, path)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind before serving, so port 0 gives a free port with no probing race."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve_app(
+    app: Any,
+    host: str,
+    port: int,
+    stop: asyncio.Event,
+    ready_file: Path | None = None,
+    name: str = "server",
+) -> None:
+    sock = bind(host, port)
+    actual_port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=5
+    )
+    server = _Server(config)
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    # uvicorn offers a `started` flag, not an event.
+    while not server.started and not serving.done():  # noqa: ASYNC110
+        await asyncio.sleep(0.02)
+    if serving.done():
+        await serving
+        raise RuntimeError(f"{name} failed to start")
+    url = f"http://{host}:{actual_port}"
+    if ready_file is not None:
+        write_ready_file(ready_file, {"url": url, "name": name})
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    stopping.cancel()
+    await serving
+    sock.close()

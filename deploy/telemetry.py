@@ -1,0 +1,52 @@
+"""OpenTelemetry for every DARL process, configured by the standard variables.
+
+A tracer provider is always installed, so trace context (and an agent's TRACEPARENT) exists
+even when nothing is exported. Exporting follows OTEL_TRACES_EXPORTER (`otlp`, `console`,
+`none`; default `none`, or `otlp` when OTEL_EXPORTER_OTLP_ENDPOINT is set); the OTLP exporter
+reads its own OTEL_EXPORTER_OTLP_* variables. OTEL_SERVICE_NAME overrides the service name.
+"""
+
+from __future__ import annotations
+
+import os
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+
+class TelemetryConfigError(ValueError):
+    pass
+
+
+def _exporters() -> list[SpanExporter]:
+    default = "otlp" if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") else "none"
+    names = [n.strip() for n in os.environ.get("OTEL_TRACES_EXPORTER", default).split(",")]
+    exporters: list[SpanExporter] = []
+    for name in names:
+        if name in ("", "none"):
+            continue
+        if name == "console":
+            exporters.append(ConsoleSpanExporter())
+        elif name == "otlp":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            exporters.append(OTLPSpanExporter())
+        else:
+            raise TelemetryConfigError(
+                f"OTEL_TRACES_EXPORTER={name!r} is not supported (otlp, console, none)"
+            )
+    return exporters
+
+
+def configure_tracing(service_name: str) -> TracerProvider | None:
+    """Install the process's tracer provider; None when OTEL_SDK_DISABLED=true."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return None
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)})
+    provider = TracerProvider(resource=resource)
+    for exporter in _exporters():
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return provider

@@ -1,0 +1,1 @@
+"""Runnable agents and inputs, smallest first."""

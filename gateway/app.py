@@ -1,0 +1,319 @@
+"""The gateway's FastAPI app: the OpenAI-compatible rollout routes, Agent Lightning's proxy and
+event routes, the agent's result route, the admin API, health and metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+import httpx
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import Response
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from temporalio.client import Client
+
+from gateway.auth import require_admin, rollout_claims
+from gateway.capture import CHAT, COMPLETIONS, Endpoint
+from gateway.errors import GatewayError, bad_request, forbidden, install_error_handlers
+from gateway.forwarding import Forwarder, RetrySettings
+from gateway.metrics import GatewayMetrics
+from gateway.proxy import ModelCallProxy, ProxySettings
+from gateway.rollouts import RolloutRegistry
+from gateway.store import TrajectoryStore
+from gateway.tracing import TokenTraceContext
+from gateway.traffic import PauseGate, UpstreamPool
+from workflows.contracts import AgentReport
+from workflows.rollout_token import TokenClaims
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    token_secret: bytes
+    admin_key: str
+    upstreams: tuple[str, ...]
+    proxy: ProxySettings = field(default_factory=ProxySettings)
+    retry: RetrySettings = field(default_factory=RetrySettings)
+    max_body_bytes: int = 8 * 1024 * 1024
+    paused_retry_after_seconds: int = 1
+    upstream_api_key: str | None = None
+
+
+async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
+    """The request body as a JSON object, refusing bodies over `limit` bytes (413)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise GatewayError(413, f"request body over {limit} bytes", code="body_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise GatewayError(413, f"request body over {limit} bytes", code="body_too_large")
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise bad_request(f"request body is not valid JSON: {err}", "invalid_json") from err
+    if not isinstance(value, dict):
+        raise bad_request("request body must be a JSON object", "invalid_json")
+    return value
+
+
+class PauseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["hold", "reject"] = "hold"
+    # Wait for in-flight calls to finish before answering, at most this long.
+    drain_timeout_seconds: float | None = Field(default=None, ge=0, le=3600)
+
+
+class ResumeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy_version: int | None = None
+
+
+class UpstreamsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    upstreams: list[str] = Field(min_length=1)
+
+
+class AglEvent(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    event_type: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Gateway:
+    """Owns the gateway's state: settings, traffic control, the proxy and its clients."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        store: TrajectoryStore,
+        temporal: Client,
+        http_client: httpx.AsyncClient,
+    ) -> None:
+        self.settings = settings
+        self.metrics = GatewayMetrics()
+        self.gate = PauseGate(settings.paused_retry_after_seconds)
+        self.pool = UpstreamPool(settings.upstreams)
+        self.registry = RolloutRegistry(temporal)
+        self.proxy = ModelCallProxy(
+            settings.proxy,
+            self.pool,
+            self.gate,
+            Forwarder(http_client, settings.retry, settings.upstream_api_key),
+            store,
+            self.registry,
+            self.metrics,
+        )
+        self.metrics.inflight.set_function(lambda: sum(self.gate.inflight().values()))
+        self.metrics.paused.set_function(lambda: float(self.gate.paused))
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "paused": self.gate.paused,
+            "mode": self.gate.mode,
+            "policy_version": self.gate.policy_version,
+            "inflight": self.gate.inflight(),
+            "held": self.gate.held,
+            "upstreams": self.pool.urls,
+            "last_pause_seconds": self.gate.last_pause_seconds,
+        }
+
+
+def _gateway(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def _rollout_claims(request: Request, rollout_id: str) -> TokenClaims:
+    return rollout_claims(request, rollout_id, _gateway(request).settings.token_secret)
+
+
+def _agl_claims(request: Request, rollout_id: str, attempt: int) -> TokenClaims:
+    claims = _rollout_claims(request, rollout_id)
+    if claims.attempt != attempt:
+        raise forbidden("this token belongs to another attempt")
+    return claims
+
+
+def _admin(request: Request) -> None:
+    require_admin(request, _gateway(request).settings.admin_key)
+
+
+RolloutClaims = Annotated[TokenClaims, Depends(_rollout_claims)]
+AglClaims = Annotated[TokenClaims, Depends(_agl_claims)]
+
+
+def _route_label(path: str) -> str:
+    for marker, label in (
+        ("/chat/completions", "chat"),
+        ("/completions", "completions"),
+        ("/models", "models"),
+        ("/result", "result"),
+        ("/events", "events"),
+        ("/admin/", "admin"),
+    ):
+        if marker in path:
+            return label
+    return "other"
+
+
+def create_app(
+    settings: GatewaySettings,
+    store: TrajectoryStore,
+    temporal: Client,
+    http_client: httpx.AsyncClient | None = None,
+) -> Any:
+    """The ASGI app. The caller owns `temporal`; the app closes the HTTP client it creates."""
+    own_client = http_client is None
+    client = http_client or httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=512, max_keepalive_connections=128)
+    )
+    HTTPXClientInstrumentor().instrument_client(client)
+    gateway = Gateway(settings, store, temporal, client)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        if own_client:
+            await client.aclose()
+
+    app = FastAPI(title="DARL gateway", lifespan=lifespan)
+    app.state.gateway = gateway
+    install_error_handlers(app)
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next: Any) -> Response:
+        response = await call_next(request)
+        gateway.metrics.requests.labels(_route_label(request.url.path), response.status_code).inc()
+        return response
+
+    async def proxy_call(request: Request, endpoint: Endpoint, claims: TokenClaims) -> Response:
+        body = await read_json_object(request, settings.max_body_bytes)
+        return await gateway.proxy.handle(request, endpoint, claims, body)
+
+    async def models_listing() -> dict[str, Any]:
+        names = await gateway.proxy.models()
+        return {
+            "object": "list",
+            "data": [{"id": n, "object": "model", "owned_by": "darl"} for n in names],
+        }
+
+    # --- agent routes --------------------------------------------------------------------
+
+    @app.post("/rollouts/{rollout_id}/v1/chat/completions")
+    async def chat(request: Request, claims: RolloutClaims) -> Response:
+        return await proxy_call(request, CHAT, claims)
+
+    @app.post("/rollouts/{rollout_id}/v1/completions")
+    async def completions(request: Request, claims: RolloutClaims) -> Response:
+        return await proxy_call(request, COMPLETIONS, claims)
+
+    @app.get("/rollouts/{rollout_id}/v1/models")
+    async def models(claims: RolloutClaims) -> dict[str, Any]:
+        return await models_listing()
+
+    @app.post("/rollouts/{rollout_id}/result")
+    async def result(request: Request, claims: RolloutClaims) -> dict[str, Any]:
+        body = await read_json_object(request, settings.max_body_bytes)
+        try:
+            report = AgentReport.model_validate({**body, "attempt": claims.attempt})
+        except ValidationError as err:
+            raise bad_request(
+                f"invalid result: {err.errors()[0]['msg']}", "invalid_result"
+            ) from err
+        await gateway.registry.check_open(claims.rollout_id, claims.attempt)
+        await gateway.registry.signal_report(claims.rollout_id, report)
+        return {"accepted": True}
+
+    # --- Agent Lightning v1.0 routes -----------------------------------------------------
+
+    agl = "/proxy/rollout/{rollout_id}/attempt/{attempt}/mode/{mode}/openai/v1"
+
+    @app.post(agl + "/chat/completions")
+    async def agl_chat(request: Request, claims: AglClaims) -> Response:
+        return await proxy_call(request, CHAT, claims)
+
+    @app.post(agl + "/completions")
+    async def agl_completions(request: Request, claims: AglClaims) -> Response:
+        return await proxy_call(request, COMPLETIONS, claims)
+
+    @app.get(agl + "/models")
+    async def agl_models(claims: AglClaims) -> dict[str, Any]:
+        return await models_listing()
+
+    @app.post("/api/rollouts/{rollout_id}/attempt/{attempt}/events")
+    async def agl_events(request: Request, claims: AglClaims) -> dict[str, Any]:
+        body = await read_json_object(request, settings.max_body_bytes)
+        try:
+            event = AglEvent.model_validate(body)
+            if event.event_type != "reward":
+                # Agent Lightning's other events (spans, logs) carry nothing DARL trains on.
+                return {"accepted": False, "reason": f"event type {event.event_type!r} ignored"}
+            report = AgentReport(attempt=claims.attempt, reward=event.data.get("value"))
+        except ValidationError as err:
+            raise bad_request(f"invalid event: {err.errors()[0]['msg']}", "invalid_event") from err
+        await gateway.registry.check_open(claims.rollout_id, claims.attempt)
+        await gateway.registry.signal_report(claims.rollout_id, report)
+        return {"accepted": True}
+
+    # --- admin ---------------------------------------------------------------------------
+
+    @app.post("/admin/pause", dependencies=[Depends(_admin)])
+    async def pause(body: PauseRequest | None = None) -> dict[str, Any]:
+        body = body or PauseRequest()
+        gateway.gate.pause(body.mode)
+        drained = None
+        if body.drain_timeout_seconds is not None:
+            drained = await gateway.gate.drain(body.drain_timeout_seconds)
+        return {**gateway.state(), "drained": drained}
+
+    @app.post("/admin/resume", dependencies=[Depends(_admin)])
+    async def resume(body: ResumeRequest | None = None) -> dict[str, Any]:
+        body = body or ResumeRequest()
+        was_paused = gateway.gate.paused
+        gateway.gate.resume(body.policy_version)
+        if was_paused:
+            gateway.metrics.pause_seconds.observe(gateway.gate.last_pause_seconds)
+        return gateway.state()
+
+    @app.get("/admin/state", dependencies=[Depends(_admin)])
+    async def state() -> dict[str, Any]:
+        return gateway.state()
+
+    @app.put("/admin/upstreams", dependencies=[Depends(_admin)])
+    async def set_upstreams(body: UpstreamsRequest) -> dict[str, Any]:
+        gateway.pool.set(body.upstreams)
+        return gateway.state()
+
+    @app.post(
+        "/admin/rollouts/{rollout_id}/attempts/{attempt}/close", dependencies=[Depends(_admin)]
+    )
+    async def close_attempt(rollout_id: str, attempt: int) -> dict[str, Any]:
+        gateway.registry.close_attempt(rollout_id, attempt)
+        return {"closed": True}
+
+    # --- operations ----------------------------------------------------------------------
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "paused": gateway.gate.paused}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,metrics")
+    return TokenTraceContext(app)
+
+
+def unwrap(app: Any) -> FastAPI:
+    """The FastAPI app inside the tracing wrapper (for tests and the server's lifespan)."""
+    return app.app if isinstance(app, TokenTraceContext) else app

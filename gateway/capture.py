@@ -1,0 +1,206 @@
+"""What a model call is made of, read from vLLM's response fields (the reference policy server
+speaks the same): prompt and completion token ids, logprobs, and the assembly of a streamed
+answer into the same record a non-streamed one would have given."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any, Literal
+
+Endpoint = Literal["chat.completions", "completions"]
+CHAT: Endpoint = "chat.completions"
+COMPLETIONS: Endpoint = "completions"
+
+
+class CaptureError(ValueError):
+    """The upstream answered without the fields DARL must capture (e.g. no token ids)."""
+
+
+def prompt_token_ids(endpoint: Endpoint, response: dict[str, Any]) -> list[int]:
+    if endpoint == CHAT:
+        ids = response.get("prompt_token_ids")
+    else:
+        choices = response.get("choices") or [{}]
+        ids = choices[0].get("prompt_token_ids")
+    if not isinstance(ids, list):
+        raise CaptureError("upstream response has no prompt_token_ids (is return_token_ids on?)")
+    return ids
+
+
+def completion_token_ids(response: dict[str, Any], choice: int = 0) -> list[int]:
+    ids = response["choices"][choice].get("token_ids")
+    if not isinstance(ids, list):
+        raise CaptureError("upstream response has no choices[].token_ids")
+    return ids
+
+
+def completion_logprobs(
+    endpoint: Endpoint, response: dict[str, Any], choice: int = 0
+) -> list[float] | None:
+    logprobs = response["choices"][choice].get("logprobs")
+    if not logprobs:
+        return None
+    if endpoint == CHAT:
+        return [entry["logprob"] for entry in logprobs.get("content") or []]
+    return list(logprobs.get("token_logprobs") or [])
+
+
+def finish_reason(response: dict[str, Any]) -> str | None:
+    choices = response.get("choices") or []
+    return choices[0].get("finish_reason") if choices else None
+
+
+def count_tokens(endpoint: Endpoint, response: dict[str, Any]) -> tuple[int, int]:
+    """(prompt tokens, completion tokens over all choices), from the ids themselves."""
+    prompt = len(prompt_token_ids(endpoint, response))
+    completion = sum(
+        len(completion_token_ids(response, i)) for i in range(len(response["choices"]))
+    )
+    return prompt, completion
+
+
+# --- streaming -------------------------------------------------------------------------
+
+
+def split_sse(buffer: bytearray) -> Iterator[bytes]:
+    """Pop complete SSE events (terminated by a blank line) off the front of `buffer`."""
+    while True:
+        end = buffer.find(b"\n\n")
+        if end < 0:
+            return
+        event = bytes(buffer[: end + 2])
+        del buffer[: end + 2]
+        yield event
+
+
+def sse_data(event: bytes) -> str | None:
+    lines = [
+        line[5:].lstrip() for line in event.decode("utf-8").splitlines() if line.startswith("data:")
+    ]
+    return "\n".join(lines) if lines else None
+
+
+class StreamAssembler:
+    """Folds the chunks of a streamed chat or text completion into one response object with the
+    shape of a non-streamed one (`prompt_token_ids`, `choices[].token_ids`, logprobs)."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self._head: dict[str, Any] = {}
+        self._choices: dict[int, dict[str, Any]] = {}
+        self._prompt_ids: list[int] | None = None
+        self._usage: dict[str, Any] | None = None
+        self.finished = False
+
+    def add(self, chunk: dict[str, Any]) -> bool:
+        """Fold one chunk in; True when the chunk ends a choice or carries the usage (the part
+        held back from the agent until the call is recorded)."""
+        if "error" in chunk:
+            raise CaptureError(f"upstream stream failed: {json.dumps(chunk['error'])[:500]}")
+        if not self._head:
+            self._head = {k: chunk[k] for k in ("id", "created", "model") if k in chunk}
+        if self.endpoint == CHAT and chunk.get("prompt_token_ids") is not None:
+            self._prompt_ids = list(chunk["prompt_token_ids"])
+        if chunk.get("usage"):
+            self._usage = chunk["usage"]
+        ends = bool(chunk.get("usage"))
+        for part in chunk.get("choices") or []:
+            choice = self._choices.setdefault(part.get("index", 0), self._new_choice())
+            self._fold(choice, part)
+            if part.get("finish_reason") is not None:
+                choice["finish_reason"] = part["finish_reason"]
+                ends = True
+        self.finished = self.finished or ends
+        return ends
+
+    def response(self) -> dict[str, Any]:
+        choices = [self._finish_choice(i, self._choices[i]) for i in sorted(self._choices)]
+        obj = "chat.completion" if self.endpoint == CHAT else "text_completion"
+        response: dict[str, Any] = {**self._head, "object": obj, "choices": choices}
+        if self.endpoint == CHAT:
+            response["prompt_token_ids"] = self._prompt_ids
+        if self._usage is not None:
+            response["usage"] = self._usage
+        return response
+
+    def _new_choice(self) -> dict[str, Any]:
+        return {
+            "text": [],
+            "token_ids": [],
+            "logprobs": [],
+            "tool_calls": {},
+            "role": None,
+            "finish_reason": None,
+            "prompt_token_ids": None,
+            "top": [],
+            "offsets": [],
+            "tokens": [],
+            "has_logprobs": False,
+        }
+
+    def _fold(self, choice: dict[str, Any], part: dict[str, Any]) -> None:
+        choice["token_ids"].extend(part.get("token_ids") or [])
+        if part.get("prompt_token_ids") is not None:
+            choice["prompt_token_ids"] = list(part["prompt_token_ids"])
+        logprobs = part.get("logprobs")
+        if self.endpoint == CHAT:
+            delta = part.get("delta") or {}
+            choice["role"] = choice["role"] or delta.get("role")
+            if delta.get("content"):
+                choice["text"].append(delta["content"])
+            for call in delta.get("tool_calls") or []:
+                self._fold_tool_call(choice["tool_calls"], call)
+            if logprobs:
+                choice["has_logprobs"] = True
+                choice["logprobs"].extend(logprobs.get("content") or [])
+        else:
+            if part.get("text"):
+                choice["text"].append(part["text"])
+            if logprobs:
+                choice["has_logprobs"] = True
+                choice["tokens"].extend(logprobs.get("tokens") or [])
+                choice["logprobs"].extend(logprobs.get("token_logprobs") or [])
+                choice["top"].extend(logprobs.get("top_logprobs") or [])
+                choice["offsets"].extend(logprobs.get("text_offset") or [])
+
+    @staticmethod
+    def _fold_tool_call(calls: dict[int, dict[str, Any]], part: dict[str, Any]) -> None:
+        call = calls.setdefault(
+            part.get("index", 0),
+            {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        call["id"] = call["id"] or part.get("id")
+        function = part.get("function") or {}
+        call["function"]["name"] += function.get("name") or ""
+        call["function"]["arguments"] += function.get("arguments") or ""
+
+    def _finish_choice(self, index: int, choice: dict[str, Any]) -> dict[str, Any]:
+        text = "".join(choice["text"])
+        out: dict[str, Any] = {
+            "index": index,
+            "finish_reason": choice["finish_reason"],
+            "token_ids": choice["token_ids"],
+        }
+        if self.endpoint == CHAT:
+            message: dict[str, Any] = {"role": choice["role"] or "assistant", "content": text}
+            if choice["tool_calls"]:
+                message["tool_calls"] = [
+                    choice["tool_calls"][i] for i in sorted(choice["tool_calls"])
+                ]
+            out["message"] = message
+            out["logprobs"] = {"content": choice["logprobs"]} if choice["has_logprobs"] else None
+        else:
+            out["text"] = text
+            out["prompt_token_ids"] = choice["prompt_token_ids"]
+            out["logprobs"] = (
+                {
+                    "tokens": choice["tokens"],
+                    "token_logprobs": choice["logprobs"],
+                    "top_logprobs": choice["top"],
+                    "text_offset": choice["offsets"],
+                }
+                if choice["has_logprobs"]
+                else None
+            )
+        return out

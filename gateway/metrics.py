@@ -1,0 +1,53 @@
+"""The gateway's Prometheus metrics, on a registry of its own (one per app instance)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_FAST = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "darl_gateway_requests",
+            "Agent requests by route and answered status.",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.upstream_seconds = Histogram(
+            "darl_gateway_upstream_seconds",
+            "Time from admission to the policy server's full answer, retries included.",
+            buckets=_SLOW,
+            registry=self.registry,
+        )
+        self.capture_seconds = Histogram(
+            "darl_gateway_capture_seconds",
+            "Time spent recording a call: 'store' (trajectory store write), 'signal' (Temporal).",
+            ["phase"],
+            buckets=_FAST,
+            registry=self.registry,
+        )
+        self.upstream_retries = Counter(
+            "darl_gateway_upstream_retries",
+            "Retries of policy server calls.",
+            registry=self.registry,
+        )
+        self.captured_calls = Counter(
+            "darl_gateway_captured_calls",
+            "Model calls recorded and signalled.",
+            ["endpoint", "streamed"],
+            registry=self.registry,
+        )
+        self.paused = Gauge("darl_gateway_paused", "1 while paused.", registry=self.registry)
+        self.inflight = Gauge(
+            "darl_gateway_inflight", "Calls in flight to policy servers.", registry=self.registry
+        )
+        self.pause_seconds = Histogram(
+            "darl_gateway_pause_seconds",
+            "Length of each pause (weight sync).",
+            buckets=_SLOW,
+            registry=self.registry,
+        )

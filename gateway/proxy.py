@@ -1,0 +1,440 @@
+"""The capture pipeline of one model call (DESIGN rule 1): check the rollout, force what
+training needs (token ids, logprobs, model, temperature), forward to the rollout's policy server,
+write the full record to the trajectory store, signal the small event to the workflow, and only
+then answer the agent. A streamed answer reaches the agent as it comes, except its final chunk,
+which is held back until the call is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.background import BackgroundTask
+
+from gateway.capture import (
+    CHAT,
+    CaptureError,
+    Endpoint,
+    StreamAssembler,
+    count_tokens,
+    finish_reason,
+    prompt_token_ids,
+    split_sse,
+    sse_data,
+)
+from gateway.errors import GatewayError, bad_request, error_body
+from gateway.forwarding import Forwarder
+from gateway.metrics import GatewayMetrics
+from gateway.rollouts import RolloutRegistry
+from gateway.store import CallRecord, TrajectoryStore
+from gateway.traffic import Admission, PauseGate, UpstreamPool
+from workflows.contracts import ModelCallEvent
+from workflows.rollout_token import TokenClaims
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+UPSTREAM_PATHS: dict[Endpoint, str] = {
+    CHAT: "/v1/chat/completions",
+    "completions": "/v1/completions",
+}
+CLIENT_CLOSED = 499
+
+
+class _ChatBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    stream: bool = False
+    n: int = Field(default=1, ge=1, le=16)
+
+
+class _CompletionBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    # One prompt per call: a trajectory is a sequence of calls, not a batch.
+    prompt: str | list[int]
+    stream: bool = False
+    n: int = Field(default=1, ge=1, le=16)
+
+
+def validate_body(endpoint: Endpoint, body: dict[str, Any]) -> bool:
+    """Check the fields DARL relies on; returns whether the call streams."""
+    schema = _ChatBody if endpoint == CHAT else _CompletionBody
+    try:
+        return schema.model_validate(body).stream
+    except ValidationError as err:
+        detail = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in err.errors()
+        )
+        raise bad_request(f"invalid {endpoint} request: {detail}") from err
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    model: str | None = None
+    train_temperature: float | None = 1.0
+    val_temperature: float | None = 0.7
+    call_deadline_seconds: float = 600.0
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and the upstream call inside) if the agent goes away."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        raise _ClientGone
+    return task.result()
+
+
+class ModelCallProxy:
+    def __init__(
+        self,
+        settings: ProxySettings,
+        pool: UpstreamPool,
+        gate: PauseGate,
+        forwarder: Forwarder,
+        store: TrajectoryStore,
+        registry: RolloutRegistry,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.gate = gate
+        self.forwarder = forwarder
+        self.store = store
+        self.registry = registry
+        self.metrics = metrics
+        self._models: dict[str, str] = {}
+
+    async def handle(
+        self, request: Request, endpoint: Endpoint, claims: TokenClaims, body: dict[str, Any]
+    ) -> Response:
+        stream = validate_body(endpoint, body)
+        await self.registry.check_open(claims.rollout_id, claims.attempt)
+        deadline = time.monotonic() + self.settings.call_deadline_seconds
+        upstream = self.pool.pick(claims.rollout_id)
+        forwarded = self.force(body, endpoint, claims.mode, await self.model_for(upstream))
+        try:
+            if stream:
+                return await self._streamed(
+                    request, endpoint, claims, forwarded, upstream, deadline
+                )
+            return await self._whole(request, endpoint, claims, forwarded, upstream, deadline)
+        except _ClientGone:
+            log.info("agent of %s went away; upstream call cancelled", claims.rollout_id)
+            return Response(status_code=CLIENT_CLOSED)
+
+    def force(
+        self, body: dict[str, Any], endpoint: Endpoint, mode: str, model: str
+    ) -> dict[str, Any]:
+        forced = dict(body)
+        forced["model"] = model
+        forced["return_token_ids"] = True
+        temperature = (
+            self.settings.train_temperature if mode == "train" else self.settings.val_temperature
+        )
+        if temperature is not None:
+            forced["temperature"] = temperature
+        if endpoint == CHAT:
+            forced["logprobs"] = True
+        else:
+            forced["logprobs"] = max(int(body.get("logprobs") or 0), 0)
+        return forced
+
+    async def model_for(self, upstream: str) -> str:
+        """The configured model name, else the first model the upstream lists."""
+        if self.settings.model:
+            return self.settings.model
+        if upstream not in self._models:
+            try:
+                listing = await self.forwarder.get_json(f"{upstream}/v1/models")
+                self._models[upstream] = listing["data"][0]["id"]
+            except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as err:
+                raise GatewayError(
+                    502,
+                    f"cannot list the models of policy server {upstream}: {err!r}",
+                    type="server_error",
+                    code="upstream_unreachable",
+                ) from err
+        return self._models[upstream]
+
+    async def models(self) -> list[str]:
+        return sorted({await self.model_for(u) for u in self.pool.urls})
+
+    # --- whole answers -------------------------------------------------------------------
+
+    async def _whole(
+        self,
+        request: Request,
+        endpoint: Endpoint,
+        claims: TokenClaims,
+        forwarded: dict[str, Any],
+        upstream: str,
+        deadline: float,
+    ) -> Response:
+        started = time.monotonic()
+        async with self.gate.admitted(upstream, deadline - started) as admission:
+            reply = await unless_disconnected(
+                request,
+                self.forwarder.send(
+                    upstream + UPSTREAM_PATHS[endpoint], forwarded, deadline, False
+                ),
+            )
+        latency_ms = (time.monotonic() - started) * 1000
+        self.metrics.upstream_seconds.observe(latency_ms / 1000)
+        self.metrics.upstream_retries.inc(reply.retries)
+        response = reply.response
+        if response.status_code != 200:
+            return Response(
+                response.content,
+                response.status_code,
+                media_type=response.headers.get("content-type", "application/json"),
+            )
+        try:
+            data = response.json()
+        except ValueError as err:
+            raise GatewayError(
+                502,
+                f"policy server {upstream} answered non-JSON",
+                type="server_error",
+                code="upstream_error",
+            ) from err
+        call_id = uuid.uuid4().hex
+        # Once the policy server has answered, the record and signal finish even if the agent
+        # leaves, so the store and the workflow never disagree.
+        await asyncio.shield(
+            self._record(
+                call_id,
+                endpoint,
+                claims,
+                forwarded,
+                data,
+                admission,
+                latency_ms,
+                reply.retries,
+                streamed=False,
+            )
+        )
+        return JSONResponse(data, headers=self._headers(call_id, admission))
+
+    # --- streamed answers ----------------------------------------------------------------
+
+    async def _streamed(
+        self,
+        request: Request,
+        endpoint: Endpoint,
+        claims: TokenClaims,
+        forwarded: dict[str, Any],
+        upstream: str,
+        deadline: float,
+    ) -> Response:
+        started = time.monotonic()
+        stack = AsyncExitStack()
+        try:
+            admission = await stack.enter_async_context(
+                self.gate.admitted(upstream, deadline - started)
+            )
+            reply = await unless_disconnected(
+                request,
+                self.forwarder.send(upstream + UPSTREAM_PATHS[endpoint], forwarded, deadline, True),
+            )
+            stack.push_async_callback(reply.response.aclose)
+            if reply.response.status_code != 200:
+                content = await reply.response.aread()
+                await stack.aclose()
+                return Response(
+                    content,
+                    reply.response.status_code,
+                    media_type=reply.response.headers.get("content-type", "application/json"),
+                )
+        except BaseException:
+            await stack.aclose()
+            raise
+        call_id = uuid.uuid4().hex
+        relay = self._relay(
+            stack,
+            reply.response,
+            reply.retries,
+            call_id,
+            endpoint,
+            claims,
+            forwarded,
+            admission,
+            started,
+        )
+        # The relay closes the stack when it ends; the background task covers an agent that
+        # left before the first byte, when the relay never started.
+        return StreamingResponse(
+            relay,
+            media_type="text/event-stream",
+            headers=self._headers(call_id, admission),
+            background=BackgroundTask(stack.aclose),
+        )
+
+    async def _relay(
+        self,
+        stack: AsyncExitStack,
+        response: httpx.Response,
+        retries: int,
+        call_id: str,
+        endpoint: Endpoint,
+        claims: TokenClaims,
+        forwarded: dict[str, Any],
+        admission: Admission,
+        started: float,
+    ) -> AsyncIterator[bytes]:
+        assembler = StreamAssembler(endpoint)
+        held: list[bytes] = []
+        capture_failed: str | None = None
+        async with stack:
+            buffer = bytearray()
+            async for raw in response.aiter_bytes():
+                buffer += raw
+                for event in split_sse(buffer):
+                    data = sse_data(event)
+                    if data is not None and data != "[DONE]" and capture_failed is None:
+                        try:
+                            if assembler.add(json.loads(data)):
+                                held.append(event)
+                                continue
+                        except (CaptureError, ValueError) as err:
+                            capture_failed = str(err)
+                    if held and capture_failed is None:
+                        held.append(event)
+                    else:
+                        yield event
+        latency_ms = (time.monotonic() - started) * 1000
+        self.metrics.upstream_seconds.observe(latency_ms / 1000)
+        self.metrics.upstream_retries.inc(retries)
+        if capture_failed is not None or not assembler.finished:
+            why = capture_failed or "the policy server's stream ended before the answer did"
+            log.warning("stream of %s not recorded: %s", claims.rollout_id, why)
+            yield _sse_error(f"call not recorded: {why}", "upstream_error")
+            return
+        try:
+            await asyncio.shield(
+                self._record(
+                    call_id,
+                    endpoint,
+                    claims,
+                    forwarded,
+                    assembler.response(),
+                    admission,
+                    latency_ms,
+                    retries,
+                    streamed=True,
+                )
+            )
+        except GatewayError as err:
+            yield _sse_error(err.message, err.code or "server_error")
+            return
+        for event in held:
+            yield event
+
+    # --- recording -----------------------------------------------------------------------
+
+    async def _record(
+        self,
+        call_id: str,
+        endpoint: Endpoint,
+        claims: TokenClaims,
+        forwarded: dict[str, Any],
+        response: dict[str, Any],
+        admission: Admission,
+        latency_ms: float,
+        retries: int,
+        streamed: bool,
+    ) -> None:
+        try:
+            prompt_ids = prompt_token_ids(endpoint, response)
+            prompt_tokens, completion_tokens = count_tokens(endpoint, response)
+        except (CaptureError, KeyError, TypeError) as err:
+            raise GatewayError(
+                502,
+                f"policy server answer cannot be captured ({err}); DARL needs a vLLM-compatible "
+                "server that honours return_token_ids",
+                type="server_error",
+                code="upstream_error",
+            ) from err
+        t0 = time.monotonic()
+        stored = await self.store.append(
+            CallRecord(
+                call_id=call_id,
+                rollout_id=claims.rollout_id,
+                attempt=claims.attempt,
+                sequence=-1,
+                endpoint=endpoint,
+                upstream=admission.upstream,
+                policy_version=admission.policy_version,
+                created_at=time.time(),
+                latency_ms=latency_ms,
+                retry_count=retries,
+                streamed=streamed,
+                request=forwarded,
+                response=response,
+                prompt_token_ids=prompt_ids,
+            )
+        )
+        t1 = time.monotonic()
+        await self.registry.signal_call(
+            ModelCallEvent(
+                call_id=call_id,
+                rollout_id=claims.rollout_id,
+                attempt=claims.attempt,
+                sequence=stored.sequence,
+                endpoint=endpoint,
+                upstream=admission.upstream,
+                policy_version=admission.policy_version,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                finish_reason=finish_reason(response),
+                latency_ms=latency_ms,
+                http_status=200,
+                retry_count=retries,
+                streamed=streamed,
+                record_ref=self.store.ref(stored),
+            )
+        )
+        t2 = time.monotonic()
+        self.metrics.capture_seconds.labels("store").observe(t1 - t0)
+        self.metrics.capture_seconds.labels("signal").observe(t2 - t1)
+        self.metrics.captured_calls.labels(endpoint, str(streamed).lower()).inc()
+
+    @staticmethod
+    def _headers(call_id: str, admission: Admission) -> dict[str, str]:
+        return {"X-Darl-Call-Id": call_id, "X-Darl-Policy-Version": str(admission.policy_version)}
+
+
+def _sse_error(message: str, code: str) -> bytes:
+    body = error_body(message, "server_error", code)
+    return f"data: {json.dumps(body)}\n\n".encode()

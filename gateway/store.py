@@ -1,0 +1,302 @@
+"""The trajectory store: where the full record of every model call lives (request, response,
+token ids, logprobs), so that none of it has to go through workflow history.
+
+`TrajectoryStore` is the interface (an S3 backend can fill it later); `DirectoryTrajectoryStore`
+keeps one append-only JSONL file per rollout attempt. Prompts are stored as the delta against
+the previous call of the attempt (its prompt plus its answer), and chat messages as the delta
+against the previous request's messages, so a trajectory's storage grows with its length, not
+with turns x prompt length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from gateway.capture import CHAT, Endpoint, completion_logprobs, completion_token_ids
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One model call, whole: what was sent, what came back, and the token ids of both."""
+
+    call_id: str
+    rollout_id: str
+    attempt: int
+    sequence: int
+    endpoint: Endpoint
+    upstream: str
+    policy_version: int
+    created_at: float
+    latency_ms: float
+    retry_count: int
+    streamed: bool
+    request: dict[str, Any]
+    response: dict[str, Any]
+    prompt_token_ids: list[int]
+
+    def completion_token_ids(self, choice: int = 0) -> list[int]:
+        return completion_token_ids(self.response, choice)
+
+    def completion_logprobs(self, choice: int = 0) -> list[float] | None:
+        return completion_logprobs(self.endpoint, self.response, choice)
+
+
+class TrajectoryStore(Protocol):
+    async def append(self, record: CallRecord) -> CallRecord:
+        """Durably add a call; the store assigns `sequence`. Returns the record as stored.
+        Only then may the gateway signal the call and answer the agent."""
+
+    async def read(
+        self, rollout_id: str, attempt: int | None = None, call_ids: list[str] | None = None
+    ) -> list[CallRecord]:
+        """The calls of a rollout (one attempt, or all), in order, whole; with `call_ids`, only
+        those (the committed calls a RolloutResult names)."""
+
+    def ref(self, record: CallRecord) -> str:
+        """A string that locates the record (goes into the ModelCallEvent)."""
+
+
+def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class _Tail:
+    """What the next delta is taken against: the previous call of the attempt."""
+
+    next_sequence: int = 0
+    loaded: bool = False
+    context_ids: list[int] = field(default_factory=list)
+    messages: list[Any] = field(default_factory=list)
+    prompt_text: str = ""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def advance(self, record: CallRecord) -> None:
+        self.next_sequence = record.sequence + 1
+        self.context_ids = record.prompt_token_ids + record.completion_token_ids()
+        self.messages = list(record.request.get("messages") or [])
+        prompt = record.request.get("prompt")
+        self.prompt_text = prompt if isinstance(prompt, str) else ""
+
+
+class DirectoryTrajectoryStore:
+    """`<root>/<rollout_id>/attempt-<n>.jsonl`, one line per call, written with one append.
+
+    `fsync=True` makes a record survive a machine crash, at the price of a disk flush per call;
+    without it a record survives any process crash (it is in the page cache when append returns).
+    """
+
+    def __init__(self, root: Path, fsync: bool = False, cached_attempts: int = 4096) -> None:
+        self.root = root
+        self.fsync = fsync
+        self._cached_attempts = cached_attempts
+        self._tails: OrderedDict[tuple[str, int], _Tail] = OrderedDict()
+
+    def path(self, rollout_id: str, attempt: int) -> Path:
+        return self.root / rollout_id / f"attempt-{attempt}.jsonl"
+
+    def ref(self, record: CallRecord) -> str:
+        return f"{self.path(record.rollout_id, record.attempt)}#{record.sequence}"
+
+    async def append(self, record: CallRecord) -> CallRecord:
+        tail = self._tail(record.rollout_id, record.attempt)
+        async with tail.lock:
+            if not tail.loaded:
+                self._reload(record.rollout_id, record.attempt, tail)
+            stored = replace(record, sequence=tail.next_sequence)
+            line = json.dumps(self._encode(stored, tail), separators=(",", ":")) + "\n"
+            path = self.path(record.rollout_id, record.attempt)
+            if self.fsync:
+                await asyncio.to_thread(self._write, path, line.encode())
+            else:
+                self._write(path, line.encode())
+            tail.advance(stored)
+        return stored
+
+    async def read(
+        self, rollout_id: str, attempt: int | None = None, call_ids: list[str] | None = None
+    ) -> list[CallRecord]:
+        return await asyncio.to_thread(self.read_sync, rollout_id, attempt, call_ids)
+
+    def read_sync(
+        self, rollout_id: str, attempt: int | None = None, call_ids: list[str] | None = None
+    ) -> list[CallRecord]:
+        if attempt is None:
+            attempts = sorted(
+                int(p.stem.removeprefix("attempt-"))
+                for p in (self.root / rollout_id).glob("attempt-*.jsonl")
+            )
+        else:
+            attempts = [attempt]
+        records = [r for a in attempts for r in self._decode_file(self.path(rollout_id, a))]
+        if call_ids is None:
+            return records
+        by_id = {r.call_id: r for r in records}
+        missing = [c for c in call_ids if c not in by_id]
+        if missing:
+            raise KeyError(f"store has no record of calls {missing[:5]} of {rollout_id}")
+        return sorted((by_id[c] for c in call_ids), key=lambda r: (r.attempt, r.sequence))
+
+    def forget(self, rollout_id: str, attempt: int) -> None:
+        """Drop the cached tail of a finished attempt (the file stays)."""
+        self._tails.pop((rollout_id, attempt), None)
+
+    # --- encoding ------------------------------------------------------------------------
+
+    def _encode(self, record: CallRecord, tail: _Tail) -> dict[str, Any]:
+        base = _common_prefix(tail.context_ids, record.prompt_token_ids)
+        request = dict(record.request)
+        messages = request.pop("messages", None)
+        prompt = request.pop("prompt", None)
+        line: dict[str, Any] = {
+            "v": FORMAT_VERSION,
+            "call_id": record.call_id,
+            "rollout_id": record.rollout_id,
+            "attempt": record.attempt,
+            "seq": record.sequence,
+            "endpoint": record.endpoint,
+            "upstream": record.upstream,
+            "policy_version": record.policy_version,
+            "created_at": record.created_at,
+            "latency_ms": record.latency_ms,
+            "retry_count": record.retry_count,
+            "streamed": record.streamed,
+            "prompt_ids": {"base": base, "ids": record.prompt_token_ids[base:]},
+            "request": request,
+            "response": _without_prompt_ids(record.endpoint, record.response),
+        }
+        if messages is not None:
+            kept = _common_prefix(tail.messages, messages)
+            line["messages"] = {"base": kept, "items": messages[kept:]}
+        if isinstance(prompt, str):
+            kept = _common_prefix(tail.prompt_text, prompt)
+            line["prompt_text"] = {"base": kept, "text": prompt[kept:]}
+        elif prompt is not None:
+            line["prompt"] = prompt
+        return line
+
+    def _decode_file(self, path: Path) -> list[CallRecord]:
+        try:
+            lines = path.read_bytes().splitlines()
+        except FileNotFoundError:
+            return []
+        tail = _Tail()
+        records = []
+        for number, raw in enumerate(lines, 1):
+            try:
+                line = json.loads(raw)
+            except json.JSONDecodeError:
+                if number == len(lines):
+                    log.warning("%s: ignoring a torn last line (a crash mid-write)", path)
+                    break
+                raise
+            record = self._decode(line, tail)
+            tail.advance(record)
+            records.append(record)
+        return records
+
+    @staticmethod
+    def _decode(line: dict[str, Any], tail: _Tail) -> CallRecord:
+        if line.get("v") != FORMAT_VERSION:
+            raise ValueError(f"unknown trajectory record version {line.get('v')!r}")
+        delta = line["prompt_ids"]
+        prompt_ids = tail.context_ids[: delta["base"]] + delta["ids"]
+        request = dict(line["request"])
+        if "messages" in line:
+            m = line["messages"]
+            request["messages"] = tail.messages[: m["base"]] + m["items"]
+        if "prompt_text" in line:
+            p = line["prompt_text"]
+            request["prompt"] = tail.prompt_text[: p["base"]] + p["text"]
+        elif "prompt" in line:
+            request["prompt"] = line["prompt"]
+        endpoint = line["endpoint"]
+        return CallRecord(
+            call_id=line["call_id"],
+            rollout_id=line["rollout_id"],
+            attempt=line["attempt"],
+            sequence=line["seq"],
+            endpoint=endpoint,
+            upstream=line["upstream"],
+            policy_version=line["policy_version"],
+            created_at=line["created_at"],
+            latency_ms=line["latency_ms"],
+            retry_count=line["retry_count"],
+            streamed=line["streamed"],
+            request=request,
+            response=_with_prompt_ids(endpoint, line["response"], prompt_ids),
+            prompt_token_ids=prompt_ids,
+        )
+
+    # --- files and the tail cache --------------------------------------------------------
+
+    def _tail(self, rollout_id: str, attempt: int) -> _Tail:
+        key = (rollout_id, attempt)
+        tail = self._tails.get(key)
+        if tail is None:
+            tail = self._tails[key] = _Tail()
+            while len(self._tails) > self._cached_attempts:
+                self._tails.popitem(last=False)
+        else:
+            self._tails.move_to_end(key)
+        return tail
+
+    def _reload(self, rollout_id: str, attempt: int, tail: _Tail) -> None:
+        """After a restart (or eviction) the tail is rebuilt from the file itself. A torn last
+        line (a crash mid-write: its call was never signalled nor answered) is cut off, so the
+        next record starts on a line of its own."""
+        path = self.path(rollout_id, attempt)
+        if path.exists():
+            data = path.read_bytes()
+            if data and not data.endswith(b"\n"):
+                log.warning("%s: cutting off a torn last line", path)
+                os.truncate(path, data.rfind(b"\n") + 1)
+        records = self._decode_file(path)
+        if records:
+            tail.advance(records[-1])
+        tail.loaded = True
+
+    def _write(self, path: Path, data: bytes) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _without_prompt_ids(endpoint: Endpoint, response: dict[str, Any]) -> dict[str, Any]:
+    if endpoint == CHAT:
+        return {k: v for k, v in response.items() if k != "prompt_token_ids"}
+    choices = [
+        {k: v for k, v in choice.items() if k != "prompt_token_ids"}
+        for choice in response.get("choices") or []
+    ]
+    return {**response, "choices": choices}
+
+
+def _with_prompt_ids(
+    endpoint: Endpoint, response: dict[str, Any], ids: list[int]
+) -> dict[str, Any]:
+    if endpoint == CHAT:
+        return {**response, "prompt_token_ids": ids}
+    choices = [{**choice, "prompt_token_ids": ids} for choice in response.get("choices") or []]
+    return {**response, "choices": choices}

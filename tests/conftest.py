@@ -1,0 +1,48 @@
+"""Shared fixtures: real Temporal servers from the pip-installed binaries (never downloaded)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.testing import WorkflowEnvironment
+
+from workflows import search_attributes as sa
+from workflows.temporal_connection import DATA_CONVERTER
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+    """Temporal's time-skipping test server, with DARL's search attributes."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=str(BIN / "temporal-test-server"),
+        data_converter=DATA_CONVERTER,
+    )
+    await env.client.operator_service.add_search_attributes(
+        AddSearchAttributesRequest(
+            namespace="default",
+            search_attributes={
+                k.name: IndexedValueType.ValueType(k.indexed_value_type.value) for k in sa.ALL
+            },
+        )
+    )
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture(scope="session")
+async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
+    """The real Temporal dev server (in memory), with DARL's search attributes."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(BIN / "temporal"),
+        data_converter=DATA_CONVERTER,
+        search_attributes=sa.ALL,
+    )
+    yield env
+    await env.shutdown()

@@ -1,0 +1,145 @@
+"""The directory trajectory store: whatever is appended reads back whole and in order, across a
+restart, while prompts are stored as deltas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.store import CallRecord, DirectoryTrajectoryStore
+
+token_lists = st.lists(st.integers(0, 200), max_size=12)
+
+
+def chat_record(
+    call: int, prompt: list[int], answer: list[int], messages: list[dict]
+) -> CallRecord:
+    return CallRecord(
+        call_id=f"c{call}",
+        rollout_id="r1",
+        attempt=1,
+        sequence=-1,
+        endpoint="chat.completions",
+        upstream="http://u",
+        policy_version=3,
+        created_at=1.0 + call,
+        latency_ms=2.5,
+        retry_count=0,
+        streamed=False,
+        request={"model": "m", "messages": messages, "temperature": 1.0},
+        response={
+            "id": f"x{call}",
+            "prompt_token_ids": prompt,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "t"},
+                    "token_ids": answer,
+                    "logprobs": {"content": [{"token": "t", "logprob": -0.5}] * len(answer)},
+                }
+            ],
+        },
+        prompt_token_ids=prompt,
+    )
+
+
+def conversation(steps: list[tuple[bool, list[int], list[int]]]) -> list[CallRecord]:
+    """Calls where each prompt usually extends the previous prompt + answer (a multi-turn
+    agent), and sometimes starts over (a mismatch)."""
+    records: list[CallRecord] = []
+    prompt: list[int] = []
+    messages: list[dict] = []
+    for call, (extends, new_tokens, answer) in enumerate(steps):
+        if extends and records:
+            prev = records[-1]
+            prompt = prev.prompt_token_ids + prev.completion_token_ids() + new_tokens
+            messages = [*messages, {"role": "user", "content": f"turn {call}"}]
+        else:
+            prompt = new_tokens
+            messages = [{"role": "user", "content": f"fresh {call}"}]
+        records.append(chat_record(call, prompt, answer, messages))
+    return records
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.booleans(), token_lists, token_lists), min_size=1, max_size=8),
+    st.integers(0, 8),
+)
+def test_records_read_back_whole_across_a_restart(
+    tmp_path_factory, steps: list, restart_at: int
+) -> None:
+    root = tmp_path_factory.mktemp("store")
+    records = conversation(steps)
+
+    async def write() -> None:
+        store = DirectoryTrajectoryStore(root)
+        for i, record in enumerate(records):
+            if i == restart_at:
+                store = DirectoryTrajectoryStore(root)  # a gateway restart: cold tail cache
+            stored = await store.append(record)
+            assert stored.sequence == i
+
+    asyncio.run(write())
+    read = DirectoryTrajectoryStore(root).read_sync("r1")
+    assert [r.sequence for r in read] == list(range(len(records)))
+    for got, want in zip(read, records, strict=True):
+        assert got.prompt_token_ids == want.prompt_token_ids
+        assert got.completion_token_ids() == want.completion_token_ids()
+        assert got.completion_logprobs() == [-0.5] * len(want.completion_token_ids())
+        assert got.request == want.request
+        assert got.response == want.response
+
+
+def test_storage_grows_with_the_trajectory_not_with_turns_times_prompt(tmp_path: Path) -> None:
+    turns = 40
+    records = conversation([(True, list(range(20)), list(range(10)))] * turns)
+    store = DirectoryTrajectoryStore(tmp_path)
+
+    async def write() -> None:
+        for record in records:
+            await store.append(record)
+
+    asyncio.run(write())
+    lines = store.path("r1", 1).read_text().splitlines()
+    stored_prompt_ids = sum(len(json.loads(line)["prompt_ids"]["ids"]) for line in lines)
+    full_prompt_ids = sum(len(r.prompt_token_ids) for r in records)
+    assert stored_prompt_ids == 20 * turns  # only the new tokens of each turn
+    assert full_prompt_ids > 10 * stored_prompt_ids
+    stored_messages = sum(len(json.loads(line)["messages"]["items"]) for line in lines)
+    assert stored_messages == 1 + turns - 1
+
+
+def test_a_torn_last_line_is_skipped_and_earlier_ones_kept(tmp_path: Path) -> None:
+    store = DirectoryTrajectoryStore(tmp_path)
+    records = conversation([(True, [1, 2], [3]), (True, [4], [5])])
+    for record in records:
+        asyncio.run(store.append(record))
+    with store.path("r1", 1).open("a") as f:
+        f.write('{"v": 1, "call_id": "half')
+    assert [r.call_id for r in DirectoryTrajectoryStore(tmp_path).read_sync("r1")] == ["c0", "c1"]
+
+
+def test_read_by_call_ids_returns_only_committed_calls(tmp_path: Path) -> None:
+    store = DirectoryTrajectoryStore(tmp_path)
+    for record in conversation([(True, [1], [2]), (True, [3], [4]), (True, [5], [6])]):
+        asyncio.run(store.append(record))
+    picked = store.read_sync("r1", call_ids=["c2", "c0"])
+    assert [r.call_id for r in picked] == ["c0", "c2"]
+    assert picked[1].prompt_token_ids == [1, 2, 3, 4, 5]
+
+
+def test_appending_after_a_torn_line_keeps_the_file_readable(tmp_path: Path) -> None:
+    records = conversation([(True, [1], [2]), (True, [3], [4])])
+    asyncio.run(DirectoryTrajectoryStore(tmp_path).append(records[0]))
+    path = DirectoryTrajectoryStore(tmp_path).path("r1", 1)
+    with path.open("a") as f:
+        f.write('{"v": 1, "call_id": "torn')
+    asyncio.run(DirectoryTrajectoryStore(tmp_path).append(records[1]))
+    read = DirectoryTrajectoryStore(tmp_path).read_sync("r1")
+    assert [(r.call_id, r.sequence) for r in read] == [("c0", 0), ("c1", 1)]
+    assert read[1].prompt_token_ids == [1, 2, 3]

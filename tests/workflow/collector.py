@@ -1,0 +1,24 @@
+"""A stand-in for the trainer in workflow tests: it collects `rollout_finished` signals."""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.contracts import RolloutResult
+
+
+@workflow.defn
+class CollectorWorkflow:
+    @workflow.init
+    def __init__(self, expected: int) -> None:
+        self.results: list[RolloutResult] = []
+
+    @workflow.run
+    async def run(self, expected: int) -> list[RolloutResult]:
+        await workflow.wait_condition(lambda: len(self.results) >= expected)
+        return self.results
+
+    @workflow.signal(name="rollout_finished")
+    def rollout_finished(self, result: RolloutResult) -> None:
+        self.results.append(result)

@@ -1,0 +1,313 @@
+"""RolloutWorkflow on Temporal's time-skipping test server: signals, timeouts, cancellation,
+agent crashes and infra retries. Agents are real processes where the behaviour is the runner's
+(timeout kill, crash, cancel); stub activities where the test must steer the timing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from temporalio import activity
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import CancelledError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.errors import agent_lost_error
+from activities.worker import RolloutWorkerSettings, build_worker
+from tests.workflow.collector import CollectorWorkflow
+from workflows.contracts import (
+    AgentExit,
+    AgentHandle,
+    AgentReport,
+    AwaitRequest,
+    LaunchRequest,
+    LocalAgentSpec,
+    ModelCallEvent,
+    RewardSpec,
+    RolloutResult,
+    RolloutSpec,
+    RolloutTimeouts,
+    rollout_workflow_id,
+)
+from workflows.rollout_status import RolloutStatus
+from workflows.rollout_workflow import RolloutWorkflow
+
+TIMEOUT = 60  # no test here should take more than a few seconds
+
+
+def spec(agent_command: list[str] | None = None, **overrides: object) -> RolloutSpec:
+    values: dict = {
+        "run_id": "wf-test",
+        "rollout_id": f"r-{uuid.uuid4().hex[:10]}",
+        "group_id": "g",
+        "task": {"question": "1+1", "answer": "2"},
+        "agent": LocalAgentSpec(command=agent_command or ["true"]),
+        "timeouts": RolloutTimeouts(agent_seconds=30, heartbeat_seconds=2),
+    }
+    values.update(overrides)
+    return RolloutSpec(**values)
+
+
+def call_event(s: RolloutSpec, call_id: str, sequence: int, attempt: int = 1) -> ModelCallEvent:
+    return ModelCallEvent(
+        call_id=call_id,
+        rollout_id=s.rollout_id,
+        attempt=attempt,
+        sequence=sequence,
+        endpoint="chat.completions",
+        upstream="http://policy",
+        policy_version=0,
+        prompt_tokens=10,
+        completion_tokens=5,
+        latency_ms=1.0,
+        http_status=200,
+        record_ref=f"ref#{sequence}",
+    )
+
+
+class StubAgents:
+    """Activities with the real names whose agents the test releases by hand."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[str, int]] = []
+        self.release = asyncio.Event()
+        self.scoring = asyncio.Event()
+        self.lose_attempts: set[int] = set()
+
+    @activity.defn(name="launch_agent")
+    async def launch_agent(self, request: LaunchRequest) -> AgentHandle:
+        self.launches.append((request.spec.rollout_id, request.attempt))
+        return AgentHandle(
+            kind="stub", rollout_id=request.spec.rollout_id, attempt=request.attempt, started_at=0
+        )
+
+    @activity.defn(name="await_agent")
+    async def await_agent(self, request: AwaitRequest) -> AgentExit:
+        if request.attempt in self.lose_attempts:
+            raise agent_lost_error("the stub's machine vanished")
+        while not self.release.is_set():
+            activity.heartbeat()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.release.wait(), 0.2)
+        return AgentExit(exit_code=0)
+
+    @activity.defn(name="compute_reward")
+    async def compute_reward(self, request: object) -> float:
+        self.scoring.set()
+        await self.release.wait()
+        return 0.5
+
+
+@asynccontextmanager
+async def stub_worker(env: WorkflowEnvironment, stubs: StubAgents) -> AsyncIterator[str]:
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        env.client,
+        task_queue=queue,
+        workflows=[RolloutWorkflow, CollectorWorkflow],
+        activities=[stubs.launch_agent, stubs.await_agent, stubs.compute_reward],
+    ):
+        yield queue
+
+
+@asynccontextmanager
+async def real_worker(env: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[str]:
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    settings = RolloutWorkerSettings(
+        gateway_url="http://127.0.0.1:9",  # agents here make no model calls
+        token_secret=b"test",
+        agents_dir=tmp_path / "agents",
+        task_queue=queue,
+    )
+    async with (
+        httpx.AsyncClient() as http,
+        build_worker(env.client, settings, http) as worker,
+        Worker(env.client, task_queue=queue + "-collector", workflows=[CollectorWorkflow]),
+    ):
+        yield worker.task_queue
+
+
+async def start(env: WorkflowEnvironment, s: RolloutSpec, queue: str):
+    return await env.client.start_workflow(
+        RolloutWorkflow.run, s, id=rollout_workflow_id(s.rollout_id), task_queue=queue
+    )
+
+
+async def wait_until(predicate, timeout: float = 20) -> None:
+    """Poll a condition on files or lists the test cannot be notified about."""
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+
+def agent_pid(tmp_path: Path, s: RolloutSpec, attempt: int = 1) -> int:
+    handle = tmp_path / "agents" / s.rollout_id / f"attempt-{attempt}" / "handle.json"
+    return json.loads(handle.read_text())["data"]["pid"]
+
+
+async def test_calls_and_report_make_the_result(time_skipping_env: WorkflowEnvironment) -> None:
+    stubs = StubAgents()
+    s = spec()
+    async with stub_worker(time_skipping_env, stubs) as queue:
+        handle = await start(time_skipping_env, s, queue)
+        await wait_until(lambda: stubs.launches)
+        await asyncio.sleep(0.5)  # the attempt is running
+        await handle.signal(RolloutWorkflow.model_call, call_event(s, "b", sequence=1))
+        await handle.signal(RolloutWorkflow.model_call, call_event(s, "a", sequence=0))
+        await handle.signal(RolloutWorkflow.model_call, call_event(s, "a", sequence=0))  # dup
+        await handle.signal(RolloutWorkflow.model_call, call_event(s, "z", 0, attempt=7))  # stale
+        await handle.signal(RolloutWorkflow.agent_result, AgentReport(attempt=1, reward=0.75))
+        await handle.signal(RolloutWorkflow.agent_result, AgentReport(attempt=1, answer="two"))
+        progress = await handle.query(RolloutWorkflow.status)
+        assert progress.status == RolloutStatus.RUNNING
+        assert progress.calls == 2
+        stubs.release.set()
+        result: RolloutResult = await asyncio.wait_for(handle.result(), TIMEOUT)
+    assert result.status == RolloutStatus.SUCCEEDED
+    assert result.reward == 0.75  # a later report keeps what it does not override
+    assert result.answer == "two"
+    assert result.calls == 2 and result.prompt_tokens == 20 and result.completion_tokens == 10
+    assert result.call_ids == ["a", "b"]  # in sequence order, not arrival order
+    assert result.duplicate_signals == 1
+    assert result.stale_signals == 1
+
+
+async def test_a_call_after_the_agent_ended_stays_out(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    stubs = StubAgents()
+    s = spec(reward=RewardSpec(function="numeric_match"))
+    async with stub_worker(time_skipping_env, stubs) as queue:
+        handle = await start(time_skipping_env, s, queue)
+        await wait_until(lambda: stubs.launches)
+        await handle.signal(RolloutWorkflow.model_call, call_event(s, "in-time", 0))
+        await asyncio.sleep(0.3)
+        stubs.release.set()
+        await asyncio.wait_for(stubs.scoring.wait(), TIMEOUT)
+        stubs.release.clear()  # hold the scoring step while a late call arrives
+        await handle.signal(RolloutWorkflow.model_call, call_event(s, "late", 1))
+        await handle.signal(RolloutWorkflow.agent_result, AgentReport(attempt=1, reward=9.0))
+        stubs.release.set()
+        result = await asyncio.wait_for(handle.result(), TIMEOUT)
+    assert result.status == RolloutStatus.SUCCEEDED
+    assert result.call_ids == ["in-time"]
+    assert result.stale_signals == 2
+    assert result.reward == 0.5  # the reward function's, not the late report's
+
+
+async def test_an_infra_failure_gets_a_new_attempt(time_skipping_env: WorkflowEnvironment) -> None:
+    stubs = StubAgents()
+    stubs.lose_attempts = {1}
+    stubs.release.set()
+    s = spec(
+        reward=RewardSpec(missing_reward=0.0),
+        timeouts=RolloutTimeouts(agent_seconds=30, heartbeat_seconds=2, retry_backoff_seconds=600),
+    )
+    async with stub_worker(time_skipping_env, stubs) as queue:
+        handle = await start(time_skipping_env, s, queue)
+        result = await asyncio.wait_for(handle.result(), TIMEOUT)  # the 600 s backoff is skipped
+    assert [a for _, a in stubs.launches] == [1, 2]
+    assert result.status == RolloutStatus.SUCCEEDED
+    assert result.attempts == 2
+    assert result.reward == 0.0
+
+
+async def test_an_infra_failure_on_the_last_attempt_is_the_result(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    stubs = StubAgents()
+    stubs.lose_attempts = {1, 2}
+    s = spec(max_attempts=2, timeouts=RolloutTimeouts(retry_backoff_seconds=1))
+    async with stub_worker(time_skipping_env, stubs) as queue:
+        result = await asyncio.wait_for(
+            (await start(time_skipping_env, s, queue)).result(), TIMEOUT
+        )
+    assert result.status == RolloutStatus.FAILED_INFRA
+    assert "vanished" in (result.error or "")
+    assert result.reward is None
+
+
+async def test_the_rollout_timeout_kills_the_agent(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    s = spec(["sleep", "60"], timeouts=RolloutTimeouts(agent_seconds=2, heartbeat_seconds=1))
+    async with real_worker(time_skipping_env, tmp_path) as queue:
+        result = await asyncio.wait_for(
+            (await start(time_skipping_env, s, queue)).result(), TIMEOUT
+        )
+    assert result.status == RolloutStatus.TIMED_OUT
+    assert result.reward is None
+    assert not psutil.pid_exists(agent_pid(tmp_path, s)) or (
+        psutil.Process(agent_pid(tmp_path, s)).status() == psutil.STATUS_ZOMBIE
+    )
+
+
+async def test_a_crashed_agent_fails_with_its_log(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    s = spec(["sh", "-c", "echo boom >&2; exit 3"], reward=RewardSpec(missing_reward=1.0))
+    async with real_worker(time_skipping_env, tmp_path) as queue:
+        result = await asyncio.wait_for(
+            (await start(time_skipping_env, s, queue)).result(), TIMEOUT
+        )
+    assert result.status == RolloutStatus.FAILED_AGENT
+    assert result.exit_code == 3
+    assert result.reward is None  # never a silent reward, not even missing_reward
+    assert "boom" in (result.error or "")
+    assert result.attempts == 1
+
+
+async def test_an_agent_without_a_reward_is_not_given_one(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    async with real_worker(time_skipping_env, tmp_path) as queue:
+        result = await asyncio.wait_for(
+            (await start(time_skipping_env, spec(), queue)).result(), TIMEOUT
+        )
+    assert result.status == RolloutStatus.FAILED_AGENT
+    assert result.error == "agent finished without a reward"
+
+
+async def test_an_agent_that_cannot_start_is_not_retried(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    s = spec(["no-such-agent-binary"])
+    async with real_worker(time_skipping_env, tmp_path) as queue:
+        result = await asyncio.wait_for(
+            (await start(time_skipping_env, s, queue)).result(), TIMEOUT
+        )
+    assert result.status == RolloutStatus.FAILED_AGENT
+    assert result.attempts == 1
+    assert "not on PATH" in (result.error or "")
+
+
+async def test_cancelling_kills_the_agent_and_reports(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    collector_id = f"collector-{uuid.uuid4().hex[:8]}"
+    async with real_worker(time_skipping_env, tmp_path) as queue:
+        collector = await time_skipping_env.client.start_workflow(
+            CollectorWorkflow.run, 1, id=collector_id, task_queue=queue + "-collector"
+        )
+        s = spec(["sleep", "60"], report_to=collector_id)
+        handle = await start(time_skipping_env, s, queue)
+        agent_dir = tmp_path / "agents" / s.rollout_id / "attempt-1"
+        await wait_until(lambda: (agent_dir / "handle.json").exists())
+        pid = agent_pid(tmp_path, s)
+        assert psutil.pid_exists(pid)
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), TIMEOUT)
+        assert isinstance(failure.value.cause, CancelledError)
+        reported = await asyncio.wait_for(collector.result(), TIMEOUT)
+    assert [r.status for r in reported] == [RolloutStatus.CANCELLED]
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -1,0 +1,318 @@
+"""The reference policy server's generation engine: batched sampling with a KV cache on one
+engine thread, per-request sampling parameters, raw logprobs (as vLLM reports them), and vLLM's
+pause modes.
+
+Requests that arrive while a batch runs wait for the next batch (static batching): simple, and
+on a tiny model a batch of 16 costs about what one request does. Not a production server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+
+log = logging.getLogger(__name__)
+
+FinishReason = Literal["stop", "length", "abort"]
+PauseMode = Literal["keep", "wait", "abort"]
+
+
+class GenerationRejectedError(ValueError):
+    """A request the engine cannot serve (prompt too long, bad parameters)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    top_logprobs: int = 0
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class TokenStep:
+    """One generated token: its id, its logprob, the top alternatives, the text it adds."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+    text: str
+
+
+@dataclass
+class Sequence:
+    """One sequence being generated. `events` receives `(index, TokenStep)` for each token and
+    then `(index, FinishReason)`, or `(index, "error: ...")` if generation failed; the choices of
+    one request share the queue."""
+
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    cancelled: bool = False
+    _emitted_text: str = ""
+
+    def emit(self, item: TokenStep | str) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, item))
+
+
+class GenerationEngine:
+    def __init__(
+        self,
+        model: Qwen2ForCausalLM,
+        tokenizer: PreTrainedTokenizerFast,
+        max_batch: int = 32,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch = max_batch
+        self.max_model_len = int(model.config.max_position_embeddings)
+        self.eos_ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+        self._pending: queue.Queue[Sequence | None] = queue.Queue()
+        self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._running = threading.Event()  # set = not paused
+        self._running.set()
+        self.pause_mode: PauseMode | None = None
+        self._abort = threading.Event()
+        self._stopped = False
+        self._default_generator = torch.Generator().manual_seed(seed)
+        self.served = 0
+        self._thread = threading.Thread(target=self._run, name="darl-generation", daemon=True)
+
+    # --- control (any thread) ------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._running.set()
+        self._pending.put(None)
+        self._thread.join(timeout=10)
+
+    def submit(self, sequence: Sequence) -> None:
+        limit = self.max_model_len
+        if len(sequence.prompt_ids) + sequence.params.max_tokens > limit:
+            raise GenerationRejectedError(
+                f"prompt ({len(sequence.prompt_ids)} tokens) plus max_tokens "
+                f"({sequence.params.max_tokens}) exceeds the model's {limit} tokens"
+            )
+        self._pending.put(sequence)
+
+    def pause(self, mode: PauseMode) -> None:
+        """`keep`: freeze running sequences, continue them on resume. `abort`: end them now with
+        finish_reason "abort". `wait`: let them finish. New requests wait for resume in all."""
+        self.pause_mode = mode
+        if mode == "abort":
+            self._abort.set()
+        if mode != "wait":
+            self._running.clear()
+
+    def resume(self) -> None:
+        self.pause_mode = None
+        self._abort.clear()
+        self._running.set()
+
+    @property
+    def paused(self) -> bool:
+        return self.pause_mode is not None
+
+    def run_between_steps(self, command: Callable[[], None]) -> None:
+        """Run `command` on the engine thread between decode steps (e.g. loading weights)."""
+        self._commands.put(command)
+        self._pending.put(None)  # wake an idle engine
+
+    # --- the engine thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while not self._stopped:
+            self._run_commands()
+            first = self._pending.get()
+            if first is None:
+                continue
+            self._wait_while_paused(admitting=True)
+            batch = [first]
+            while len(batch) < self.max_batch:
+                try:
+                    nxt = self._pending.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is not None:
+                    batch.append(nxt)
+            batch = [s for s in batch if not s.cancelled]
+            if batch:
+                try:
+                    self._generate(batch)
+                except Exception as err:
+                    # The engine thread must outlive a failed batch; every waiter hears of it.
+                    log.exception("generation failed")
+                    for seq in batch:
+                        if seq.finish_reason is None:
+                            seq.emit(f"error: {err!r}")
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            command()
+
+    def _wait_while_paused(self, admitting: bool) -> None:
+        while not self._running.is_set() or (admitting and self.pause_mode == "wait"):
+            self._run_commands()
+            if self._stopped:
+                return
+            self._running.wait(timeout=0.05)
+            if admitting and self.pause_mode == "wait":
+                self._running.clear()
+
+    def _generate(self, batch: list[Sequence]) -> None:
+        model = self.model
+        width = max(len(s.prompt_ids) for s in batch)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.tensor(
+            [[pad] * (width - len(s.prompt_ids)) + s.prompt_ids for s in batch]
+        )
+        mask = torch.tensor(
+            [[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids) for s in batch]
+        )
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        generators = [
+            torch.Generator().manual_seed(s.params.seed)
+            if s.params.seed is not None
+            else self._default_generator
+            for s in batch
+        ]
+        out = model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True
+        )
+        cache = out.past_key_values
+        logits = out.logits[:, -1, :]
+        active = list(range(len(batch)))
+        while active:
+            tokens = self._sample(batch, logits, generators, active)
+            for i in active:
+                if batch[i].cancelled and batch[i].finish_reason is None:
+                    self._finish(batch[i], "abort")
+            active = [i for i in active if batch[i].finish_reason is None]
+            if not active:
+                break
+            self._run_commands()
+            if not self._running.is_set():
+                self._wait_while_paused(admitting=False)
+            if self._abort.is_set() or self._stopped:
+                for i in active:
+                    self._finish(batch[i], "abort")
+                break
+            mask = torch.cat([mask, torch.ones(len(batch), 1, dtype=mask.dtype)], dim=-1)
+            positions = positions[:, -1:] + 1
+            out = model(
+                input_ids=tokens.unsqueeze(-1),
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = out.past_key_values
+            logits = out.logits[:, -1, :]
+
+    def _sample(
+        self,
+        batch: list[Sequence],
+        logits: torch.Tensor,
+        generators: list[torch.Generator],
+        active: list[int],
+    ) -> torch.Tensor:
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        chosen = torch.full((len(batch),), self.tokenizer.pad_token_id, dtype=torch.long)
+        for i in active:
+            seq = batch[i]
+            token = self._pick(seq.params, logits[i], generators[i])
+            chosen[i] = token
+            k = seq.params.top_logprobs
+            top = []
+            if k > 0:
+                values, ids = logprobs[i].topk(k)
+                top = list(zip(ids.tolist(), values.tolist(), strict=True))
+            self._append(seq, token, float(logprobs[i, token]), top)
+        return chosen
+
+    @staticmethod
+    def _pick(params: SamplingParams, logits: torch.Tensor, generator: torch.Generator) -> int:
+        if params.temperature == 0:
+            return int(logits.argmax())
+        scaled = logits.float() / params.temperature
+        if params.top_k > 0:
+            kth = scaled.topk(min(params.top_k, scaled.numel())).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)
+        if params.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            outside = sorted_probs.cumsum(-1) - sorted_probs > params.top_p
+            sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+            probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+    def _append(self, seq: Sequence, token: int, logprob: float, top: list) -> None:
+        seq.token_ids.append(token)
+        params = seq.params
+        finish: FinishReason | None = None
+        is_eos = token in self.eos_ids and not params.ignore_eos
+        if is_eos or token in params.stop_token_ids:
+            finish = "stop"
+        else:
+            seq.text = self.tokenizer.decode(
+                [t for t in seq.token_ids if t not in self.eos_ids], skip_special_tokens=True
+            )
+            for stop in params.stop:
+                at = seq.text.find(stop, max(0, len(seq._emitted_text) - len(stop)))
+                if at >= 0:
+                    seq.text = seq.text[:at]
+                    finish = "stop"
+                    break
+        if finish is None and len(seq.token_ids) >= params.max_tokens:
+            finish = "length"
+        # Hold back text that may be the start of a stop string or of a multi-byte character.
+        ready = seq.text if finish else self._safe_prefix(seq.text, params.stop)
+        delta = ready[len(seq._emitted_text) :] if ready.startswith(seq._emitted_text) else ""
+        seq._emitted_text += delta
+        seq.emit(TokenStep(token_id=token, logprob=logprob, top=top, text=delta))
+        if finish is not None:
+            self._finish(seq, finish)
+
+    @staticmethod
+    def _safe_prefix(text: str, stops: tuple[str, ...]) -> str:
+        end = len(text)
+        while end > 0 and text[end - 1] == "\ufffd":
+            end -= 1
+        for stop in stops:
+            for n in range(min(len(stop) - 1, end), 0, -1):
+                if text[:end].endswith(stop[:n]):
+                    end -= n
+                    break
+        return text[:end]
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        seq.finish_reason = reason
+        self.served += 1
+        seq.emit(reason)

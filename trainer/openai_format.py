@@ -1,0 +1,264 @@
+"""OpenAI-compatible request parsing and response shapes with vLLM's extra fields
+(`prompt_token_ids`, `choices[].token_ids`), for the reference policy server."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from transformers import PreTrainedTokenizerFast
+
+from trainer.generation import SamplingParams, TokenStep
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=10.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=-1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    n: int = Field(default=1, ge=1, le=16)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    return_token_ids: bool = False
+    ignore_eos: bool = False
+
+    def sampling(self, default_max_tokens: int, top_logprobs: int) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingParams(
+            max_tokens=self.max_tokens or default_max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=max(self.top_k, 0),
+            seed=self.seed,
+            stop=tuple(s for s in stop if s),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            top_logprobs=top_logprobs,
+            ignore_eos=self.ignore_eos,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class ChatRequest(_Request):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int = Field(default=0, ge=0, le=20)
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: Literal[False] = False
+
+
+def message_text(content: Any) -> str:
+    """OpenAI message content: a string, None, or a list of parts of which text is kept."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    raise ValueError("message content must be a string or a list of parts")
+
+
+@dataclass
+class ChoiceState:
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    steps: list[TokenStep] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+def _token_str(tokenizer: PreTrainedTokenizerFast, token_id: int) -> str:
+    return tokenizer.decode([token_id])
+
+
+def chat_logprob_entry(tokenizer: PreTrainedTokenizerFast, step: TokenStep) -> dict[str, Any]:
+    token = _token_str(tokenizer, step.token_id)
+    return {
+        "token": token,
+        "logprob": step.logprob,
+        "bytes": list(token.encode("utf-8")),
+        "top_logprobs": [
+            {
+                "token": (t := _token_str(tokenizer, tid)),
+                "logprob": lp,
+                "bytes": list(t.encode("utf-8")),
+            }
+            for tid, lp in step.top
+        ],
+    }
+
+
+def completion_logprobs(
+    tokenizer: PreTrainedTokenizerFast, steps: list[TokenStep], offset: int = 0
+) -> dict[str, Any]:
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    for step in steps:
+        token = _token_str(tokenizer, step.token_id)
+        tokens.append(token)
+        token_logprobs.append(step.logprob)
+        top.append(
+            {_token_str(tokenizer, tid): lp for tid, lp in step.top} or {token: step.logprob}
+        )
+        offsets.append(offset)
+        offset += len(step.text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top,
+        "text_offset": offsets,
+    }
+
+
+@dataclass
+class ResponseShape:
+    """Builds the chat / text completion objects (whole or chunked) of one request."""
+
+    kind: Literal["chat", "completion"]
+    model: str
+    tokenizer: PreTrainedTokenizerFast
+    prompt_ids: list[int]
+    with_logprobs: bool
+    with_token_ids: bool
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def _head(self, chunk: bool) -> dict[str, Any]:
+        if self.kind == "chat":
+            obj = "chat.completion.chunk" if chunk else "chat.completion"
+            return {
+                "id": f"chatcmpl-{self.id}",
+                "object": obj,
+                "created": self.created,
+                "model": self.model,
+            }
+        return {
+            "id": f"cmpl-{self.id}",
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+        }
+
+    def usage(self, choices: list[ChoiceState]) -> dict[str, int]:
+        completion = sum(len(c.token_ids) for c in choices)
+        return {
+            "prompt_tokens": len(self.prompt_ids),
+            "completion_tokens": completion,
+            "total_tokens": len(self.prompt_ids) + completion,
+        }
+
+    def whole(self, choices: list[ChoiceState]) -> dict[str, Any]:
+        out = self._head(chunk=False)
+        out["choices"] = [self._whole_choice(c) for c in choices]
+        out["usage"] = self.usage(choices)
+        if self.kind == "chat" and self.with_token_ids:
+            out["prompt_token_ids"] = self.prompt_ids
+        return out
+
+    def _whole_choice(self, c: ChoiceState) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": c.index,
+            "finish_reason": c.finish_reason,
+            "stop_reason": None,
+        }
+        if self.kind == "chat":
+            choice["message"] = {"role": "assistant", "content": c.text}
+            choice["logprobs"] = (
+                {"content": [chat_logprob_entry(self.tokenizer, s) for s in c.steps]}
+                if self.with_logprobs
+                else None
+            )
+        else:
+            choice["text"] = c.text
+            choice["logprobs"] = (
+                completion_logprobs(self.tokenizer, c.steps) if self.with_logprobs else None
+            )
+            if self.with_token_ids:
+                choice["prompt_token_ids"] = self.prompt_ids
+        if self.with_token_ids:
+            choice["token_ids"] = c.token_ids
+        return choice
+
+    def first_chunk(self, index: int) -> dict[str, Any]:
+        """The opening chunk of a choice: the role (chat) and the prompt's token ids."""
+        out = self._head(chunk=True)
+        if self.kind == "chat":
+            out["choices"] = [
+                {
+                    "index": index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ]
+            if self.with_token_ids:
+                out["prompt_token_ids"] = self.prompt_ids
+        else:
+            choice: dict[str, Any] = {
+                "index": index,
+                "text": "",
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            if self.with_token_ids:
+                choice["prompt_token_ids"] = self.prompt_ids
+                choice["token_ids"] = []
+            out["choices"] = [choice]
+        return out
+
+    def token_chunk(
+        self, c: ChoiceState, step: TokenStep, finish_reason: str | None
+    ) -> dict[str, Any]:
+        out = self._head(chunk=True)
+        choice: dict[str, Any] = {"index": c.index, "finish_reason": finish_reason}
+        if self.kind == "chat":
+            choice["delta"] = {"content": step.text}
+            choice["logprobs"] = (
+                {"content": [chat_logprob_entry(self.tokenizer, step)]}
+                if self.with_logprobs
+                else None
+            )
+        else:
+            choice["text"] = step.text
+            offset = len(c.text) - len(step.text)
+            choice["logprobs"] = (
+                completion_logprobs(self.tokenizer, [step], offset) if self.with_logprobs else None
+            )
+        if self.with_token_ids:
+            choice["token_ids"] = [step.token_id]
+        out["choices"] = [choice]
+        return out
+
+    def finish_chunk(self, c: ChoiceState) -> dict[str, Any]:
+        """Ends a choice that finished without a new token (an abort)."""
+        out = self._head(chunk=True)
+        choice: dict[str, Any] = {
+            "index": c.index,
+            "finish_reason": c.finish_reason,
+            "logprobs": None,
+        }
+        if self.kind == "chat":
+            choice["delta"] = {}
+        else:
+            choice["text"] = ""
+        if self.with_token_ids:
+            choice["token_ids"] = []
+        out["choices"] = [choice]
+        return out
+
+    def usage_chunk(self, choices: list[ChoiceState]) -> dict[str, Any]:
+        return {**self._head(chunk=True), "choices": [], "usage": self.usage(choices)}

@@ -1,0 +1,366 @@
+"""DARL's reference policy server: the tiny model behind an OpenAI-compatible API with vLLM's
+fields and control endpoints (`/pause?mode=keep|wait|abort`, `/resume`, `/is_paused`), plus
+`/reload_weights` from a checkpoint directory with the policy version it then reports.
+
+It exists so the whole loop runs on a laptop and in CI; it is not a production server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from pydantic import BaseModel, ConfigDict, ValidationError
+from safetensors.torch import load_file
+
+from trainer.generation import (
+    GenerationEngine,
+    GenerationRejectedError,
+    PauseMode,
+    SamplingParams,
+    Sequence,
+    TokenStep,
+)
+from trainer.openai_format import (
+    ChatRequest,
+    ChoiceState,
+    CompletionRequest,
+    ResponseShape,
+    message_text,
+)
+from trainer.tiny_model import load_model_dir
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "darl-tiny"
+
+
+class BadRequest(ValueError):
+    """Answered with 400 and vLLM's error body."""
+
+
+class GenerationFailedError(RuntimeError):
+    """The engine failed on the batch this request was in (answered with 500)."""
+
+
+def _read_checkpoint(path: Path) -> dict[str, Any]:
+    file = path / "model.safetensors" if path.is_dir() else path
+    if not file.is_file():
+        raise BadRequest(f"no checkpoint at {path}")
+    return load_file(file)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    kind = "BadRequestError" if status < 500 else "InternalServerError"
+    return JSONResponse(
+        {"object": "error", "message": message, "type": kind, "param": None, "code": status},
+        status_code=status,
+    )
+
+
+class ReloadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    version: int
+
+
+class PolicyServer:
+    """Owns the model, the engine, the served policy version and the call log."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        model_name: str = DEFAULT_MODEL_NAME,
+        max_batch: int = 32,
+        seed: int = 0,
+        response_log: Path | None = None,
+    ) -> None:
+        model, tokenizer = load_model_dir(model_dir)
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.engine = GenerationEngine(model, tokenizer, max_batch=max_batch, seed=seed)
+        self.policy_version = 0
+        self.response_log = response_log
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "darl_policy_requests",
+            "Answered requests.",
+            ["endpoint", "status"],
+            registry=self.registry,
+        )
+
+    # --- requests ------------------------------------------------------------------------
+
+    def chat_prompt(self, req: ChatRequest) -> list[int]:
+        try:
+            messages = [
+                {"role": str(m.get("role", "user")), "content": message_text(m.get("content"))}
+                for m in req.messages
+            ]
+        except ValueError as err:
+            raise BadRequest(str(err)) from err
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def completion_prompt(self, req: CompletionRequest) -> list[int]:
+        if isinstance(req.prompt, str):
+            return self.tokenizer(req.prompt, add_special_tokens=False)["input_ids"]
+        vocab = len(self.tokenizer)
+        if any(not 0 <= t < vocab for t in req.prompt):
+            raise BadRequest(f"prompt token ids must lie in [0, {vocab})")
+        return list(req.prompt)
+
+    async def generate(
+        self,
+        request: Request,
+        shape: ResponseShape,
+        params: SamplingParams,
+        n: int,
+        stream: bool,
+        include_usage: bool,
+    ) -> Response:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        sequences = [
+            Sequence(
+                index=i,
+                prompt_ids=shape.prompt_ids,
+                params=params if params.seed is None else replace(params, seed=params.seed + i),
+                loop=loop,
+                events=events,
+            )
+            for i in range(n)
+        ]
+        for seq in sequences:
+            self.engine.submit(seq)
+        choices = [ChoiceState(index=i) for i in range(n)]
+        endpoint = shape.kind
+        if stream:
+            body = self._stream(shape, sequences, choices, events, include_usage)
+            return StreamingResponse(body, media_type="text/event-stream")
+        try:
+            async for _ in self._collect(choices, events, n):
+                pass
+        finally:
+            for seq in sequences:
+                seq.cancelled = True
+        self.requests.labels(endpoint, "200").inc()
+        response = shape.whole(choices)
+        self._log(endpoint, shape, choices)
+        return JSONResponse(response)
+
+    async def _collect(
+        self, choices: list[ChoiceState], events: asyncio.Queue, n: int
+    ) -> AsyncIterator[tuple[ChoiceState, TokenStep | None]]:
+        """Yield (choice, step) per token and (choice, None) when a choice finishes."""
+        finished = 0
+        while finished < n:
+            index, item = await events.get()
+            choice = choices[index]
+            if isinstance(item, TokenStep):
+                choice.token_ids.append(item.token_id)
+                choice.text += item.text
+                choice.steps.append(item)
+                yield choice, item
+            elif item.startswith("error: "):
+                raise GenerationFailedError(item)
+            else:
+                choice.finish_reason = item
+                finished += 1
+                yield choice, None
+
+    async def _stream(
+        self,
+        shape: ResponseShape,
+        sequences: list[Sequence],
+        choices: list[ChoiceState],
+        events: asyncio.Queue,
+        include_usage: bool,
+    ) -> AsyncIterator[bytes]:
+        def sse(obj: dict[str, Any]) -> bytes:
+            return f"data: {json.dumps(obj)}\n\n".encode()
+
+        try:
+            for choice in choices:
+                yield sse(shape.first_chunk(choice.index))
+            # A token is sent once the next event says whether it was the choice's last, so
+            # the finishing chunk carries both the last token and the finish reason.
+            pending: dict[int, TokenStep] = {}
+            async for choice, step in self._collect(choices, events, len(choices)):
+                previous = pending.pop(choice.index, None)
+                if step is not None:
+                    if previous is not None:
+                        yield sse(shape.token_chunk(choice, previous, None))
+                    pending[choice.index] = step
+                elif previous is not None:
+                    yield sse(shape.token_chunk(choice, previous, choice.finish_reason))
+                else:
+                    yield sse(shape.finish_chunk(choice))
+            if include_usage:
+                yield sse(shape.usage_chunk(choices))
+            yield b"data: [DONE]\n\n"
+            self.requests.labels(shape.kind, "200").inc()
+            self._log(shape.kind, shape, choices)
+        finally:
+            for seq in sequences:
+                seq.cancelled = True
+
+    def _log(self, endpoint: str, shape: ResponseShape, choices: list[ChoiceState]) -> None:
+        if self.response_log is None:
+            return
+        line = {
+            "id": shape.id,
+            "endpoint": endpoint,
+            "prompt_token_ids": shape.prompt_ids,
+            "token_ids": [c.token_ids for c in choices],
+            "policy_version": self.policy_version,
+        }
+        with self.response_log.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    # --- weights -------------------------------------------------------------------------
+
+    async def reload_weights(self, path: Path, version: int) -> None:
+        """Load weights from a checkpoint (a model directory or a .safetensors file) between
+        two decode steps; raises BadRequest when there is none or it does not fit."""
+        state = await asyncio.to_thread(_read_checkpoint, path)
+        done: Future[None] = Future()
+
+        def load() -> None:
+            try:
+                missing, unexpected = self.engine.model.load_state_dict(state, strict=False)
+                # Tied embeddings: a saved checkpoint has no separate lm_head.
+                if unexpected or set(missing) - {"lm_head.weight"}:
+                    raise ValueError(
+                        f"checkpoint does not fit: missing {missing}, unexpected {unexpected}"
+                    )
+                self.policy_version = version
+                done.set_result(None)
+            except (ValueError, RuntimeError) as err:
+                done.set_exception(err)
+
+        self.engine.run_between_steps(load)
+        await asyncio.wrap_future(done)
+
+
+def create_policy_app(server: PolicyServer) -> FastAPI:
+    app = FastAPI(title="DARL reference policy server")
+    app.state.server = server
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(400, f"invalid request: {exc.errors()[0]['msg']}")
+
+    async def parse(request: Request, schema: type[BaseModel]) -> Any:
+        try:
+            return schema.model_validate(json.loads(await request.body()))
+        except ValidationError as err:
+            e = err.errors()[0]
+            raise BadRequest(f"{'.'.join(map(str, e['loc']))}: {e['msg']}") from err
+        except ValueError as err:
+            raise BadRequest(f"body is not valid JSON: {err}") from err
+
+    @app.exception_handler(GenerationRejectedError)
+    async def rejected(_: Request, exc: GenerationRejectedError) -> JSONResponse:
+        return _error(400, str(exc))
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        req: ChatRequest = await parse(request, ChatRequest)
+        shape = ResponseShape(
+            "chat",
+            server.model_name,
+            server.tokenizer,
+            server.chat_prompt(req),
+            with_logprobs=req.logprobs,
+            with_token_ids=req.return_token_ids,
+        )
+        req_max = req.max_completion_tokens or req.max_tokens
+        params = req.sampling(
+            default_max_tokens=req_max or 64, top_logprobs=req.top_logprobs if req.logprobs else 0
+        )
+        return await server.generate(request, shape, params, req.n, req.stream, req.include_usage)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req: CompletionRequest = await parse(request, CompletionRequest)
+        shape = ResponseShape(
+            "completion",
+            server.model_name,
+            server.tokenizer,
+            server.completion_prompt(req),
+            with_logprobs=req.logprobs is not None,
+            with_token_ids=req.return_token_ids,
+        )
+        params = req.sampling(default_max_tokens=16, top_logprobs=req.logprobs or 0)
+        return await server.generate(request, shape, params, req.n, req.stream, req.include_usage)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": server.model_name,
+                    "object": "model",
+                    "owned_by": "darl",
+                    "max_model_len": server.engine.max_model_len,
+                }
+            ],
+        }
+
+    @app.post("/pause")
+    async def pause(mode: PauseMode = "abort") -> dict[str, Any]:
+        server.engine.pause(mode)
+        return {"paused": True, "mode": mode}
+
+    @app.post("/resume")
+    async def resume() -> dict[str, Any]:
+        server.engine.resume()
+        return {"paused": False}
+
+    @app.get("/is_paused")
+    async def is_paused() -> dict[str, Any]:
+        return {"is_paused": server.engine.paused}
+
+    @app.post("/reload_weights")
+    async def reload_weights(body: ReloadRequest) -> dict[str, Any]:
+        await server.reload_weights(Path(body.path), body.version)
+        return {"policy_version": server.policy_version}
+
+    @app.get("/version")
+    async def version() -> dict[str, Any]:
+        return {"policy_version": server.policy_version, "model": server.model_name}
+
+    @app.get("/health")
+    @app.get("/healthz")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(server.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.exception_handler(GenerationFailedError)
+    async def failed(_: Request, exc: GenerationFailedError) -> JSONResponse:
+        return _error(500, str(exc))
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(_: Request, exc: BadRequest) -> JSONResponse:
+        return _error(400, str(exc))
+
+    FastAPIInstrumentor.instrument_app(app, excluded_urls="health,healthz,metrics")
+    return app

@@ -1,0 +1,242 @@
+"""Contracts of the rollout path: what a rollout is asked to do and what it reports.
+
+JSON-friendly pydantic models (sent through Temporal with `temporalio.contrib.pydantic`), so
+`temporal workflow start --type RolloutWorkflow --input @rollout.json` works with plain JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from workflows.rollout_status import RolloutStatus
+
+ROLLOUT_TASK_QUEUE = "darl-rollouts"
+TRAINER_TASK_QUEUE = "darl-trainer"
+
+# Rollout ids travel in URL paths (/rollouts/<id>/v1) and file names, so they stay URL-safe.
+ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+
+
+def rollout_workflow_id(rollout_id: str) -> str:
+    """The one workflow id of a rollout: a retried start can never make a second agent."""
+    return f"rollout/{rollout_id}"
+
+
+class Contract(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RolloutMode(StrEnum):
+    TRAIN = "train"
+    VAL = "val"
+
+
+class LocalAgentSpec(Contract):
+    """An agent run as a local process in its own process group.
+
+    `command` is an argv list; the literal `{python}` in it is replaced by the worker's Python.
+    `entrypoint` (`module:Class` or `module.Class`) runs an Agent Lightning style agent:
+    `Class().run()`, awaited if it is a coroutine. Exactly one of the two is given.
+    `env_map` maps a variable name to a dotted path in the task (`"input.question"`).
+    """
+
+    kind: Literal["local"] = "local"
+    command: list[str] | None = None
+    entrypoint: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    env_map: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+
+    @model_validator(mode="after")
+    def _one_way_to_start(self) -> LocalAgentSpec:
+        if (self.command is None) == (self.entrypoint is None):
+            raise ValueError("give exactly one of 'command' and 'entrypoint'")
+        if self.command is not None and not self.command:
+            raise ValueError("'command' must not be empty")
+        return self
+
+
+class HttpAgentSpec(Contract):
+    """An agent that already runs as an HTTP service: DARL POSTs the rollout to `url` and the
+    response body is the agent's report. The request carries `Idempotency-Key:
+    <rollout>/<attempt>`; a service that honours it never runs an attempt twice."""
+
+    kind: Literal["http"] = "http"
+    url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    env_map: dict[str, str] = Field(default_factory=dict)
+
+
+AgentSpec = Annotated[LocalAgentSpec | HttpAgentSpec, Field(discriminator="kind")]
+
+
+class RewardSpec(Contract):
+    """Where the reward comes from.
+
+    `function` None: the agent reports it (DARL_RESULT_URL or the Agent Lightning reward event).
+    Otherwise `exact_match`, `numeric_match` or `module:function`, called with the task, the
+    agent's answer and a `TrajectorySummary`; the reference answer is `task[answer_key]`.
+    `missing_reward` is used when the agent succeeds without a reward; None makes that a failure.
+    """
+
+    function: str | None = None
+    answer_key: str = "answer"
+    missing_reward: float | None = None
+
+
+class RolloutTimeouts(Contract):
+    agent_seconds: float = Field(default=600.0, gt=0)
+    heartbeat_seconds: float = Field(default=30.0, gt=0)
+    launch_seconds: float = Field(default=60.0, gt=0)
+    reward_seconds: float = Field(default=60.0, gt=0)
+    retry_backoff_seconds: float = Field(default=5.0, ge=0)
+
+
+class RolloutSpec(Contract):
+    run_id: str = Field(pattern=ROLLOUT_ID_PATTERN)
+    rollout_id: str = Field(pattern=ROLLOUT_ID_PATTERN)
+    group_id: str = ""
+    task: dict[str, Any]
+    mode: RolloutMode = RolloutMode.TRAIN
+    agent: AgentSpec
+    reward: RewardSpec = Field(default_factory=RewardSpec)
+    timeouts: RolloutTimeouts = Field(default_factory=RolloutTimeouts)
+    policy_version: int = 0
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    # A workflow id that gets a `rollout_finished` signal with the RolloutResult (the trainer).
+    report_to: str | None = None
+
+
+class AgentReport(Contract):
+    """What an agent says about its own attempt (DARL_RESULT_URL, AGL reward event, HTTP reply)."""
+
+    attempt: int = 0
+    reward: float | None = None
+    answer: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("reward")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("reward must be a finite number")
+        return value
+
+
+class ModelCallEvent(Contract):
+    """One captured model call, small enough for workflow history (rule 1: no token data)."""
+
+    call_id: str
+    rollout_id: str
+    attempt: int
+    sequence: int
+    endpoint: Literal["chat.completions", "completions"]
+    upstream: str
+    policy_version: int
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None = None
+    latency_ms: float
+    http_status: int
+    retry_count: int = 0
+    streamed: bool = False
+    record_ref: str
+
+
+class TrajectorySummary(Contract):
+    """What a reward function sees of the trajectory (the full records are in the store)."""
+
+    rollout_id: str
+    attempt: int
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    call_ids: list[str]
+    exit_code: int | None = None
+    reported_reward: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class RolloutResult(Contract):
+    run_id: str
+    rollout_id: str
+    group_id: str
+    mode: RolloutMode
+    status: RolloutStatus
+    reward: float | None = None
+    answer: str | None = None
+    attempts: int
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    policy_versions: list[int] = Field(default_factory=list)
+    # The committed calls of the final attempt, in order: a reader of the trajectory store
+    # takes exactly these records.
+    call_ids: list[str] = Field(default_factory=list)
+    events_digest: str = ""
+    exit_code: int | None = None
+    error: str | None = None
+    duration_seconds: float = 0.0
+    duplicate_signals: int = 0
+    stale_signals: int = 0
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class RolloutProgress(Contract):
+    """The answer of the `status` query."""
+
+    rollout_id: str
+    status: RolloutStatus
+    attempt: int
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    reward: float | None = None
+    error: str | None = None
+
+
+# Activity inputs and outputs.
+
+
+class LaunchRequest(Contract):
+    spec: RolloutSpec
+    attempt: int
+    # The W3C traceparent of the rollout's span, handed to the agent (TRACEPARENT).
+    traceparent: str | None = None
+
+
+class AgentHandle(Contract):
+    """What `launch_agent` returns and `await_agent` re-attaches with; `data` is the runner's."""
+
+    kind: str
+    rollout_id: str
+    attempt: int
+    started_at: float
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class AwaitRequest(Contract):
+    spec: RolloutSpec
+    attempt: int
+    handle: AgentHandle
+
+
+class AgentExit(Contract):
+    """How an attempt's agent ended. `exit_code` 0 means it finished its work."""
+
+    exit_code: int | None
+    # Set when the runner's own deadline killed the agent (the workflow's timer normally wins).
+    timed_out: bool = False
+    oom_killed: bool = False
+    report: AgentReport | None = None
+    log_tail: str = ""
+
+
+class RewardRequest(Contract):
+    spec: RolloutSpec
+    answer: str | None
+    summary: TrajectorySummary

@@ -1,0 +1,351 @@
+"""RolloutWorkflow: one agent rollout, durable from launch to reward.
+
+Reads as the story of a rollout: launch the agent, await it under the rollout timeout, score it.
+An infra failure (launch failed, agent lost with its worker's machine) gets a fresh attempt;
+what the agent itself did (non-zero exit, timeout, no reward) is the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows import search_attributes as sa
+    from workflows.contracts import (
+        AgentExit,
+        AgentHandle,
+        AgentReport,
+        AwaitRequest,
+        LaunchRequest,
+        ModelCallEvent,
+        RewardRequest,
+        RolloutProgress,
+        RolloutResult,
+        RolloutSpec,
+        TrajectorySummary,
+    )
+    from workflows.rollout_status import IllegalTransitionError, RolloutStatus, check_transition
+
+LAUNCH_AGENT = "launch_agent"
+AWAIT_AGENT = "await_agent"
+COMPUTE_REWARD = "compute_reward"
+
+MODEL_CALL_SIGNAL = "model_call"
+AGENT_RESULT_SIGNAL = "agent_result"
+ROLLOUT_FINISHED_SIGNAL = "rollout_finished"
+STATUS_QUERY = "status"
+
+# await_agent enforces its own deadline this long after the workflow's, in case the workflow
+# cannot cancel it (its workers down); the workflow's timer normally wins.
+RUNNER_DEADLINE_GRACE = timedelta(seconds=60)
+
+# ApplicationError types the activities raise that no retry can fix.
+AGENT_SPEC_ERROR = "AgentSpecError"
+AGENT_LOST_ERROR = "AgentLostError"
+
+
+def _cause(err: ActivityError) -> str:
+    cause = err.cause
+    return str(cause) if cause is not None else str(err)
+
+
+def _error_type(err: ActivityError) -> str | None:
+    cause = err.cause
+    return cause.type if isinstance(cause, ApplicationError) else None
+
+
+@workflow.defn(name="RolloutWorkflow", failure_exception_types=[IllegalTransitionError])
+class RolloutWorkflow:
+    @workflow.init
+    def __init__(self, spec: RolloutSpec) -> None:
+        self._spec = spec
+        self._status = RolloutStatus.PENDING
+        self._attempt = 0
+        self._accepting_signals = False
+        self._calls: list[ModelCallEvent] = []
+        self._seen_call_ids: set[str] = set()
+        self._reports: dict[int, AgentReport] = {}
+        self._duplicate_signals = 0
+        self._stale_signals = 0
+        self._reward: float | None = None
+        self._answer: str | None = None
+        self._exit_code: int | None = None
+        self._error: str | None = None
+        self._metadata: dict = {}
+
+    # --- the story ---------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, spec: RolloutSpec) -> RolloutResult:
+        started = workflow.now()
+        workflow.upsert_search_attributes(
+            [
+                sa.RUN.value_set(spec.run_id),
+                sa.GROUP.value_set(spec.group_id),
+                sa.MODE.value_set(spec.mode.value),
+                sa.POLICY_VERSION.value_set(spec.policy_version),
+                sa.STATUS.value_set(self._status.value),
+            ]
+        )
+        try:
+            for attempt in range(1, spec.max_attempts + 1):
+                retry = await self._run_attempt(attempt)
+                if not retry or attempt == spec.max_attempts:
+                    break
+                await workflow.sleep(timedelta(seconds=spec.timeouts.retry_backoff_seconds))
+        except asyncio.CancelledError:
+            self._error = "rollout was cancelled"
+            self._move(RolloutStatus.CANCELLED)
+            await self._report(self._result(started))
+            raise
+        result = self._result(started)
+        await self._report(result)
+        return result
+
+    async def _run_attempt(self, attempt: int) -> bool:
+        """Run one attempt to its end. Returns True when it failed for infra reasons."""
+        self._start_attempt(attempt)
+        try:
+            handle = await self._launch(attempt)
+        except ActivityError as err:
+            if _error_type(err) == AGENT_SPEC_ERROR:
+                self._finish_as(RolloutStatus.FAILED_AGENT, f"agent cannot start: {_cause(err)}")
+                return False
+            return self._infra_failure(f"launching the agent failed: {_cause(err)}")
+        self._move(RolloutStatus.RUNNING)
+        try:
+            agent_exit = await self._await_agent(handle)
+        except ActivityError as err:
+            return self._infra_failure(f"lost the agent: {_cause(err)}")
+        finally:
+            self._accepting_signals = False
+        if agent_exit is None:
+            self._finish_as(RolloutStatus.TIMED_OUT, self._timeout_message())
+            return False
+        await self._score(attempt, agent_exit)
+        return False
+
+    async def _launch(self, attempt: int) -> AgentHandle:
+        return await workflow.execute_activity(
+            LAUNCH_AGENT,
+            LaunchRequest(spec=self._spec, attempt=attempt),
+            result_type=AgentHandle,
+            start_to_close_timeout=timedelta(seconds=self._spec.timeouts.launch_seconds),
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=1),
+                maximum_attempts=3,
+                non_retryable_error_types=[AGENT_SPEC_ERROR],
+            ),
+        )
+
+    async def _await_agent(self, handle: AgentHandle) -> AgentExit | None:
+        """The agent's exit, or None when the rollout timeout fired first (agent killed)."""
+        timeouts = self._spec.timeouts
+        agent_timeout = timedelta(seconds=timeouts.agent_seconds)
+        waiting = workflow.start_activity(
+            AWAIT_AGENT,
+            AwaitRequest(spec=self._spec, attempt=handle.attempt, handle=handle),
+            result_type=AgentExit,
+            start_to_close_timeout=agent_timeout + RUNNER_DEADLINE_GRACE,
+            heartbeat_timeout=timedelta(seconds=timeouts.heartbeat_seconds),
+            # A retry after a lost heartbeat re-attaches to the running agent (rule 3).
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=1),
+                maximum_interval=timedelta(seconds=10),
+                maximum_attempts=20,
+                non_retryable_error_types=[AGENT_LOST_ERROR],
+            ),
+            # Cancelling waits until the runner has really killed the agent.
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        )
+        deadline = asyncio.ensure_future(workflow.sleep(agent_timeout))
+        try:
+            await workflow.wait([waiting, deadline], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # The rollout is cancelled: the agent is killed before the cancellation completes.
+            deadline.cancel()
+            await self._cancel_agent(waiting)
+            raise
+        if waiting.done():
+            deadline.cancel()
+            return waiting.result()
+        return await self._cancel_agent(waiting)
+
+    @staticmethod
+    async def _cancel_agent(waiting: asyncio.Future[AgentExit]) -> AgentExit | None:
+        """Cancel await_agent and wait until the runner has killed the agent. An agent that
+        finished in the same instant still counts as finished."""
+        waiting.cancel()
+        try:
+            return await waiting
+        except ActivityError as err:
+            if not isinstance(err.cause, CancelledError):
+                raise
+        return None
+
+    async def _score(self, attempt: int, agent_exit: AgentExit) -> None:
+        self._exit_code = agent_exit.exit_code
+        report = agent_exit.report or self._reports.get(attempt)
+        if report is not None:
+            self._answer = report.answer
+            self._metadata = dict(report.metadata)
+        if agent_exit.timed_out:
+            self._finish_as(RolloutStatus.TIMED_OUT, self._timeout_message())
+            return
+        if agent_exit.exit_code != 0:
+            self._finish_as(RolloutStatus.FAILED_AGENT, self._exit_message(agent_exit))
+            return
+        self._move(RolloutStatus.SCORING)
+        reward_spec = self._spec.reward
+        if reward_spec.function is None:
+            reward = report.reward if report is not None else None
+            if reward is None:
+                reward = reward_spec.missing_reward
+            if reward is None:
+                self._finish_as(RolloutStatus.FAILED_AGENT, "agent finished without a reward")
+                return
+        else:
+            try:
+                reward = await self._compute_reward(attempt, agent_exit, report)
+            except ActivityError as err:
+                self._finish_as(RolloutStatus.FAILED_INFRA, f"reward failed: {_cause(err)}")
+                return
+        self._reward = reward
+        self._move(RolloutStatus.SUCCEEDED)
+        workflow.upsert_search_attributes([sa.REWARD.value_set(reward)])
+
+    async def _compute_reward(
+        self, attempt: int, agent_exit: AgentExit, report: AgentReport | None
+    ) -> float:
+        summary = TrajectorySummary(
+            rollout_id=self._spec.rollout_id,
+            attempt=attempt,
+            calls=len(self._calls),
+            prompt_tokens=sum(c.prompt_tokens for c in self._calls),
+            completion_tokens=sum(c.completion_tokens for c in self._calls),
+            call_ids=[c.call_id for c in sorted(self._calls, key=lambda c: c.sequence)],
+            exit_code=agent_exit.exit_code,
+            reported_reward=report.reward if report is not None else None,
+            metadata=self._metadata,
+        )
+        return await workflow.execute_activity(
+            COMPUTE_REWARD,
+            RewardRequest(spec=self._spec, answer=self._answer, summary=summary),
+            result_type=float,
+            start_to_close_timeout=timedelta(seconds=self._spec.timeouts.reward_seconds),
+            retry_policy=RetryPolicy(maximum_attempts=3),
+        )
+
+    async def _report(self, result: RolloutResult) -> None:
+        if self._spec.report_to:
+            handle = workflow.get_external_workflow_handle(self._spec.report_to)
+            await handle.signal(ROLLOUT_FINISHED_SIGNAL, result)
+
+    # --- signals and queries -------------------------------------------------------------
+
+    @workflow.signal(name=MODEL_CALL_SIGNAL)
+    def model_call(self, event: ModelCallEvent) -> None:
+        """Idempotent by call id; calls of an earlier attempt or after the agent ended are
+        counted as stale and kept out of the trajectory."""
+        if event.call_id in self._seen_call_ids:
+            self._duplicate_signals += 1
+            return
+        self._seen_call_ids.add(event.call_id)
+        if event.attempt != self._attempt or not self._accepting_signals:
+            self._stale_signals += 1
+            return
+        self._calls.append(event)
+
+    @workflow.signal(name=AGENT_RESULT_SIGNAL)
+    def agent_result(self, report: AgentReport) -> None:
+        """The agent's own report. A later report of the attempt overrides the fields it sets
+        (the last reward wins) and keeps those it leaves out."""
+        if report.attempt != self._attempt or not self._accepting_signals:
+            self._stale_signals += 1
+            return
+        earlier = self._reports.get(report.attempt)
+        if earlier is not None:
+            report = AgentReport(
+                attempt=report.attempt,
+                reward=report.reward if report.reward is not None else earlier.reward,
+                answer=report.answer if report.answer is not None else earlier.answer,
+                metadata={**earlier.metadata, **report.metadata},
+            )
+        self._reports[report.attempt] = report
+
+    @workflow.query(name=STATUS_QUERY)
+    def status(self) -> RolloutProgress:
+        return RolloutProgress(
+            rollout_id=self._spec.rollout_id,
+            status=self._status,
+            attempt=self._attempt,
+            calls=len(self._calls),
+            prompt_tokens=sum(c.prompt_tokens for c in self._calls),
+            completion_tokens=sum(c.completion_tokens for c in self._calls),
+            reward=self._reward,
+            error=self._error,
+        )
+
+    # --- state ---------------------------------------------------------------------------
+
+    def _start_attempt(self, attempt: int) -> None:
+        self._attempt = attempt
+        self._calls = []
+        self._reports.pop(attempt - 1, None)
+        self._accepting_signals = True
+        self._error = None
+        self._move(RolloutStatus.LAUNCHING)
+
+    def _move(self, status: RolloutStatus) -> None:
+        self._status = check_transition(self._status, status)
+        workflow.upsert_search_attributes([sa.STATUS.value_set(status.value)])
+
+    def _infra_failure(self, error: str) -> bool:
+        self._error = error
+        self._move(RolloutStatus.FAILED_INFRA)
+        workflow.logger.warning("rollout attempt %d: %s", self._attempt, error)
+        return True
+
+    def _finish_as(self, status: RolloutStatus, error: str) -> None:
+        self._error = error
+        self._move(status)
+
+    def _timeout_message(self) -> str:
+        return f"agent did not finish within {self._spec.timeouts.agent_seconds:g}s"
+
+    @staticmethod
+    def _exit_message(agent_exit: AgentExit) -> str:
+        why = "was OOM-killed" if agent_exit.oom_killed else f"exited with {agent_exit.exit_code}"
+        tail = agent_exit.log_tail.strip()
+        return f"agent {why}" + (f"; log tail:\n{tail}" if tail else "")
+
+    def _result(self, started) -> RolloutResult:
+        call_ids = [c.call_id for c in sorted(self._calls, key=lambda c: c.sequence)]
+        return RolloutResult(
+            run_id=self._spec.run_id,
+            rollout_id=self._spec.rollout_id,
+            group_id=self._spec.group_id,
+            mode=self._spec.mode,
+            status=self._status,
+            reward=self._reward,
+            answer=self._answer,
+            attempts=self._attempt,
+            calls=len(self._calls),
+            prompt_tokens=sum(c.prompt_tokens for c in self._calls),
+            completion_tokens=sum(c.completion_tokens for c in self._calls),
+            policy_versions=sorted({c.policy_version for c in self._calls}),
+            call_ids=call_ids,
+            events_digest=hashlib.sha256("\n".join(call_ids).encode()).hexdigest(),
+            exit_code=self._exit_code,
+            error=self._error,
+            duration_seconds=(workflow.now() - started).total_seconds(),
+            duplicate_signals=self._duplicate_signals,
+            stale_signals=self._stale_signals,
+            metadata=self._metadata,
+        )

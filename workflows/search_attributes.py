@@ -1,0 +1,25 @@
+"""DARL's Temporal search attributes: what makes rollouts findable in the Web UI and with
+`temporal workflow list --query 'DarlRun="r1" AND DarlStatus="failed_agent"'`."""
+
+from __future__ import annotations
+
+from temporalio.common import SearchAttributeKey
+
+RUN = SearchAttributeKey.for_keyword("DarlRun")
+GROUP = SearchAttributeKey.for_keyword("DarlGroup")
+STATUS = SearchAttributeKey.for_keyword("DarlStatus")
+MODE = SearchAttributeKey.for_keyword("DarlMode")
+REWARD = SearchAttributeKey.for_float("DarlReward")
+POLICY_VERSION = SearchAttributeKey.for_int("DarlPolicyVersion")
+
+ALL: tuple[SearchAttributeKey, ...] = (RUN, GROUP, STATUS, MODE, REWARD, POLICY_VERSION)
+
+# The `--search-attribute Name=Type` spelling the dev server takes.
+_CLI_TYPES = {"KEYWORD": "Keyword", "DOUBLE": "Double", "INT": "Int"}
+
+
+def dev_server_flags() -> list[str]:
+    flags: list[str] = []
+    for key in ALL:
+        flags += ["--search-attribute", f"{key.name}={_CLI_TYPES[key.indexed_value_type.name]}"]
+    return flags

@@ -1,0 +1,57 @@
+"""How every DARL component talks to Temporal: one data converter (pydantic JSON, so the
+temporal CLI can send plain JSON) and tracing on every client. For components, never called from
+workflow code."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.contrib.opentelemetry import TracingInterceptor
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import TLSConfig
+
+DATA_CONVERTER = pydantic_data_converter
+
+
+@dataclass(frozen=True)
+class TemporalSettings:
+    """Where Temporal is. Reads the temporal CLI's own variables: TEMPORAL_ADDRESS,
+    TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS_CERT / TEMPORAL_TLS_KEY (mTLS)."""
+
+    address: str = "127.0.0.1:7233"
+    namespace: str = "default"
+    api_key: str | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    @classmethod
+    def from_env(cls, address: str | None = None, namespace: str | None = None) -> TemporalSettings:
+        cert, key = os.environ.get("TEMPORAL_TLS_CERT"), os.environ.get("TEMPORAL_TLS_KEY")
+        return cls(
+            address=address or os.environ.get("TEMPORAL_ADDRESS", cls.address),
+            namespace=namespace or os.environ.get("TEMPORAL_NAMESPACE", cls.namespace),
+            api_key=os.environ.get("TEMPORAL_API_KEY") or None,
+            tls_cert=Path(cert) if cert else None,
+            tls_key=Path(key) if key else None,
+        )
+
+    def tls(self) -> bool | TLSConfig:
+        if self.tls_cert and self.tls_key:
+            return TLSConfig(
+                client_cert=self.tls_cert.read_bytes(), client_private_key=self.tls_key.read_bytes()
+            )
+        return self.api_key is not None
+
+
+async def connect(settings: TemporalSettings) -> Client:
+    return await Client.connect(
+        settings.address,
+        namespace=settings.namespace,
+        api_key=settings.api_key,
+        tls=settings.tls(),
+        data_converter=DATA_CONVERTER,
+        interceptors=[TracingInterceptor()],
+    )
