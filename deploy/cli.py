@@ -174,6 +174,7 @@ def worker(
         str | None, typer.Option(help="The gateway's admin API (default: --gateway-url).")
     ] = None,
     agents_dir: Path = Path(".darl/agents"),
+    task_queue: str = "darl-rollouts",
     max_concurrent_agents: int = 256,
     temporal_address: TemporalAddress = "127.0.0.1:7233",
     namespace: Namespace = "default",
@@ -192,6 +193,7 @@ def worker(
         token_secret=_secret("DARL_TOKEN_SECRET", home).encode(),
         admin_key=_secret("DARL_ADMIN_KEY", home),
         agents_dir=agents_dir.resolve(),
+        task_queue=task_queue,
         max_concurrent_agents=max_concurrent_agents,
     )
     configure_tracing("darl-rollout-worker")

@@ -310,7 +310,9 @@ def create_app(
     async def metrics() -> Response:
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    FastAPIInstrumentor.instrument_app(app, excluded_urls="healthz,metrics")
+    FastAPIInstrumentor.instrument_app(
+        app, excluded_urls="healthz,metrics", exclude_spans=["receive", "send"]
+    )
     return TokenTraceContext(app)
 
 

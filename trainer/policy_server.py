@@ -362,5 +362,7 @@ def create_policy_app(server: PolicyServer) -> FastAPI:
     async def bad_request(_: Request, exc: BadRequest) -> JSONResponse:
         return _error(400, str(exc))
 
-    FastAPIInstrumentor.instrument_app(app, excluded_urls="health,healthz,metrics")
+    FastAPIInstrumentor.instrument_app(
+        app, excluded_urls="health,healthz,metrics", exclude_spans=["receive", "send"]
+    )
     return app

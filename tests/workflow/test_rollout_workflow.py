@@ -145,7 +145,7 @@ async def start(env: WorkflowEnvironment, s: RolloutSpec, queue: str):
 async def wait_until(predicate, timeout: float = 20) -> None:
     """Poll a condition on files or lists the test cannot be notified about."""
     async with asyncio.timeout(timeout):
-        while not predicate():  # noqa: ASYNC110
+        while not predicate():
             await asyncio.sleep(0.05)
 
 

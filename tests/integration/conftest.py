@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from tests.integration.stack import Stack
+
+
+@pytest.fixture(scope="module")
+def stack(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """Policy server, gateway and one worker, shared by the tests of a module."""
+    running = Stack(Path(tmp_path_factory.mktemp("stack")), dev_env.client).start()
+    yield running
+    running.stop()

@@ -1,0 +1,173 @@
+"""A DARL stack for integration tests: the real policy server, gateway and rollout workers as
+child processes of the test, against the session's Temporal dev server, on a task queue of its
+own. Everything binds 127.0.0.1 with ports from the kernel (port 0)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+from temporalio.client import Client, WorkflowHandle
+
+from deploy.processes import ManagedProcess
+from gateway.store import DirectoryTrajectoryStore
+from workflows.contracts import (
+    LocalAgentSpec,
+    RewardSpec,
+    RolloutResult,
+    RolloutSpec,
+    RolloutTimeouts,
+    rollout_workflow_id,
+)
+from workflows.rollout_status import RolloutStatus
+from workflows.rollout_token import TokenClaims, mint_token
+from workflows.rollout_workflow import RolloutWorkflow
+
+TOKEN_SECRET = "integration-secret"
+ADMIN_KEY = "integration-admin-key"
+
+
+class Stack:
+    def __init__(self, root: Path, client: Client) -> None:
+        self.root = root
+        self.client = client
+        self.task_queue = f"darl-rollouts-{uuid.uuid4().hex[:8]}"
+        self.processes: dict[str, ManagedProcess] = {}
+        self.policy_url = ""
+        self.gateway_url = ""
+        self.response_log = root / "policy-responses.jsonl"
+        self.store_dir = root / "trajectories"
+        self.agents_dir = root / "agents"
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "TEMPORAL_ADDRESS": self.client.service_client.config.target_host,
+            "DARL_TOKEN_SECRET": TOKEN_SECRET,
+            "DARL_ADMIN_KEY": ADMIN_KEY,
+            "DARL_HOME": str(self.root),
+        }
+
+    def _start(self, name: str, args: list[str]) -> dict[str, Any]:
+        process = ManagedProcess.darl(name, args, self.root / "logs", env=self.env())
+        self.processes[name] = process.start()
+        return process.wait_ready(timeout=120)
+
+    def start_policy_server(self) -> None:
+        info = self._start(
+            "policy-server",
+            [
+                "policy-server",
+                "--port",
+                "0",
+                "--model-dir",
+                str(self.root / "model"),
+                "--response-log",
+                str(self.response_log),
+            ],
+        )
+        self.policy_url = info["url"]
+
+    def start_gateway(self, port: int = 0) -> None:
+        info = self._start(
+            "gateway",
+            [
+                "gateway",
+                "--port",
+                str(port),
+                "--upstream",
+                self.policy_url,
+                "--store-dir",
+                str(self.store_dir),
+            ],
+        )
+        self.gateway_url = info["url"]
+
+    def start_worker(self, name: str = "worker") -> None:
+        self._start(
+            name,
+            [
+                "worker",
+                "--gateway-url",
+                self.gateway_url,
+                "--agents-dir",
+                str(self.agents_dir),
+                "--task-queue",
+                self.task_queue,
+            ],
+        )
+
+    def start(self) -> Stack:
+        self.start_policy_server()
+        self.start_gateway()
+        self.start_worker()
+        return self
+
+    def stop(self) -> None:
+        for process in reversed(list(self.processes.values())):
+            process.stop()
+        self.processes.clear()
+
+    # --- driving rollouts ----------------------------------------------------------------
+
+    async def start_rollout(self, spec: RolloutSpec) -> WorkflowHandle[Any, RolloutResult]:
+        return await self.client.start_workflow(
+            RolloutWorkflow.run,
+            spec,
+            id=rollout_workflow_id(spec.rollout_id),
+            task_queue=self.task_queue,
+        )
+
+    async def start_idle_rollout(self, run_id: str) -> str:
+        """A running rollout whose agent waits quietly (its token stays valid for calls the
+        test makes itself). Returns its rollout id once the agent runs."""
+        spec = RolloutSpec(
+            run_id=run_id,
+            rollout_id=f"{run_id}-{uuid.uuid4().hex[:8]}",
+            task={},
+            agent=LocalAgentSpec(command=["sleep", "300"]),
+            reward=RewardSpec(missing_reward=0.0),
+            timeouts=RolloutTimeouts(agent_seconds=600),
+        )
+        handle = await self.start_rollout(spec)
+        async with asyncio.timeout(60):
+            while (await handle.query(RolloutWorkflow.status)).status != RolloutStatus.RUNNING:
+                await asyncio.sleep(0.1)
+        return spec.rollout_id
+
+    async def wait_for_calls(self, handle: WorkflowHandle, at_least: int) -> None:
+        async with asyncio.timeout(60):
+            while (await handle.query(RolloutWorkflow.status)).calls < at_least:
+                await asyncio.sleep(0.1)
+
+    def token(
+        self,
+        rollout_id: str,
+        attempt: int = 1,
+        ttl: float = 600,
+        mode: str = "train",
+        secret: str = TOKEN_SECRET,
+    ) -> str:
+        claims = TokenClaims(rollout_id, attempt, mode, int(time.time() + ttl))
+        return mint_token(secret.encode(), claims)
+
+    def admin(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.gateway_url,
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=30,
+        )
+
+    def policy_responses(self) -> list[dict[str, Any]]:
+        if not self.response_log.exists():
+            return []
+        return [json.loads(line) for line in self.response_log.read_text().splitlines()]
+
+    def store(self) -> DirectoryTrajectoryStore:
+        return DirectoryTrajectoryStore(self.store_dir)

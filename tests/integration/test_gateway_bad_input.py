@@ -1,0 +1,228 @@
+"""Bad input to the gateway gets a clear 4xx with a JSON error body, never a 5xx, never a call
+to the policy server, and loses nothing: the rollout it aimed at still completes."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.integration.stack import ADMIN_KEY, Stack
+from workflows.contracts import LocalAgentSpec, RolloutSpec
+from workflows.rollout_status import RolloutStatus
+from workflows.rollout_workflow import RolloutWorkflow
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def http(stack: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=stack.gateway_url, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+async def live_rollout(stack: Stack) -> str:
+    return await stack.start_idle_rollout("bad-input")
+
+
+def chat_url(rollout_id: str) -> str:
+    return f"/rollouts/{rollout_id}/v1/chat/completions"
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def assert_refused(response: httpx.Response, status: int, words: str) -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert words in body["error"]["message"], body
+
+
+@pytest.fixture
+def no_upstream_call(stack: Stack) -> Iterator[None]:
+    before = len(stack.policy_responses())
+    metrics_before = httpx.get(f"{stack.policy_url}/metrics").text
+    yield
+    assert len(stack.policy_responses()) == before
+    assert httpx.get(f"{stack.policy_url}/metrics").text == metrics_before
+
+
+@pytest.mark.usefixtures("no_upstream_call")
+class TestRefusedBeforeThePolicyServer:
+    def test_malformed_json(self, stack: Stack, http: httpx.Client, live_rollout: str) -> None:
+        response = http.post(
+            chat_url(live_rollout),
+            content=b'{"messages": [',
+            headers={**bearer(stack.token(live_rollout)), "content-type": "application/json"},
+        )
+        assert_refused(response, 400, "not valid JSON")
+
+    def test_json_that_is_not_an_object(
+        self, stack: Stack, http: httpx.Client, live_rollout: str
+    ) -> None:
+        response = http.post(
+            chat_url(live_rollout), json=[1, 2], headers=bearer(stack.token(live_rollout))
+        )
+        assert_refused(response, 400, "JSON object")
+
+    def test_missing_messages(self, stack: Stack, http: httpx.Client, live_rollout: str) -> None:
+        response = http.post(
+            chat_url(live_rollout), json={"model": "m"}, headers=bearer(stack.token(live_rollout))
+        )
+        assert_refused(response, 400, "messages")
+
+    def test_batched_completion_prompts(
+        self, stack: Stack, http: httpx.Client, live_rollout: str
+    ) -> None:
+        response = http.post(
+            f"/rollouts/{live_rollout}/v1/completions",
+            json={"model": "m", "prompt": ["a", "b"]},
+            headers=bearer(stack.token(live_rollout)),
+        )
+        assert_refused(response, 400, "prompt")
+
+    def test_missing_token(self, http: httpx.Client, live_rollout: str) -> None:
+        assert_refused(http.post(chat_url(live_rollout), json=CHAT), 401, "missing rollout token")
+
+    def test_forged_token(self, stack: Stack, http: httpx.Client, live_rollout: str) -> None:
+        forged = stack.token(live_rollout, secret="not-the-secret")
+        assert_refused(
+            http.post(chat_url(live_rollout), json=CHAT, headers=bearer(forged)), 401, "signature"
+        )
+
+    def test_garbage_token(self, http: httpx.Client, live_rollout: str) -> None:
+        assert_refused(
+            http.post(chat_url(live_rollout), json=CHAT, headers=bearer("sk-1234")),
+            401,
+            "malformed",
+        )
+
+    def test_expired_token(self, stack: Stack, http: httpx.Client, live_rollout: str) -> None:
+        expired = stack.token(live_rollout, ttl=-1)
+        assert_refused(
+            http.post(chat_url(live_rollout), json=CHAT, headers=bearer(expired)), 401, "expired"
+        )
+
+    def test_another_rollouts_token(
+        self, stack: Stack, http: httpx.Client, live_rollout: str
+    ) -> None:
+        other = stack.token("some-other-rollout")
+        assert_refused(
+            http.post(chat_url(live_rollout), json=CHAT, headers=bearer(other)),
+            403,
+            "another rollout",
+        )
+
+    def test_another_attempts_token_on_agent_lightning_routes(
+        self, stack: Stack, http: httpx.Client, live_rollout: str
+    ) -> None:
+        url = f"/proxy/rollout/{live_rollout}/attempt/2/mode/train/openai/v1/chat/completions"
+        assert_refused(
+            http.post(url, json=CHAT, headers=bearer(stack.token(live_rollout))),
+            403,
+            "another attempt",
+        )
+
+    def test_oversized_body(self, stack: Stack, http: httpx.Client, live_rollout: str) -> None:
+        huge = {**CHAT, "messages": [{"role": "user", "content": "x" * (9 * 1024 * 1024)}]}
+        response = http.post(
+            chat_url(live_rollout), json=huge, headers=bearer(stack.token(live_rollout))
+        )
+        assert_refused(response, 413, "over")
+
+    def test_unknown_rollout(self, stack: Stack, http: httpx.Client) -> None:
+        ghost = f"ghost-{uuid.uuid4().hex[:8]}"
+        assert_refused(
+            http.post(chat_url(ghost), json=CHAT, headers=bearer(stack.token(ghost))),
+            404,
+            "unknown rollout",
+        )
+
+    def test_rollout_id_that_cannot_exist(self, stack: Stack, http: httpx.Client) -> None:
+        bad = "..%2F..%2Fetc"
+        assert (
+            http.post(chat_url(bad), json=CHAT, headers=bearer(stack.token(bad))).status_code == 404
+        )
+
+    async def test_finished_rollout(self, stack: Stack, http: httpx.Client) -> None:
+        spec = RolloutSpec(
+            run_id="bad-input",
+            rollout_id=f"done-{uuid.uuid4().hex[:8]}",
+            task={},
+            agent=LocalAgentSpec(command=["true"]),
+        )
+        await (await stack.start_rollout(spec)).result()
+        token = stack.token(spec.rollout_id)
+        for body in (CHAT, {**CHAT, "stream": True}):
+            response = http.post(chat_url(spec.rollout_id), json=body, headers=bearer(token))
+            assert_refused(response, 409, "has ended")
+            assert response.json()["error"]["code"] == "rollout_finished"
+        assert_refused(
+            http.post(
+                f"/rollouts/{spec.rollout_id}/result", json={"reward": 1.0}, headers=bearer(token)
+            ),
+            409,
+            "has ended",
+        )
+
+    async def test_finished_rollout_the_gateway_never_heard_of(
+        self, stack: Stack, http: httpx.Client
+    ) -> None:
+        """An agent that never started (so no worker told the gateway): Temporal says."""
+        spec = RolloutSpec(
+            run_id="bad-input",
+            rollout_id=f"never-{uuid.uuid4().hex[:8]}",
+            task={},
+            agent=LocalAgentSpec(command=["no-such-agent-binary"]),
+        )
+        result = await (await stack.start_rollout(spec)).result()
+        assert result.status == RolloutStatus.FAILED_AGENT
+        response = http.post(
+            chat_url(spec.rollout_id), json=CHAT, headers=bearer(stack.token(spec.rollout_id))
+        )
+        assert_refused(response, 409, "has finished")
+
+    def test_result_with_a_non_finite_reward(
+        self, stack: Stack, http: httpx.Client, live_rollout: str
+    ) -> None:
+        response = http.post(
+            f"/rollouts/{live_rollout}/result",
+            content=b'{"reward": NaN}',
+            headers={**bearer(stack.token(live_rollout)), "content-type": "application/json"},
+        )
+        assert response.status_code == 400, response.text
+
+    def test_admin_api_refuses_rollout_tokens(
+        self, stack: Stack, http: httpx.Client, live_rollout: str
+    ) -> None:
+        assert_refused(
+            http.post("/admin/pause", headers=bearer(stack.token(live_rollout))),
+            403,
+            "not an admin key",
+        )
+        assert_refused(http.get("/admin/state"), 401, "missing admin key")
+        assert not http.get("/admin/state", headers=bearer(ADMIN_KEY)).json()["paused"]
+
+    def test_admin_input_is_validated(self, http: httpx.Client) -> None:
+        response = http.post("/admin/pause", json={"mode": "sideways"}, headers=bearer(ADMIN_KEY))
+        assert response.status_code == 400
+        assert "mode" in response.json()["error"]["message"]
+
+
+async def test_the_live_rollout_still_completes(
+    stack: Stack, http: httpx.Client, live_rollout: str
+) -> None:
+    """After all that, a genuine call and result on the same rollout go through."""
+    token = stack.token(live_rollout)
+    response = http.post(chat_url(live_rollout), json=CHAT, headers=bearer(token))
+    assert response.status_code == 200, response.text
+    assert json.loads(response.text)["choices"][0]["token_ids"]
+    status = await stack.client.get_workflow_handle(f"rollout/{live_rollout}").query(
+        RolloutWorkflow.status
+    )
+    assert status.calls == 1
