@@ -1,14 +1,15 @@
 """The rollout activities: `launch_agent`, `await_agent`, `compute_reward`.
 
-They pick the runner by the agent spec's kind, issue the attempt's agent contract, and keep the
-gateway told when an attempt's agent has ended (so a straggler's call is refused before it
-reaches a policy server).
+They pick the runner by the agent spec's kind, issue the attempt's agent contract, and close the
+attempt at the gateway when its agent has ended: the gateway then refuses stragglers' calls and
+delivers the attempt's last call events before the workflow scores it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 
 import httpx
@@ -32,6 +33,10 @@ from workflows.rollout_workflow import AWAIT_AGENT, COMPUTE_REWARD, LAUNCH_AGENT
 
 log = logging.getLogger(__name__)
 
+# How long await_agent keeps trying to close an attempt at the gateway before it fails (and
+# Temporal retries it: the agent has exited, so the retry only closes again).
+CLOSE_GIVE_UP_SECONDS = 30.0
+
 
 def current_traceparent() -> str | None:
     carrier: dict[str, str] = {}
@@ -40,21 +45,47 @@ def current_traceparent() -> str | None:
 
 
 class GatewayNotifier:
-    """Tells the gateway's admin API that an attempt is over. Advisory: the gateway also learns
-    it from Temporal when a signal to a closed rollout fails, so a failure here is logged."""
+    """Closes an attempt at the gateway once its agent has ended. The gateway then refuses the
+    attempt's calls and, before it answers, delivers the attempt's pending call events to the
+    workflow; await_agent returns only after that, so the workflow scores a complete trajectory.
+    """
 
     def __init__(self, admin_url: str, admin_key: str, client: httpx.AsyncClient) -> None:
         self._admin_url = admin_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {admin_key}"}
         self._client = client
 
-    async def attempt_ended(self, rollout_id: str, attempt: int) -> None:
+    async def close_attempt(self, rollout_id: str, attempt: int, give_up_after: float) -> None:
+        """Retries while the gateway is unreachable or answers 5xx; raises ApplicationError
+        (retryable: the activity tries again) once `give_up_after` seconds have passed, and a
+        non-retryable one if the gateway refuses (a wrong admin key)."""
         url = f"{self._admin_url}/admin/rollouts/{rollout_id}/attempts/{attempt}/close"
-        try:
-            response = await self._client.post(url, headers=self._headers, timeout=5.0)
-            response.raise_for_status()
-        except httpx.HTTPError as err:
-            log.warning("could not tell the gateway that %s/%d ended: %r", rollout_id, attempt, err)
+        deadline = time.monotonic() + give_up_after
+        delay = 0.5
+        while True:
+            try:
+                response = await self._client.post(url, headers=self._headers, timeout=30.0)
+            except httpx.TransportError as err:
+                problem = repr(err)
+            else:
+                if response.status_code < 400:
+                    return
+                if response.status_code < 500:
+                    raise ApplicationError(
+                        f"gateway refused to close {rollout_id}/{attempt}: "
+                        f"{response.status_code} {response.text[:300]}",
+                        type="GatewayRefused",
+                        non_retryable=True,
+                    )
+                problem = f"{response.status_code} {response.text[:300]}"
+            if time.monotonic() + delay > deadline:
+                raise ApplicationError(
+                    f"could not close {rollout_id}/{attempt} at the gateway: {problem}",
+                    type="GatewayUnavailable",
+                )
+            log.warning("closing %s/%d at the gateway: %s; retrying", rollout_id, attempt, problem)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 class RolloutActivities:
@@ -92,14 +123,17 @@ class RolloutActivities:
                 # retry on another worker to re-attach to.
                 raise
             await asyncio.shield(runner.kill(request.handle))
-            await asyncio.shield(self._attempt_ended(request))
+            await asyncio.shield(self._close_quietly(request))
             raise
         except ApplicationError as err:
             # A retryable failure leaves the agent running for the retry to re-attach to.
             if err.non_retryable:
-                await self._attempt_ended(request)
+                await self._close_quietly(request)
             raise
-        await self._attempt_ended(request)
+        if self._notifier is not None:
+            await self._notifier.close_attempt(
+                request.spec.rollout_id, request.attempt, CLOSE_GIVE_UP_SECONDS
+            )
         return agent_exit
 
     @activity.defn(name=COMPUTE_REWARD)
@@ -113,9 +147,14 @@ class RolloutActivities:
                 str(err), type="RewardFunctionError", non_retryable=True
             ) from err
 
-    async def _attempt_ended(self, request: AwaitRequest) -> None:
-        if self._notifier is not None:
-            await self._notifier.attempt_ended(request.spec.rollout_id, request.attempt)
+    async def _close_quietly(self, request: AwaitRequest) -> None:
+        """Close an attempt that ends without a result to score (cancelled, lost)."""
+        if self._notifier is None:
+            return
+        try:
+            await self._notifier.close_attempt(request.spec.rollout_id, request.attempt, 10.0)
+        except ApplicationError as err:
+            log.warning("%s", err)
 
     def _runner(self, spec: RolloutSpec) -> AgentRunner:
         runner = self._runners.get(spec.agent.kind)

@@ -8,6 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import httpx
+from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -39,6 +40,8 @@ def build_worker(
     http_client: httpx.AsyncClient,
     runners: dict[str, AgentRunner] | None = None,
 ) -> Worker:
+    # The gateway's admin calls (closing an attempt) join the rollout's trace.
+    HTTPXClientInstrumentor().instrument_client(http_client)
     if runners is None:
         runners = {
             LocalProcessRunner.kind: LocalProcessRunner(settings.agents_dir),

@@ -129,6 +129,9 @@ def gateway(
     val_temperature: float = 0.7,
     max_body_bytes: int = 8 * 1024 * 1024,
     call_deadline_seconds: float = 600.0,
+    signal_interval: Annotated[
+        float, typer.Option(help="Seconds between a rollout's batched call signals.")
+    ] = 1.0,
     temporal_address: TemporalAddress = "127.0.0.1:7233",
     namespace: Namespace = "default",
     home: Home = Path(".darl"),
@@ -151,6 +154,7 @@ def gateway(
             call_deadline_seconds=call_deadline_seconds,
         ),
         max_body_bytes=max_body_bytes,
+        signal_interval_seconds=signal_interval,
         upstream_api_key=os.environ.get("DARL_UPSTREAM_API_KEY"),
     )
     configure_tracing("darl-gateway")

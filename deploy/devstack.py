@@ -19,6 +19,7 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.runners.local import stop_leftover_agents
 from deploy.processes import ManagedProcess, ProcessFailedError
 from workflows import search_attributes as sa
 from workflows.temporal_connection import TemporalSettings, connect
@@ -197,3 +198,8 @@ class DevStack:
         for process in reversed(self.processes):
             process.stop()
         self.processes.clear()
+        left = stop_leftover_agents(self.home / "agents")
+        if left:
+            log.info(
+                "stopped %d agent(s) still running; their rollouts retry on the next start", left
+            )

@@ -21,6 +21,7 @@ from temporalio.client import Client
 
 from gateway.auth import require_admin, rollout_claims
 from gateway.capture import CHAT, COMPLETIONS, Endpoint
+from gateway.delivery import EventDelivery
 from gateway.errors import GatewayError, bad_request, forbidden, install_error_handlers
 from gateway.forwarding import Forwarder, RetrySettings
 from gateway.metrics import GatewayMetrics
@@ -44,6 +45,8 @@ class GatewaySettings:
     retry: RetrySettings = field(default_factory=RetrySettings)
     max_body_bytes: int = 8 * 1024 * 1024
     paused_retry_after_seconds: int = 1
+    # How often a rollout's captured calls go to its workflow (one batched signal).
+    signal_interval_seconds: float = 1.0
     upstream_api_key: str | None = None
 
 
@@ -104,6 +107,9 @@ class Gateway:
         self.gate = PauseGate(settings.paused_retry_after_seconds)
         self.pool = UpstreamPool(settings.upstreams)
         self.registry = RolloutRegistry(temporal)
+        self.delivery = EventDelivery(
+            self.registry, store, self.metrics, settings.signal_interval_seconds
+        )
         self.proxy = ModelCallProxy(
             settings.proxy,
             self.pool,
@@ -111,6 +117,7 @@ class Gateway:
             Forwarder(http_client, settings.retry, settings.upstream_api_key),
             store,
             self.registry,
+            self.delivery,
             self.metrics,
         )
         self.metrics.inflight.set_function(lambda: sum(self.gate.inflight().values()))
@@ -125,6 +132,7 @@ class Gateway:
             "held": self.gate.held,
             "upstreams": self.pool.urls,
             "last_pause_seconds": self.gate.last_pause_seconds,
+            "undelivered_events": self.delivery.pending(),
         }
 
 
@@ -182,6 +190,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        await gateway.delivery.aclose()
         if own_client:
             await client.aclose()
 
@@ -297,8 +306,10 @@ def create_app(
         "/admin/rollouts/{rollout_id}/attempts/{attempt}/close", dependencies=[Depends(_admin)]
     )
     async def close_attempt(rollout_id: str, attempt: int) -> dict[str, Any]:
-        gateway.registry.close_attempt(rollout_id, attempt)
-        return {"closed": True}
+        """The worker's word that the attempt's agent ended: refuse its calls from now on and
+        deliver its pending call events (503 if Temporal is unreachable: retry)."""
+        delivered = await gateway.delivery.close_attempt(rollout_id, attempt)
+        return {"closed": True, "delivered": delivered}
 
     # --- operations ----------------------------------------------------------------------
 

@@ -41,6 +41,16 @@ class GatewayMetrics:
             ["endpoint", "streamed"],
             registry=self.registry,
         )
+        self.delivered_events = Counter(
+            "darl_gateway_delivered_events",
+            "Call events delivered to rollout workflows.",
+            registry=self.registry,
+        )
+        self.delivery_signals = Counter(
+            "darl_gateway_delivery_signals",
+            "model_calls signals sent (each carries a batch of events).",
+            registry=self.registry,
+        )
         self.paused = Gauge("darl_gateway_paused", "1 while paused.", registry=self.registry)
         self.inflight = Gauge(
             "darl_gateway_inflight", "Calls in flight to policy servers.", registry=self.registry

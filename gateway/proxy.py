@@ -1,8 +1,8 @@
 """The capture pipeline of one model call (DESIGN rule 1): check the rollout, force what
 training needs (token ids, logprobs, model, temperature), forward to the rollout's policy server,
-write the full record to the trajectory store, signal the small event to the workflow, and only
-then answer the agent. A streamed answer reaches the agent as it comes, except its final chunk,
-which is held back until the call is recorded.
+write the full record to the trajectory store, queue its small event for the workflow (see
+`delivery`), and only then answer the agent. A streamed answer reaches the agent as it comes,
+except its final chunk, which is held back until the call is recorded.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import httpx
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.background import BackgroundTask
 
@@ -30,18 +30,17 @@ from gateway.capture import (
     Endpoint,
     StreamAssembler,
     count_tokens,
-    finish_reason,
     prompt_token_ids,
     split_sse,
     sse_data,
 )
+from gateway.delivery import EventDelivery, event_of
 from gateway.errors import GatewayError, bad_request, error_body
 from gateway.forwarding import Forwarder
 from gateway.metrics import GatewayMetrics
-from gateway.rollouts import RolloutRegistry
+from gateway.rollouts import RolloutRegistry, attempt_closed
 from gateway.store import CallRecord, TrajectoryStore
 from gateway.traffic import Admission, PauseGate, UpstreamPool
-from workflows.contracts import ModelCallEvent
 from workflows.rollout_token import TokenClaims
 
 log = logging.getLogger(__name__)
@@ -125,9 +124,11 @@ class ModelCallProxy:
         forwarder: Forwarder,
         store: TrajectoryStore,
         registry: RolloutRegistry,
+        delivery: EventDelivery,
         metrics: GatewayMetrics,
     ) -> None:
         self.settings = settings
+        self.delivery = delivery
         self.pool = pool
         self.gate = gate
         self.forwarder = forwarder
@@ -245,7 +246,12 @@ class ModelCallProxy:
                 streamed=False,
             )
         )
-        return JSONResponse(data, headers=self._headers(call_id, admission))
+        # The agent gets the policy server's bytes as they came.
+        return Response(
+            response.content,
+            media_type="application/json",
+            headers=self._headers(call_id, admission),
+        )
 
     # --- streamed answers ----------------------------------------------------------------
 
@@ -377,7 +383,7 @@ class ModelCallProxy:
     ) -> None:
         try:
             prompt_ids = prompt_token_ids(endpoint, response)
-            prompt_tokens, completion_tokens = count_tokens(endpoint, response)
+            count_tokens(endpoint, response)
         except (CaptureError, KeyError, TypeError) as err:
             raise GatewayError(
                 502,
@@ -386,7 +392,10 @@ class ModelCallProxy:
                 type="server_error",
                 code="upstream_error",
             ) from err
-        t0 = time.monotonic()
+        if self.registry.is_closed(claims.rollout_id, claims.attempt):
+            # The attempt ended while this call was at the policy server: its agent is gone.
+            raise attempt_closed(claims.rollout_id, claims.attempt)
+        started = time.monotonic()
         stored = await self.store.append(
             CallRecord(
                 call_id=call_id,
@@ -405,29 +414,8 @@ class ModelCallProxy:
                 prompt_token_ids=prompt_ids,
             )
         )
-        t1 = time.monotonic()
-        await self.registry.signal_call(
-            ModelCallEvent(
-                call_id=call_id,
-                rollout_id=claims.rollout_id,
-                attempt=claims.attempt,
-                sequence=stored.sequence,
-                endpoint=endpoint,
-                upstream=admission.upstream,
-                policy_version=admission.policy_version,
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                finish_reason=finish_reason(response),
-                latency_ms=latency_ms,
-                http_status=200,
-                retry_count=retries,
-                streamed=streamed,
-                record_ref=self.store.ref(stored),
-            )
-        )
-        t2 = time.monotonic()
-        self.metrics.capture_seconds.labels("store").observe(t1 - t0)
-        self.metrics.capture_seconds.labels("signal").observe(t2 - t1)
+        self.metrics.capture_seconds.labels("store").observe(time.monotonic() - started)
+        self.delivery.enqueue(event_of(stored, self.store.ref(stored)))
         self.metrics.captured_calls.labels(endpoint, str(streamed).lower()).inc()
 
     @staticmethod

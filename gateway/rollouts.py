@@ -2,8 +2,9 @@
 that put its model calls and the agent's report into its workflow.
 
 A call for a rollout the gateway has not seen asks Temporal once (describe); the worker tells
-the gateway when an attempt's agent ended; a signal that finds the workflow closed marks the
-rollout closed. So a closed rollout's calls are refused before any policy server is called.
+the gateway when an attempt's agent ended (see `delivery`); a signal that finds the workflow
+closed marks the rollout closed. So a closed rollout's calls are refused before any policy
+server is called.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from gateway.errors import GatewayError
 from workflows.contracts import AgentReport, ModelCallEvent, rollout_workflow_id
-from workflows.rollout_workflow import AGENT_RESULT_SIGNAL, MODEL_CALL_SIGNAL
+from workflows.rollout_workflow import AGENT_RESULT_SIGNAL, MODEL_CALLS_SIGNAL
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class RolloutRegistry:
 
     async def check_open(self, rollout_id: str, attempt: int) -> None:
         """Raise 404/409 unless the rollout's workflow runs and this attempt has not ended."""
-        if self._closed.get(rollout_id) is True or (rollout_id, attempt) in self._closed:
+        if self.is_closed(rollout_id, attempt):
             raise attempt_closed(rollout_id, attempt)
         if rollout_id in self._open:
             return
@@ -90,8 +91,11 @@ class RolloutRegistry:
     def close_attempt(self, rollout_id: str, attempt: int) -> None:
         self._closed.put((rollout_id, attempt), True)
 
-    async def signal_call(self, event: ModelCallEvent) -> None:
-        await self._signal(event.rollout_id, MODEL_CALL_SIGNAL, event)
+    def is_closed(self, rollout_id: str, attempt: int) -> bool:
+        return self._closed.get(rollout_id) is True or (rollout_id, attempt) in self._closed
+
+    async def signal_calls(self, rollout_id: str, events: list[ModelCallEvent]) -> None:
+        await self._signal(rollout_id, MODEL_CALLS_SIGNAL, events)
 
     async def signal_report(self, rollout_id: str, report: AgentReport) -> None:
         await self._signal(rollout_id, AGENT_RESULT_SIGNAL, report)

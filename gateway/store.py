@@ -67,6 +67,12 @@ class TrajectoryStore(Protocol):
     def ref(self, record: CallRecord) -> str:
         """A string that locates the record (goes into the ModelCallEvent)."""
 
+    async def delivered(self, rollout_id: str, attempt: int) -> int:
+        """The highest sequence whose event reached the workflow (-1: none yet)."""
+
+    async def mark_delivered(self, rollout_id: str, attempt: int, sequence: int) -> None:
+        """Remember that events up to `sequence` reached the workflow."""
+
 
 def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     n = min(len(a), len(b))
@@ -152,6 +158,21 @@ class DirectoryTrajectoryStore:
         if missing:
             raise KeyError(f"store has no record of calls {missing[:5]} of {rollout_id}")
         return sorted((by_id[c] for c in call_ids), key=lambda r: (r.attempt, r.sequence))
+
+    async def delivered(self, rollout_id: str, attempt: int) -> int:
+        try:
+            return int(self._delivered_path(rollout_id, attempt).read_text())
+        except FileNotFoundError:
+            return -1
+
+    async def mark_delivered(self, rollout_id: str, attempt: int, sequence: int) -> None:
+        path = self._delivered_path(rollout_id, attempt)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(str(sequence))
+        os.replace(tmp, path)
+
+    def _delivered_path(self, rollout_id: str, attempt: int) -> Path:
+        return self.root / rollout_id / f"attempt-{attempt}.delivered"
 
     def forget(self, rollout_id: str, attempt: int) -> None:
         """Drop the cached tail of a finished attempt (the file stays)."""

@@ -36,7 +36,7 @@ LAUNCH_AGENT = "launch_agent"
 AWAIT_AGENT = "await_agent"
 COMPUTE_REWARD = "compute_reward"
 
-MODEL_CALL_SIGNAL = "model_call"
+MODEL_CALLS_SIGNAL = "model_calls"
 AGENT_RESULT_SIGNAL = "agent_result"
 ROLLOUT_FINISHED_SIGNAL = "rollout_finished"
 STATUS_QUERY = "status"
@@ -249,18 +249,19 @@ class RolloutWorkflow:
 
     # --- signals and queries -------------------------------------------------------------
 
-    @workflow.signal(name=MODEL_CALL_SIGNAL)
-    def model_call(self, event: ModelCallEvent) -> None:
-        """Idempotent by call id; calls of an earlier attempt or after the agent ended are
-        counted as stale and kept out of the trajectory."""
-        if event.call_id in self._seen_call_ids:
-            self._duplicate_signals += 1
-            return
-        self._seen_call_ids.add(event.call_id)
-        if event.attempt != self._attempt or not self._accepting_signals:
-            self._stale_signals += 1
-            return
-        self._calls.append(event)
+    @workflow.signal(name=MODEL_CALLS_SIGNAL)
+    def model_calls(self, events: list[ModelCallEvent]) -> None:
+        """Captured calls, in batches from the gateway. Idempotent by call id; calls of an
+        earlier attempt or after the agent ended are counted as stale and kept out."""
+        for event in events:
+            if event.call_id in self._seen_call_ids:
+                self._duplicate_signals += 1
+                continue
+            self._seen_call_ids.add(event.call_id)
+            if event.attempt != self._attempt or not self._accepting_signals:
+                self._stale_signals += 1
+                continue
+            self._calls.append(event)
 
     @workflow.signal(name=AGENT_RESULT_SIGNAL)
     def agent_result(self, report: AgentReport) -> None:

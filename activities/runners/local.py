@@ -234,3 +234,25 @@ class LocalProcessRunner(AgentRunner):
     def _signal_group(pgid: int, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
+
+
+def stop_leftover_agents(agents_dir: Path, grace_seconds: float = 5.0) -> int:
+    """Kill every agent under `agents_dir` still running; returns how many there were.
+
+    A stopping worker leaves its agents running on purpose (the next worker re-attaches to
+    them). Whoever stops the whole machine's stack for good calls this, so nothing is left
+    behind; a rollout whose agent was killed this way gets a new attempt when it resumes.
+    Synchronous, for shutdown paths with or without an event loop.
+    """
+    leaders = []
+    for path in agents_dir.glob(f"*/attempt-*/{HANDLE_FILE}"):
+        data = AgentHandle.model_validate_json(path.read_text()).data
+        pid = int(data["pid"])
+        if _is_our_leader(pid, float(data["create_time"])):
+            leaders.append(psutil.Process(pid))
+    for leader in leaders:
+        LocalProcessRunner._signal_group(leader.pid, signal.SIGTERM)
+    psutil.wait_procs(leaders, timeout=grace_seconds)
+    for leader in leaders:
+        LocalProcessRunner._signal_group(leader.pid, signal.SIGKILL)
+    return len(leaders)

@@ -11,10 +11,12 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import httpx
 from temporalio.client import Client, WorkflowHandle
 
+from activities.runners.local import stop_leftover_agents
 from deploy.processes import ManagedProcess
 from gateway.store import DirectoryTrajectoryStore
 from workflows.contracts import (
@@ -74,7 +76,7 @@ class Stack:
         )
         self.policy_url = info["url"]
 
-    def start_gateway(self, port: int = 0) -> None:
+    def start_gateway(self, port: int = 0, signal_interval: float = 1.0) -> None:
         info = self._start(
             "gateway",
             [
@@ -85,6 +87,8 @@ class Stack:
                 self.policy_url,
                 "--store-dir",
                 str(self.store_dir),
+                "--signal-interval",
+                str(signal_interval),
             ],
         )
         self.gateway_url = info["url"]
@@ -109,10 +113,20 @@ class Stack:
         self.start_worker()
         return self
 
+    def restart_gateway(self, signal_interval: float = 1.0, kill: bool = False) -> None:
+        """Stop (or SIGKILL) the gateway and start it again on the same port."""
+        gateway = self.processes.pop("gateway")
+        if kill:
+            gateway.kill()
+        else:
+            gateway.stop()
+        self.start_gateway(urlparse(self.gateway_url).port or 0, signal_interval)
+
     def stop(self) -> None:
         for process in reversed(list(self.processes.values())):
             process.stop()
         self.processes.clear()
+        stop_leftover_agents(self.agents_dir)
 
     # --- driving rollouts ----------------------------------------------------------------
 
@@ -141,10 +155,13 @@ class Stack:
                 await asyncio.sleep(0.1)
         return spec.rollout_id
 
-    async def wait_for_calls(self, handle: WorkflowHandle, at_least: int) -> None:
+    async def wait_for_calls(self, handle: WorkflowHandle, at_least: int) -> int:
+        """Calls reach the workflow in batches (the gateway's signal interval): wait for them.
+        Returns the number of calls the workflow then knows."""
         async with asyncio.timeout(60):
-            while (await handle.query(RolloutWorkflow.status)).calls < at_least:
+            while (calls := (await handle.query(RolloutWorkflow.status)).calls) < at_least:
                 await asyncio.sleep(0.1)
+        return calls
 
     def token(
         self,

@@ -25,7 +25,6 @@ from workflows.contracts import (
     RolloutTimeouts,
 )
 from workflows.rollout_status import RolloutStatus
-from workflows.rollout_workflow import RolloutWorkflow
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -54,7 +53,7 @@ async def test_reject_mode_answers_429_and_resume_sets_the_version(stack: Stack)
     assert answered.status_code == 200
     assert answered.headers["x-darl-policy-version"] == "7"
     handle = stack.client.get_workflow_handle(f"rollout/{rollout_id}")
-    assert (await handle.query(RolloutWorkflow.status)).calls == 1
+    assert await stack.wait_for_calls(handle, 1) == 1
     await handle.cancel()
 
 
@@ -152,7 +151,7 @@ async def test_the_agent_service_runs_an_attempt_once(stack: Stack, tmp_path: Pa
     assert first.json() == again.json()
     assert service.started == 1
     handle = stack.client.get_workflow_handle(f"rollout/{rollout_id}")
-    assert (await handle.query(RolloutWorkflow.status)).calls == 1
+    assert await stack.wait_for_calls(handle, 1) == 1
     await handle.cancel()
 
 

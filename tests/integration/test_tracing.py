@@ -127,7 +127,8 @@ async def test_one_trace_covers_the_rollout(
         "RunActivity:compute_reward",
         "POST /rollouts/{rollout_id}/v1/chat/completions",  # the gateway's server span
         "POST /v1/chat/completions",  # the policy server's server span
-        "SignalWorkflow:model_call",  # the gateway recording the call
+        "SignalWorkflow:model_calls",  # the gateway delivering the call's event
+        "POST /admin/rollouts/{rollout_id}/attempts/{attempt}/close",  # the worker closing
     } <= names, sorted(names)
     upstream_calls = [
         s

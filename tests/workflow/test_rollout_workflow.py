@@ -161,10 +161,12 @@ async def test_calls_and_report_make_the_result(time_skipping_env: WorkflowEnvir
         handle = await start(time_skipping_env, s, queue)
         await wait_until(lambda: stubs.launches)
         await asyncio.sleep(0.5)  # the attempt is running
-        await handle.signal(RolloutWorkflow.model_call, call_event(s, "b", sequence=1))
-        await handle.signal(RolloutWorkflow.model_call, call_event(s, "a", sequence=0))
-        await handle.signal(RolloutWorkflow.model_call, call_event(s, "a", sequence=0))  # dup
-        await handle.signal(RolloutWorkflow.model_call, call_event(s, "z", 0, attempt=7))  # stale
+        await handle.signal(RolloutWorkflow.model_calls, [call_event(s, "b", sequence=1)])
+        await handle.signal(
+            RolloutWorkflow.model_calls,
+            [call_event(s, "a", sequence=0), call_event(s, "a", sequence=0)],  # a duplicate
+        )
+        await handle.signal(RolloutWorkflow.model_calls, [call_event(s, "z", 0, attempt=7)])
         await handle.signal(RolloutWorkflow.agent_result, AgentReport(attempt=1, reward=0.75))
         await handle.signal(RolloutWorkflow.agent_result, AgentReport(attempt=1, answer="two"))
         progress = await handle.query(RolloutWorkflow.status)
@@ -189,12 +191,12 @@ async def test_a_call_after_the_agent_ended_stays_out(
     async with stub_worker(time_skipping_env, stubs) as queue:
         handle = await start(time_skipping_env, s, queue)
         await wait_until(lambda: stubs.launches)
-        await handle.signal(RolloutWorkflow.model_call, call_event(s, "in-time", 0))
+        await handle.signal(RolloutWorkflow.model_calls, [call_event(s, "in-time", 0)])
         await asyncio.sleep(0.3)
         stubs.release.set()
         await asyncio.wait_for(stubs.scoring.wait(), TIMEOUT)
         stubs.release.clear()  # hold the scoring step while a late call arrives
-        await handle.signal(RolloutWorkflow.model_call, call_event(s, "late", 1))
+        await handle.signal(RolloutWorkflow.model_calls, [call_event(s, "late", 1)])
         await handle.signal(RolloutWorkflow.agent_result, AgentReport(attempt=1, reward=9.0))
         stubs.release.set()
         result = await asyncio.wait_for(handle.result(), TIMEOUT)

@@ -1,0 +1,171 @@
+"""Delivery of captured calls to their rollout workflows (DESIGN rule 1, made cheap).
+
+The trajectory store is the write-ahead log: a call counts as recorded once its full record is
+in the store, and only then does the agent get its answer. Its small `ModelCallEvent` then goes
+to the rollout's workflow in a batched `model_calls` signal, at most every `interval` seconds per
+rollout attempt, so Temporal sees one signal per batch instead of one per call.
+
+Nothing is lost between the two: the store remembers up to which sequence the workflow has been
+told; a gateway that restarts sends the rest (its first flush of an attempt reads the store);
+and the rollout worker closes every attempt through the gateway before it reports the agent's
+end, which delivers whatever is pending, so the workflow has every call before it scores. The
+workflow drops duplicates by call id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from gateway.capture import count_tokens, finish_reason
+from gateway.errors import GatewayError
+from gateway.metrics import GatewayMetrics
+from gateway.rollouts import RolloutRegistry
+from gateway.store import CallRecord, TrajectoryStore
+from workflows.contracts import ModelCallEvent
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+
+
+def event_of(record: CallRecord, ref: str) -> ModelCallEvent:
+    prompt_tokens, completion_tokens = count_tokens(record.endpoint, record.response)
+    return ModelCallEvent(
+        call_id=record.call_id,
+        rollout_id=record.rollout_id,
+        attempt=record.attempt,
+        sequence=record.sequence,
+        endpoint=record.endpoint,
+        upstream=record.upstream,
+        policy_version=record.policy_version,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        finish_reason=finish_reason(record.response),
+        latency_ms=record.latency_ms,
+        http_status=200,
+        retry_count=record.retry_count,
+        streamed=record.streamed,
+        record_ref=ref,
+    )
+
+
+@dataclass
+class _Outbox:
+    pending: list[ModelCallEvent] = field(default_factory=list)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    timer: asyncio.Task[None] | None = None
+    # Whether this process has looked in the store for events an earlier process left.
+    recovered: bool = False
+
+
+class EventDelivery:
+    def __init__(
+        self,
+        registry: RolloutRegistry,
+        store: TrajectoryStore,
+        metrics: GatewayMetrics,
+        interval_seconds: float = 1.0,
+        retry_seconds: float = 2.0,
+    ) -> None:
+        self._registry = registry
+        self._store = store
+        self._metrics = metrics
+        self._interval = interval_seconds
+        self._retry = retry_seconds
+        self._outboxes: dict[Key, _Outbox] = {}
+
+    def enqueue(self, event: ModelCallEvent) -> None:
+        """Queue a recorded call's event; a flush follows within the interval."""
+        key = (event.rollout_id, event.attempt)
+        box = self._outboxes.setdefault(key, _Outbox())
+        box.pending.append(event)
+        if box.timer is None:
+            box.timer = asyncio.create_task(self._flush_later(key, self._interval))
+
+    def pending(self) -> int:
+        return sum(len(box.pending) for box in self._outboxes.values())
+
+    async def close_attempt(self, rollout_id: str, attempt: int) -> int:
+        """The attempt's agent has ended: refuse its further calls and deliver every event it
+        left (in memory or, after a restart, only in the store). Raises GatewayError 503 when
+        Temporal cannot be reached, so the caller retries."""
+        self._registry.close_attempt(rollout_id, attempt)
+        key = (rollout_id, attempt)
+        box = self._outboxes.setdefault(key, _Outbox())
+        if box.timer is not None:
+            box.timer.cancel()
+            box.timer = None
+        delivered = await self.flush(key)
+        self._outboxes.pop(key, None)
+        return delivered
+
+    async def flush(self, key: Key) -> int:
+        box = self._outboxes.get(key)
+        if box is None:
+            return 0
+        async with box.lock:
+            if not box.recovered:
+                box.pending = await self._recover(key, box.pending) + box.pending
+                box.recovered = True
+            batch, box.pending = box.pending, []
+            if not batch:
+                return 0
+            rollout_id, attempt = key
+            try:
+                await self._registry.signal_calls(rollout_id, batch)
+            except GatewayError as err:
+                if err.status == 409:
+                    log.warning(
+                        "dropping %d call event(s) of %s: the rollout has finished",
+                        len(batch),
+                        rollout_id,
+                    )
+                    return 0
+                box.pending = batch + box.pending
+                raise
+            await self._store.mark_delivered(rollout_id, attempt, max(e.sequence for e in batch))
+            self._metrics.delivered_events.inc(len(batch))
+            self._metrics.delivery_signals.inc()
+            return len(batch)
+
+    async def aclose(self) -> None:
+        """Deliver everything pending (a graceful shutdown); what fails stays in the store."""
+        for key in list(self._outboxes):
+            box = self._outboxes[key]
+            if box.timer is not None:
+                box.timer.cancel()
+                box.timer = None
+            try:
+                await self.flush(key)
+            except GatewayError as err:
+                log.warning("events of %s stay in the store for later: %s", key[0], err.message)
+
+    async def _flush_later(self, key: Key, delay: float) -> None:
+        await asyncio.sleep(delay)
+        box = self._outboxes.get(key)
+        if box is None:
+            return
+        box.timer = None
+        try:
+            await self.flush(key)
+        except GatewayError as err:
+            log.warning("delivering events of %s failed, retrying: %s", key[0], err.message)
+            if key in self._outboxes and box.timer is None:
+                box.timer = asyncio.create_task(self._flush_later(key, self._retry))
+
+    async def _recover(self, key: Key, pending: list[ModelCallEvent]) -> list[ModelCallEvent]:
+        """Events in the store past the delivered mark and not already queued."""
+        rollout_id, attempt = key
+        delivered = await self._store.delivered(rollout_id, attempt)
+        queued = {e.call_id for e in pending}
+        records = await self._store.read(rollout_id, attempt)
+        missing = [
+            event_of(r, self._store.ref(r))
+            for r in records
+            if r.sequence > delivered and r.call_id not in queued
+        ]
+        if missing:
+            log.info("recovered %d undelivered call event(s) of %s", len(missing), rollout_id)
+        return missing
