@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import httpx
 import psutil
 from temporalio.testing import WorkflowEnvironment
@@ -62,40 +63,45 @@ class Phase:
         return len(self.latencies) / self.seconds
 
 
-async def drive(name: str, targets: list[tuple[str, dict[str, str]]], calls: int) -> Phase:
-    """len(targets) clients, each sending calls/len(targets) requests back to back."""
+async def drive(
+    name: str, targets: list[tuple[str, dict[str, str]]], calls: int, rate: float | None = None
+) -> Phase:
+    """len(targets) clients, each sending calls/len(targets) requests back to back, or, with
+    `rate`, each paced to rate/len(targets) calls per second (starts spread evenly). The load
+    generator is aiohttp: httpx cost ~2.5 ms of CPU per call here, more than the gateway."""
     per_client = calls // len(targets)
     latencies: list[float] = []
-    limits = httpx.Limits(max_connections=len(targets), max_keepalive_connections=len(targets))
-    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+    payload = json.dumps(BODY).encode()
+    connector = aiohttp.TCPConnector(limit=len(targets))
+    async with aiohttp.ClientSession(connector=connector) as session:
 
-        async def one_client(url: str, headers: dict[str, str]) -> None:
-            for _ in range(per_client):
+        async def one_client(index: int, url: str, headers: dict[str, str]) -> None:
+            headers = {**headers, "Content-Type": "application/json"}
+            period = len(targets) / rate if rate else 0.0
+            start = time.perf_counter() + period * index / len(targets)
+            for n in range(per_client):
+                if period:
+                    await asyncio.sleep(max(0.0, start + n * period - time.perf_counter()))
                 t0 = time.perf_counter()
-                response = await client.post(url, json=BODY, headers=headers)
+                async with session.post(url, data=payload, headers=headers) as response:
+                    body = await response.read()
                 latencies.append(time.perf_counter() - t0)
-                if response.status_code != 200:
-                    raise RuntimeError(f"{name}: {response.status_code} {response.text[:300]}")
+                if response.status != 200:
+                    raise RuntimeError(f"{name}: {response.status} {body[:300]!r}")
 
         started = time.perf_counter()
-        await asyncio.gather(*(one_client(url, headers) for url, headers in targets))
+        await asyncio.gather(*(one_client(i, *target) for i, target in enumerate(targets)))
         return Phase(name, latencies, time.perf_counter() - started)
 
 
-def histogram_means(metrics: str) -> dict[str, tuple[float, float]]:
-    """{series: (sum, count)} for the gateway's histograms."""
-    sums: dict[str, tuple[float, float]] = {}
+def scrape(metrics: str) -> dict[str, float]:
+    """Prometheus text format: {"name{labels}": value}."""
+    values = {}
     for line in metrics.splitlines():
-        match = re.match(r"(darl_gateway_\w+)_(sum|count)(\{[^}]*\})? ([0-9.e+-]+)", line)
-        if match:
-            key = match.group(1) + (match.group(3) or "")
-            total, count = sums.get(key, (0.0, 0.0))
-            if match.group(2) == "sum":
-                total = float(match.group(4))
-            else:
-                count = float(match.group(4))
-            sums[key] = (total, count)
-    return sums
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
 
 
 def temporal_server_pid() -> int:
@@ -136,7 +142,7 @@ async def idle_rollouts(env: WorkflowEnvironment, queue: str, n: int) -> list[st
     return ids
 
 
-async def main(calls: int, clients: int, fsync: bool) -> None:
+async def main(calls: int, clients: int, fsync: bool, rate: float) -> None:
     root = Path(tempfile.mkdtemp(prefix="darl-bench-"))
     bin_dir = Path(sys.executable).parent
     env = await WorkflowEnvironment.start_local(
@@ -176,6 +182,7 @@ async def main(calls: int, clients: int, fsync: bool) -> None:
                 "--store-dir",
                 str(root / "store"),
                 *(["--store-fsync"] if fsync else []),
+            *os.environ.get("BENCH_GATEWAY_ARGS", "").split(),
             ],
             root,
             env=proc_env,
@@ -221,14 +228,24 @@ async def main(calls: int, clients: int, fsync: bool) -> None:
             "fake upstream": upstream.pid,
             "benchmark client": os.getpid(),
         }
+        alone_direct = await drive("direct, 1 client", direct[:1], calls // 8)
+        alone_gateway = await drive("gateway, 1 client", through_gateway[:1], calls // 8)
+        paced_direct = await drive(f"direct, {rate:g}/s", direct, calls // 2, rate)
+        paced_gateway = await drive(f"gateway, {rate:g}/s", through_gateway, calls // 2, rate)
         cpu0 = cpu_seconds(watched)
         straight = await drive("direct", direct, calls)
         cpu1 = cpu_seconds(watched)
-        before = histogram_means(httpx.get(f"{gateway_url}/metrics").text)
+        before = scrape(httpx.get(f"{gateway_url}/metrics").text)
         captured = await drive("gateway", through_gateway, calls)
-        after = histogram_means(httpx.get(f"{gateway_url}/metrics").text)
+        after = scrape(httpx.get(f"{gateway_url}/metrics").text)
         cpu2 = cpu_seconds(watched)
         report(straight, captured, before, after, clients, fsync)
+        for title, direct_phase, gateway_phase in (
+            (f"{clients} clients paced to {rate:g} calls/s in all", paced_direct, paced_gateway),
+            ("One client, back to back", alone_direct, alone_gateway),
+        ):
+            print(f"\n{title} ({len(direct_phase.latencies)} calls each):")
+            compare(direct_phase, gateway_phase)
         print("\nCPU per call by process, ms (2 cores shared by all of them):")
         print(f"  {'process':<20}{'direct':>9}{'gateway':>9}")
         for name in watched:
@@ -244,11 +261,22 @@ async def main(calls: int, clients: int, fsync: bool) -> None:
         await env.shutdown()
 
 
+def compare(direct: Phase, gateway: Phase) -> None:
+    for phase in (direct, gateway):
+        print(
+            f"  {phase.name:<26}p50 {phase.pct(0.5):6.2f} ms   p99 {phase.pct(0.99):6.2f} ms"
+            f"   {phase.rate:6.0f} calls/s"
+        )
+    added50 = gateway.pct(0.5) - direct.pct(0.5)
+    added99 = gateway.pct(0.99) - direct.pct(0.99)
+    print(f"  {'added by the gateway':<26}p50 {added50:6.2f} ms   p99 {added99:6.2f} ms")
+
+
 def report(
     straight: Phase,
     captured: Phase,
-    before: dict[str, tuple[float, float]],
-    after: dict[str, tuple[float, float]],
+    before: dict[str, float],
+    after: dict[str, float],
     clients: int,
     fsync: bool,
 ) -> None:
@@ -256,6 +284,7 @@ def report(
         f"\nGateway benchmark: {clients} concurrent clients, {len(straight.latencies)} calls "
         f"per phase, store fsync={'on' if fsync else 'off'}, loopback, fast fake upstream\n"
     )
+    print(f"Saturation: {clients} clients back to back")
     print(f"{'path':<28}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}{'calls/s':>10}")
     for phase in (straight, captured):
         mean = statistics.fmean(phase.latencies) * 1000
@@ -268,15 +297,25 @@ def report(
         f"{captured.pct(0.99) - straight.pct(0.99):>9.2f}"
     )
     print("\nWhere a captured call's time goes inside the gateway (mean per call):")
-    for key, label in (
-        ("darl_gateway_upstream_seconds", "proxying to the upstream"),
-        ('darl_gateway_capture_seconds{phase="store"}', "trajectory store write"),
-        ('darl_gateway_capture_seconds{phase="signal"}', "Temporal signal"),
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    for metric, labels, label in (
+        ("darl_gateway_upstream_seconds", "", "waiting on the upstream"),
+        ("darl_gateway_capture_seconds", '{phase="store"}', "trajectory store write"),
     ):
-        total = after.get(key, (0, 0))[0] - before.get(key, (0, 0))[0]
-        count = after.get(key, (0, 0))[1] - before.get(key, (0, 0))[1]
-        print(f"  {label:<26}{(total / count * 1000 if count else float('nan')):>8.2f} ms")
-    print("  (the rest: HTTP parsing, auth, JSON, tracing, the client's own share of 2 cores)")
+        count = delta(f"{metric}_count{labels}")
+        mean = delta(f"{metric}_sum{labels}") / count * 1000 if count else float("nan")
+        print(f"  {label:<26}{mean:>8.2f} ms")
+    print("  (the rest: HTTP parsing, auth, JSON, tracing; and queueing for 2 shared cores)")
+    events = delta("darl_gateway_delivered_events_total")
+    signals = delta("darl_gateway_delivery_signals_total")
+    if signals:
+        print(
+            f"  Temporal signals: {signals:.0f} carried {events:.0f} call events "
+            f"({events / signals:.1f} per signal), off the answer path"
+        )
 
 
 if __name__ == "__main__":
@@ -284,5 +323,9 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=3200)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--fsync", action="store_true", help="fsync each record")
+    parser.add_argument("--rate", type=float, default=300.0, help="calls/s of the paced phase")
     args = parser.parse_args()
-    asyncio.run(main(args.calls, args.clients, args.fsync))
+    asyncio.run(main(args.calls, args.clients, args.fsync, args.rate))
+    # The Temporal SDK's runtime can crash at interpreter exit (sdk-python #300): leave now.
+    sys.stdout.flush()
+    os._exit(0)

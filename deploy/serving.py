@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import socket
@@ -34,6 +35,9 @@ def bind(host: str, port: int) -> socket.socket:
     """Bind before serving, so port 0 gives a free port with no probing race."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Inherited by accepted connections: without it, a response written as headers then body
+    # waits ~40 ms for the client's delayed ACK (Nagle), on every call.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     sock.listen(2048)
     sock.setblocking(False)
@@ -61,6 +65,10 @@ async def serve_app(
     if serving.done():
         await serving
         raise RuntimeError(f"{name} failed to start")
+    # Everything imported and built so far lives as long as the process: keep it out of the
+    # collector's full passes, which otherwise stalled the event loop for 50-75 ms (measured
+    # in the gateway under load).
+    gc.freeze()
     url = f"http://{host}:{actual_port}"
     if ready_file is not None:
         write_ready_file(ready_file, {"url": url, "name": name})

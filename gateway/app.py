@@ -10,11 +10,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-import httpx
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from temporalio.client import Client
@@ -100,9 +98,9 @@ class Gateway:
         settings: GatewaySettings,
         store: TrajectoryStore,
         temporal: Client,
-        http_client: httpx.AsyncClient,
     ) -> None:
         self.settings = settings
+        self.forwarder = Forwarder(settings.retry, settings.upstream_api_key)
         self.metrics = GatewayMetrics()
         self.gate = PauseGate(settings.paused_retry_after_seconds)
         self.pool = UpstreamPool(settings.upstreams)
@@ -114,7 +112,7 @@ class Gateway:
             settings.proxy,
             self.pool,
             self.gate,
-            Forwarder(http_client, settings.retry, settings.upstream_api_key),
+            self.forwarder,
             store,
             self.registry,
             self.delivery,
@@ -136,22 +134,26 @@ class Gateway:
         }
 
 
+# Dependencies are coroutines: FastAPI runs plain functions in a thread pool, a thread hop per
+# request that costs more than the check itself.
+
+
 def _gateway(request: Request) -> Gateway:
     return request.app.state.gateway
 
 
-def _rollout_claims(request: Request, rollout_id: str) -> TokenClaims:
+async def _rollout_claims(request: Request, rollout_id: str) -> TokenClaims:
     return rollout_claims(request, rollout_id, _gateway(request).settings.token_secret)
 
 
-def _agl_claims(request: Request, rollout_id: str, attempt: int) -> TokenClaims:
-    claims = _rollout_claims(request, rollout_id)
+async def _agl_claims(request: Request, rollout_id: str, attempt: int) -> TokenClaims:
+    claims = await _rollout_claims(request, rollout_id)
     if claims.attempt != attempt:
         raise forbidden("this token belongs to another attempt")
     return claims
 
 
-def _admin(request: Request) -> None:
+async def _admin(request: Request) -> None:
     require_admin(request, _gateway(request).settings.admin_key)
 
 
@@ -173,36 +175,43 @@ def _route_label(path: str) -> str:
     return "other"
 
 
-def create_app(
-    settings: GatewaySettings,
-    store: TrajectoryStore,
-    temporal: Client,
-    http_client: httpx.AsyncClient | None = None,
-) -> Any:
-    """The ASGI app. The caller owns `temporal`; the app closes the HTTP client it creates."""
-    own_client = http_client is None
-    client = http_client or httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=512, max_keepalive_connections=128)
-    )
-    HTTPXClientInstrumentor().instrument_client(client)
-    gateway = Gateway(settings, store, temporal, client)
+class RequestCounter:
+    """Counts answered requests by route and status (plain ASGI: no per-request task)."""
+
+    def __init__(self, app: Any, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        label = _route_label(scope["path"])
+
+        async def counting_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(label, message["status"]).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Client) -> Any:
+    """The ASGI app. The caller owns `temporal`; the app owns its upstream connections."""
+    gateway = Gateway(settings, store, temporal)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        await gateway.delivery.aclose()
-        if own_client:
-            await client.aclose()
+        await gateway.forwarder.start()
+        try:
+            yield
+            await gateway.delivery.aclose()
+        finally:
+            await gateway.forwarder.aclose()
 
     app = FastAPI(title="DARL gateway", lifespan=lifespan)
     app.state.gateway = gateway
     install_error_handlers(app)
-
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next: Any) -> Response:
-        response = await call_next(request)
-        gateway.metrics.requests.labels(_route_label(request.url.path), response.status_code).inc()
-        return response
 
     async def proxy_call(request: Request, endpoint: Endpoint, claims: TokenClaims) -> Response:
         body = await read_json_object(request, settings.max_body_bytes)
@@ -321,6 +330,7 @@ def create_app(
     async def metrics() -> Response:
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    app.add_middleware(RequestCounter, metrics=gateway.metrics)
     FastAPIInstrumentor.instrument_app(
         app, excluded_urls="healthz,metrics", exclude_spans=["receive", "send"]
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from dataclasses import dataclass, field
 
 from gateway.capture import count_tokens, finish_reason
@@ -82,7 +83,10 @@ class EventDelivery:
         box = self._outboxes.setdefault(key, _Outbox())
         box.pending.append(event)
         if box.timer is None:
-            box.timer = asyncio.create_task(self._flush_later(key, self._interval))
+            # Jitter keeps the rollouts' flushes from falling due together (a burst of signals
+            # is a burst of Temporal CPU that the gateway's calls then wait behind).
+            delay = self._interval * random.uniform(0.8, 1.2)
+            box.timer = asyncio.create_task(self._flush_later(key, delay))
 
     def pending(self) -> int:
         return sum(len(box.pending) for box in self._outboxes.values())
@@ -156,9 +160,13 @@ class EventDelivery:
                 box.timer = asyncio.create_task(self._flush_later(key, self._retry))
 
     async def _recover(self, key: Key, pending: list[ModelCallEvent]) -> list[ModelCallEvent]:
-        """Events in the store past the delivered mark and not already queued."""
+        """Events in the store past the delivered mark and not already queued. Reads the store
+        only when the queue does not start right after the mark (after a restart, or a close
+        with nothing queued): records are queued in sequence order as they are written."""
         rollout_id, attempt = key
         delivered = await self._store.delivered(rollout_id, attempt)
+        if pending and min(e.sequence for e in pending) == delivered + 1:
+            return []
         queued = {e.call_id for e in pending}
         records = await self._store.read(rollout_id, attempt)
         missing = [

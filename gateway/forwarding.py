@@ -1,16 +1,23 @@
 """Forwarding a call to its policy server: retries of 408/409/429/5xx and transport errors with
-jittered exponential backoff, all under the call's overall deadline."""
+jittered exponential backoff, all under the call's overall deadline.
+
+aiohttp, not httpx, on this hot path: under 32 concurrent calls httpx's connection pool spent a
+quarter of the gateway's CPU checking idle sockets (measured with py-spy, `make bench`).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
+from opentelemetry.instrumentation.aiohttp_client import create_trace_config
 
 from gateway.errors import GatewayError
 
@@ -35,36 +42,79 @@ class RetrySettings:
 
 @dataclass
 class UpstreamReply:
-    response: httpx.Response
+    """The policy server's answer: whole (`body`) or, for streams, still open (`chunks`)."""
+
+    status: int
+    headers: Mapping[str, str]
     retries: int
+    body: bytes = b""
+    _response: aiohttp.ClientResponse | None = None
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("Content-Type", "application/json")
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if self._response is not None:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+
+    async def read(self) -> bytes:
+        if self._response is not None:
+            self.body = await self._response.read()
+        return self.body
+
+    async def aclose(self) -> None:
+        if self._response is not None:
+            self._response.release()
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def _retry_after(headers: Mapping[str, str]) -> float | None:
     try:
-        return float(response.headers["retry-after"])
+        return float(headers["Retry-After"])
     except (KeyError, ValueError):
         return None
 
 
 class Forwarder:
+    """Owns the gateway's pooled connections to the policy servers (`start` / `aclose`)."""
+
     def __init__(
-        self,
-        client: httpx.AsyncClient,
-        retry: RetrySettings,
-        api_key: str | None = None,
-        rng: random.Random | None = None,
+        self, retry: RetrySettings, api_key: str | None = None, rng: random.Random | None = None
     ) -> None:
-        self._client = client
         self._retry = retry
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
         self._rng = rng or random.Random()
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=1024, limit_per_host=0, keepalive_timeout=30),
+            trace_configs=[create_trace_config()],
+        )
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("the forwarder is not started")
+        return self._session
 
     async def send(
         self, url: str, body: dict[str, Any], deadline: float, stream: bool
     ) -> UpstreamReply:
         """POST `body` to `url` until an answer that is not worth retrying, the last attempt,
-        or the deadline (time.monotonic()). With `stream`, the reply's body is left open for
-        the caller to read and close. Raises GatewayError 502/504 when nothing usable came."""
+        or the deadline (time.monotonic()). With `stream`, the reply is left open for the
+        caller to read and close. Raises GatewayError 502/504 when nothing usable came."""
+        payload = json.dumps(body).encode()
         failure: GatewayError | None = None
         for attempt in range(self._retry.max_attempts):
             remaining = deadline - time.monotonic()
@@ -73,15 +123,16 @@ class Forwarder:
             timeout = min(self._retry.attempt_timeout_seconds, remaining)
             hint = None
             try:
-                response = await self._attempt(url, body, timeout, stream)
-            except httpx.TimeoutException as err:
+                reply = await self._attempt(url, payload, timeout, stream, attempt)
+            except TimeoutError as err:
                 failure = GatewayError(
                     504,
-                    f"policy server {url} timed out: {err!r}",
+                    f"policy server {url} timed out after {timeout:g}s",
                     type="server_error",
                     code="upstream_timeout",
                 )
-            except httpx.TransportError as err:
+                failure.__cause__ = err
+            except aiohttp.ClientError as err:
                 failure = GatewayError(
                     502,
                     f"policy server {url} unreachable: {err!r}",
@@ -90,19 +141,19 @@ class Forwarder:
                 )
             else:
                 last = attempt == self._retry.max_attempts - 1
-                if response.status_code not in RETRY_STATUSES or last:
-                    return UpstreamReply(response, attempt)
-                hint = _retry_after(response)
-                await response.aclose()
+                if reply.status not in RETRY_STATUSES or last:
+                    return reply
+                hint = _retry_after(reply.headers)
+                await reply.aclose()
                 failure = GatewayError(
                     502,
-                    f"policy server {url} answered {response.status_code}",
+                    f"policy server {url} answered {reply.status}",
                     type="server_error",
                     code="upstream_error",
                 )
             if attempt < self._retry.max_attempts - 1:
                 delay = self._retry.backoff(attempt, self._rng, hint)
-                log.info("retrying %s in %.2fs: %s", url, delay, failure.message if failure else "")
+                log.info("retrying %s in %.2fs: %s", url, delay, failure.message)
                 await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         raise failure or GatewayError(
             504,
@@ -112,24 +163,29 @@ class Forwarder:
         )
 
     async def _attempt(
-        self, url: str, body: dict[str, Any], timeout: float, stream: bool
-    ) -> httpx.Response:
-        request = self._client.build_request(
-            "POST",
-            url,
-            json=body,
-            headers=self._headers,
-            timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
-        )
+        self, url: str, payload: bytes, timeout: float, stream: bool, retries: int
+    ) -> UpstreamReply:
+        connect = min(10.0, timeout)
         if stream:
-            return await self._client.send(request, stream=True)
+            client_timeout = aiohttp.ClientTimeout(sock_connect=connect, sock_read=timeout)
+        else:
+            client_timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect)
+        response = await self.session.post(
+            url, data=payload, headers=self._headers, timeout=client_timeout
+        )
+        reply = UpstreamReply(response.status, response.headers, retries, _response=response)
+        if stream:
+            return reply
         try:
-            async with asyncio.timeout(timeout):
-                return await self._client.send(request)
-        except TimeoutError as err:
-            raise httpx.ReadTimeout(f"no answer within {timeout:g}s", request=request) from err
+            reply.body = await response.read()
+        finally:
+            response.release()
+        reply._response = None
+        return reply
 
     async def get_json(self, url: str, timeout: float = 10.0) -> Any:
-        response = await self._client.get(url, headers=self._headers, timeout=timeout)
-        response.raise_for_status()
-        return response.json()
+        async with self.session.get(
+            url, headers=self._headers, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as response:
+            response.raise_for_status()
+            return await response.json()

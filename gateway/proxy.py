@@ -18,7 +18,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import httpx
+import aiohttp
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -36,7 +36,7 @@ from gateway.capture import (
 )
 from gateway.delivery import EventDelivery, event_of
 from gateway.errors import GatewayError, bad_request, error_body
-from gateway.forwarding import Forwarder
+from gateway.forwarding import Forwarder, UpstreamReply
 from gateway.metrics import GatewayMetrics
 from gateway.rollouts import RolloutRegistry, attempt_closed
 from gateway.store import CallRecord, TrajectoryStore
@@ -180,7 +180,14 @@ class ModelCallProxy:
             try:
                 listing = await self.forwarder.get_json(f"{upstream}/v1/models")
                 self._models[upstream] = listing["data"][0]["id"]
-            except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as err:
+            except (
+                aiohttp.ClientError,
+                TimeoutError,
+                KeyError,
+                IndexError,
+                TypeError,
+                ValueError,
+            ) as err:
                 raise GatewayError(
                     502,
                     f"cannot list the models of policy server {upstream}: {err!r}",
@@ -214,15 +221,10 @@ class ModelCallProxy:
         latency_ms = (time.monotonic() - started) * 1000
         self.metrics.upstream_seconds.observe(latency_ms / 1000)
         self.metrics.upstream_retries.inc(reply.retries)
-        response = reply.response
-        if response.status_code != 200:
-            return Response(
-                response.content,
-                response.status_code,
-                media_type=response.headers.get("content-type", "application/json"),
-            )
+        if reply.status != 200:
+            return Response(reply.body, reply.status, media_type=reply.content_type)
         try:
-            data = response.json()
+            data = reply.json()
         except ValueError as err:
             raise GatewayError(
                 502,
@@ -248,7 +250,7 @@ class ModelCallProxy:
         )
         # The agent gets the policy server's bytes as they came.
         return Response(
-            response.content,
+            reply.body,
             media_type="application/json",
             headers=self._headers(call_id, admission),
         )
@@ -274,22 +276,18 @@ class ModelCallProxy:
                 request,
                 self.forwarder.send(upstream + UPSTREAM_PATHS[endpoint], forwarded, deadline, True),
             )
-            stack.push_async_callback(reply.response.aclose)
-            if reply.response.status_code != 200:
-                content = await reply.response.aread()
+            stack.push_async_callback(reply.aclose)
+            if reply.status != 200:
+                content = await reply.read()
                 await stack.aclose()
-                return Response(
-                    content,
-                    reply.response.status_code,
-                    media_type=reply.response.headers.get("content-type", "application/json"),
-                )
+                return Response(content, reply.status, media_type=reply.content_type)
         except BaseException:
             await stack.aclose()
             raise
         call_id = uuid.uuid4().hex
         relay = self._relay(
             stack,
-            reply.response,
+            reply,
             reply.retries,
             call_id,
             endpoint,
@@ -310,7 +308,7 @@ class ModelCallProxy:
     async def _relay(
         self,
         stack: AsyncExitStack,
-        response: httpx.Response,
+        reply: UpstreamReply,
         retries: int,
         call_id: str,
         endpoint: Endpoint,
@@ -324,7 +322,7 @@ class ModelCallProxy:
         capture_failed: str | None = None
         async with stack:
             buffer = bytearray()
-            async for raw in response.aiter_bytes():
+            async for raw in reply.chunks():
                 buffer += raw
                 for event in split_sse(buffer):
                     data = sse_data(event)

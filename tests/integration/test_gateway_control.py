@@ -42,12 +42,14 @@ async def test_reject_mode_answers_429_and_resume_sets_the_version(stack: Stack)
     rollout_id = await stack.start_idle_rollout("ctl")
     with stack.admin() as admin:
         assert admin.post("/admin/pause", json={"mode": "reject"}).json()["paused"]
-        refused = call(stack, rollout_id)
+        try:
+            refused = call(stack, rollout_id)
+        finally:
+            state = admin.post("/admin/resume", json={"policy_version": 7}).json()
         assert refused.status_code == 429
         assert refused.headers["retry-after"] == "1"
         assert refused.headers["x-darl-paused"] == "true"
         assert refused.json()["error"]["code"] == "gateway_paused"
-        state = admin.post("/admin/resume", json={"policy_version": 7}).json()
         assert state == {**state, "paused": False, "policy_version": 7}
     answered = call(stack, rollout_id)
     assert answered.status_code == 200
@@ -64,10 +66,12 @@ async def test_hold_mode_holds_calls_until_resume(stack: Stack) -> None:
         answers: list[httpx.Response] = []
         caller = threading.Thread(target=lambda: answers.append(call(stack, rollout_id)))
         caller.start()
-        await asyncio.sleep(1.0)
-        assert not answers  # held, not refused
-        assert admin.get("/admin/state").json()["held"] == 1
-        admin.post("/admin/resume", json={"policy_version": 8})
+        try:
+            await asyncio.sleep(1.0)
+            assert not answers  # held, not refused
+            assert admin.get("/admin/state").json()["held"] == 1
+        finally:
+            admin.post("/admin/resume", json={"policy_version": 8})
         caller.join(timeout=30)
     assert [a.status_code for a in answers] == [200]
     assert answers[0].headers["x-darl-policy-version"] == "8"
@@ -84,12 +88,18 @@ async def test_drain_waits_for_calls_in_flight(stack: Stack) -> None:
         async with asyncio.timeout(30):
             while not sum(admin.get("/admin/state").json()["inflight"].values()):
                 await asyncio.sleep(0.01)
-        drained = admin.post("/admin/pause", json={"mode": "hold", "drain_timeout_seconds": 60})
-        assert drained.json()["drained"] is True
-        assert answers and answers[0].status_code == 200  # it finished before drain answered
-        assert len(answers[0].json()["choices"][0]["token_ids"]) == 400
-        admin.post("/admin/resume", json={})
+        try:
+            drained = admin.post(
+                "/admin/pause", json={"mode": "hold", "drain_timeout_seconds": 60}
+            ).json()
+        finally:
+            admin.post("/admin/resume", json={})
     caller.join(timeout=30)
+    # Drain answered once the policy server had no call of ours left: the long call was whole.
+    assert drained["drained"] is True
+    assert drained["inflight"] == {}
+    assert [a.status_code for a in answers] == [200]
+    assert len(answers[0].json()["choices"][0]["token_ids"]) == 400
     await stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
 
 
