@@ -180,7 +180,7 @@ class GenerationEngine:
     def _wait_while_paused(self, admitting: bool) -> None:
         while not self._running.is_set() or (admitting and self.pause_mode == "wait"):
             self._run_commands()
-            if self._stopped:
+            if self._stopped or (not admitting and self._abort.is_set()):
                 return
             self._running.wait(timeout=0.05)
             if admitting and self.pause_mode == "wait":
@@ -218,8 +218,8 @@ class GenerationEngine:
             if not active:
                 break
             self._run_commands()
-            if not self._running.is_set():
-                self._wait_while_paused(admitting=False)
+            if not self._abort.is_set() and not self._running.is_set():
+                self._wait_while_paused(admitting=False)  # `keep`: frozen until resume
             if self._abort.is_set() or self._stopped:
                 for i in active:
                     self._finish(batch[i], "abort")

@@ -5,19 +5,17 @@ HTTP service runner, whose service is POSTed each rollout once."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from deploy.serving import serve_app
 from examples.arithmetic.agent_service import ArithmeticService, create_service_app
 from tests.integration.stack import ADMIN_KEY, Stack
+from tests.serving import served
 from workflows.contracts import (
     HttpAgentSpec,
     RewardSpec,
@@ -103,26 +101,9 @@ async def test_drain_waits_for_calls_in_flight(stack: Stack) -> None:
     await stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
 
 
-@contextlib.asynccontextmanager
-async def agent_service(service: ArithmeticService, tmp: Path) -> AsyncIterator[str]:
-    stop = asyncio.Event()
-    ready = tmp / "agent-service.json"
-    task = asyncio.create_task(
-        serve_app(create_service_app(service), "127.0.0.1", 0, stop, ready, "agents")
-    )
-    async with asyncio.timeout(30):
-        while not ready.exists():
-            await asyncio.sleep(0.02)
-    try:
-        yield json.loads(ready.read_text())["url"]
-    finally:
-        stop.set()
-        await task
-
-
 async def test_http_agent_service_rollouts(stack: Stack, tmp_path: Path) -> None:
     service = ArithmeticService()
-    async with agent_service(service, tmp_path) as url:
+    async with served(create_service_app(service), tmp_path, "agents") as url:
         specs = [
             RolloutSpec(
                 run_id="http-agents",
@@ -152,7 +133,10 @@ async def test_the_agent_service_runs_an_attempt_once(stack: Stack, tmp_path: Pa
         "openai_base_url": f"{stack.gateway_url}/rollouts/{rollout_id}/v1",
         "api_key": stack.token(rollout_id),
     }
-    async with agent_service(service, tmp_path) as url, httpx.AsyncClient(timeout=60) as http:
+    async with (
+        served(create_service_app(service), tmp_path, "agents") as url,
+        httpx.AsyncClient(timeout=60) as http,
+    ):
         headers = {"Idempotency-Key": f"{rollout_id}/1"}
         first, again = await asyncio.gather(
             http.post(f"{url}/rollouts", json=body, headers=headers),
@@ -174,3 +158,77 @@ def test_admin_state_lists_upstreams(stack: Stack) -> None:
         assert moved.json()["upstreams"] == [stack.policy_url]
         assert admin.put("/admin/upstreams", json={"upstreams": []}).status_code == 400
     assert ADMIN_KEY
+
+
+def stored_call(stack: Stack, rollout_id: str, call_id: str):
+    records = stack.store().read_sync(rollout_id)
+    return next((r for r in records if r.call_id == call_id), None)
+
+
+async def test_a_streamed_answer_is_recorded_before_it_ends(stack: Stack) -> None:
+    """The stream reaches the agent as it comes, but its last chunk only once the call is in
+    the store: an agent never holds a whole answer that was not recorded."""
+    rollout_id = await stack.start_idle_rollout("ctl")
+    body = {**CHAT, "max_tokens": 30, "stream": True, "logprobs": True}
+    headers = {"Authorization": f"Bearer {stack.token(rollout_id)}"}
+    url = f"{stack.gateway_url}/rollouts/{rollout_id}/v1/chat/completions"
+    token_ids: list[int] = []
+    text = ""
+    recorded_at_finish = None
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
+        assert response.status_code == 200
+        call_id = response.headers["x-darl-call-id"]
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            for choice in json.loads(line[6:])["choices"]:
+                token_ids += choice.get("token_ids", [])
+                text += choice["delta"].get("content", "")
+                if choice["finish_reason"] is not None:
+                    recorded_at_finish = stored_call(stack, rollout_id, call_id)
+    assert recorded_at_finish is not None
+    assert recorded_at_finish.streamed
+    assert recorded_at_finish.completion_token_ids() == token_ids
+    assert recorded_at_finish.response["choices"][0]["message"]["content"] == text
+    logprobs = recorded_at_finish.completion_logprobs()
+    assert logprobs is not None and len(logprobs) == len(token_ids)
+    await stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
+
+
+async def test_text_completions_are_captured_whole_and_streamed(stack: Stack) -> None:
+    rollout_id = await stack.start_idle_rollout("ctl")
+    headers = {"Authorization": f"Bearer {stack.token(rollout_id)}"}
+    url = f"{stack.gateway_url}/rollouts/{rollout_id}/v1/completions"
+    whole = httpx.post(
+        url, json={"model": "m", "prompt": "2 + 2 =", "max_tokens": 6}, headers=headers, timeout=60
+    )
+    assert whole.status_code == 200, whole.text
+    record = stored_call(stack, rollout_id, whole.headers["x-darl-call-id"])
+    answer = whole.json()["choices"][0]
+    assert record is not None
+    assert record.prompt_token_ids == answer["prompt_token_ids"]
+    assert record.completion_token_ids() == answer["token_ids"]
+    assert len(record.completion_logprobs() or []) == len(answer["token_ids"])
+
+    streamed_ids: list[int] = []
+    prompt_ids = None
+    with httpx.stream(
+        "POST",
+        url,
+        json={"model": "m", "prompt": record.prompt_token_ids, "max_tokens": 6, "stream": True},
+        headers=headers,
+        timeout=60,
+    ) as response:
+        call_id = response.headers["x-darl-call-id"]
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    streamed_ids += choice.get("token_ids", [])
+                    prompt_ids = choice.get("prompt_token_ids") or prompt_ids
+    streamed = stored_call(stack, rollout_id, call_id)
+    assert streamed is not None and streamed.streamed
+    assert streamed.prompt_token_ids == prompt_ids == record.prompt_token_ids
+    assert streamed.completion_token_ids() == streamed_ids
+    handle = stack.client.get_workflow_handle(f"rollout/{rollout_id}")
+    assert await stack.wait_for_calls(handle, 2) == 2
+    await handle.cancel()

@@ -8,9 +8,7 @@ is a real subprocess using the official OpenAI SDK."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -22,9 +20,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from temporalio.testing import WorkflowEnvironment
 
 from activities.worker import RolloutWorkerSettings, build_worker
-from deploy.serving import serve_app
 from gateway.app import GatewaySettings, create_app
 from gateway.store import DirectoryTrajectoryStore
+from tests.serving import served
 from trainer.policy_server import PolicyServer, create_policy_app
 from trainer.tiny_model import create_model_dir
 from workflows.contracts import (
@@ -50,23 +48,6 @@ def exporter() -> InMemorySpanExporter:
     return spans
 
 
-@contextlib.asynccontextmanager
-async def serving(app: object, name: str, tmp: Path) -> AsyncIterator[str]:
-    stop = asyncio.Event()
-    ready = tmp / f"{name}.json"
-    task = asyncio.create_task(serve_app(app, "127.0.0.1", 0, stop, ready, name))
-    async with asyncio.timeout(30):
-        while not ready.exists():
-            await asyncio.sleep(0.02)
-    import json
-
-    try:
-        yield json.loads(ready.read_text())["url"]
-    finally:
-        stop.set()
-        await task
-
-
 async def test_one_trace_covers_the_rollout(
     dev_env: WorkflowEnvironment, exporter: InMemorySpanExporter, tmp_path: Path
 ) -> None:
@@ -78,7 +59,7 @@ async def test_one_trace_covers_the_rollout(
     settings_secret = b"trace-secret"
     queue = f"trace-{uuid.uuid4().hex[:8]}"
     try:
-        async with serving(create_policy_app(policy), "policy", tmp_path) as policy_url:
+        async with served(create_policy_app(policy), tmp_path, "policy") as policy_url:
             gateway_app = create_app(
                 GatewaySettings(
                     token_secret=settings_secret, admin_key="admin", upstreams=(policy_url,)
@@ -86,7 +67,7 @@ async def test_one_trace_covers_the_rollout(
                 DirectoryTrajectoryStore(tmp_path / "store"),
                 client,
             )
-            async with serving(gateway_app, "gateway", tmp_path) as gateway_url:
+            async with served(gateway_app, tmp_path, "gateway") as gateway_url:
                 worker_settings = RolloutWorkerSettings(
                     gateway_url=gateway_url,
                     token_secret=settings_secret,

@@ -1,0 +1,231 @@
+"""The reference policy server, in process over its real HTTP app: vLLM's response fields,
+sampling parameters, streaming, vLLM's pause modes and weight reloads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from tests.serving import served
+from trainer.policy_server import PolicyServer, create_policy_app
+from trainer.tiny_model import create_model_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return create_model_dir(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture
+async def server(model_dir: Path) -> AsyncIterator[PolicyServer]:
+    policy = PolicyServer(model_dir, max_batch=8)
+    policy.engine.start()
+    yield policy
+    await asyncio.to_thread(policy.engine.stop)
+
+
+@pytest.fixture
+async def http(server: PolicyServer, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """The app behind a real uvicorn on 127.0.0.1 (streams must stream)."""
+    async with (
+        served(create_policy_app(server), tmp_path, "policy") as url,
+        httpx.AsyncClient(base_url=url, timeout=60) as client,
+    ):
+        yield client
+
+
+CHAT = {"messages": [{"role": "user", "content": "What is 3 + 4?"}], "return_token_ids": True}
+
+
+async def chat(http: httpx.AsyncClient, **fields: object) -> dict:
+    response = await http.post("/v1/chat/completions", json={**CHAT, **fields})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def test_chat_answers_carry_vllms_fields(http: httpx.AsyncClient, server: PolicyServer):
+    body = await chat(http, max_tokens=8, logprobs=True, top_logprobs=2, seed=1)
+    template = server.tokenizer.apply_chat_template(
+        CHAT["messages"], tokenize=False, add_generation_prompt=True
+    )
+    assert (
+        body["prompt_token_ids"]
+        == server.tokenizer(template, add_special_tokens=False)["input_ids"]
+    )
+    choice = body["choices"][0]
+    assert len(choice["token_ids"]) == body["usage"]["completion_tokens"] <= 8
+    entries = choice["logprobs"]["content"]
+    assert len(entries) == len(choice["token_ids"])
+    assert all(e["logprob"] <= 0 and len(e["top_logprobs"]) == 2 for e in entries)
+    assert body["usage"]["prompt_tokens"] == len(body["prompt_token_ids"])
+
+
+async def test_the_same_seed_gives_the_same_answer(http: httpx.AsyncClient) -> None:
+    a, b, c = [await chat(http, max_tokens=12, seed=s) for s in (5, 5, 6)]
+    assert a["choices"][0]["token_ids"] == b["choices"][0]["token_ids"]
+    assert a["choices"][0]["token_ids"] != c["choices"][0]["token_ids"]
+
+
+async def test_max_tokens_and_stop_strings(http: httpx.AsyncClient) -> None:
+    long = await chat(http, max_tokens=40, seed=3, ignore_eos=True)
+    assert long["choices"][0]["finish_reason"] == "length"
+    assert len(long["choices"][0]["token_ids"]) == 40
+    text = long["choices"][0]["message"]["content"]
+    stop = text[10:12]
+    stopped = await chat(http, max_tokens=40, seed=3, ignore_eos=True, stop=[stop])
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    assert stop not in stopped["choices"][0]["message"]["content"]
+    assert text.startswith(stopped["choices"][0]["message"]["content"])
+
+
+async def test_n_choices_and_greedy(http: httpx.AsyncClient) -> None:
+    body = await chat(http, max_tokens=6, n=3, seed=9)
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    greedy = [await chat(http, max_tokens=6, temperature=0) for _ in range(2)]
+    assert greedy[0]["choices"][0]["token_ids"] == greedy[1]["choices"][0]["token_ids"]
+
+
+async def test_a_stream_carries_the_same_tokens(http: httpx.AsyncClient) -> None:
+    whole = await chat(http, max_tokens=10, seed=11, logprobs=True)
+    chunks = []
+    async with http.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            **CHAT,
+            "max_tokens": 10,
+            "seed": 11,
+            "logprobs": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    assert chunks[0]["prompt_token_ids"] == whole["prompt_token_ids"]
+    ids = [t for c in chunks for ch in c["choices"] for t in ch.get("token_ids", [])]
+    assert ids == whole["choices"][0]["token_ids"]
+    text = "".join(ch["delta"].get("content", "") for c in chunks for ch in c["choices"])
+    assert text == whole["choices"][0]["message"]["content"]
+    finishing = [ch for c in chunks for ch in c["choices"] if ch["finish_reason"]]
+    assert [f["finish_reason"] for f in finishing] == [whole["choices"][0]["finish_reason"]]
+    assert chunks[-1]["usage"]["completion_tokens"] == len(ids)
+
+
+async def test_completions_take_text_or_token_ids(http: httpx.AsyncClient) -> None:
+    by_text = (
+        await http.post(
+            "/v1/completions",
+            json={
+                "prompt": "abc",
+                "max_tokens": 5,
+                "seed": 2,
+                "logprobs": 1,
+                "return_token_ids": True,
+            },
+        )
+    ).json()
+    prompt_ids = by_text["choices"][0]["prompt_token_ids"]
+    by_ids = (
+        await http.post(
+            "/v1/completions",
+            json={
+                "prompt": prompt_ids,
+                "max_tokens": 5,
+                "seed": 2,
+                "return_token_ids": True,
+            },
+        )
+    ).json()
+    assert by_ids["choices"][0]["token_ids"] == by_text["choices"][0]["token_ids"]
+    assert len(by_text["choices"][0]["logprobs"]["token_logprobs"]) == len(
+        by_text["choices"][0]["token_ids"]
+    )
+
+
+async def test_bad_requests_are_400s(http: httpx.AsyncClient) -> None:
+    too_long = {**CHAT, "messages": [{"role": "user", "content": "x" * 3000}]}
+    for path, body in (
+        ("/v1/chat/completions", too_long),
+        ("/v1/chat/completions", {"messages": []}),
+        ("/v1/completions", {"prompt": [10_000]}),
+        ("/v1/chat/completions", {**CHAT, "temperature": -1}),
+    ):
+        response = await http.post(path, json=body)
+        assert response.status_code == 400, (body, response.text)
+        assert response.json()["object"] == "error"
+
+
+async def test_pause_keep_freezes_and_resume_continues(http: httpx.AsyncClient) -> None:
+    tokens: list[int] = []
+
+    async def long_stream() -> str:
+        async with http.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={
+                **CHAT,
+                "max_tokens": 300,
+                "ignore_eos": True,
+                "stream": True,
+            },
+        ) as response:
+            finish = ""
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[6:])["choices"]:
+                        tokens.extend(choice.get("token_ids", []))
+                        finish = choice.get("finish_reason") or finish
+            return finish
+
+    streaming = asyncio.create_task(long_stream())
+    async with asyncio.timeout(30):
+        while len(tokens) < 5:
+            await asyncio.sleep(0.01)
+    assert (await http.post("/pause", params={"mode": "keep"})).json()["paused"]
+    await asyncio.sleep(0.3)
+    frozen = len(tokens)
+    await asyncio.sleep(0.5)
+    assert len(tokens) == frozen < 300  # no progress while paused
+    assert (await http.get("/is_paused")).json() == {"is_paused": True}
+    await http.post("/resume")
+    assert await asyncio.wait_for(streaming, 60) == "length"
+    assert len(tokens) == 300  # the kept sequence finished where it stopped
+
+
+async def test_pause_abort_ends_sequences_in_flight(http: httpx.AsyncClient) -> None:
+    pending = asyncio.create_task(chat(http, max_tokens=1500, ignore_eos=True))
+    await asyncio.sleep(0.3)
+    await http.post("/pause", params={"mode": "abort"})
+    body = await asyncio.wait_for(pending, 30)
+    await http.post("/resume")
+    assert body["choices"][0]["finish_reason"] == "abort"
+    assert 0 < len(body["choices"][0]["token_ids"]) < 1500
+
+
+async def test_reload_weights_changes_the_policy_and_its_version(
+    http: httpx.AsyncClient, server: PolicyServer, tmp_path: Path
+) -> None:
+    before = await chat(http, max_tokens=8, temperature=0)
+    state = {
+        k: v.clone() for k, v in server.engine.model.state_dict().items() if k != "lm_head.weight"
+    }
+    generator = torch.Generator().manual_seed(1)
+    state = {k: v + 0.5 * torch.randn(v.shape, generator=generator) for k, v in state.items()}
+    save_file(state, tmp_path / "model.safetensors")
+    reloaded = await http.post("/reload_weights", json={"path": str(tmp_path), "version": 3})
+    assert reloaded.json() == {"policy_version": 3}
+    assert (await http.get("/version")).json()["policy_version"] == 3
+    after = await chat(http, max_tokens=8, temperature=0)
+    assert after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
+    missing = await http.post("/reload_weights", json={"path": str(tmp_path / "no"), "version": 4})
+    assert missing.status_code == 400
+    assert (await http.get("/version")).json()["policy_version"] == 3
