@@ -182,7 +182,7 @@ async def main(calls: int, clients: int, fsync: bool, rate: float) -> None:
                 "--store-dir",
                 str(root / "store"),
                 *(["--store-fsync"] if fsync else []),
-            *os.environ.get("BENCH_GATEWAY_ARGS", "").split(),
+                *os.environ.get("BENCH_GATEWAY_ARGS", "").split(),
             ],
             root,
             env=proc_env,
