@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aiohttp
@@ -115,6 +115,40 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
+@dataclass
+class ModelCall:
+    """One agent call on its way through the gateway."""
+
+    request: Request
+    endpoint: Endpoint
+    claims: TokenClaims
+    forwarded: dict[str, Any]
+    upstream: str
+    deadline: float
+    started: float = field(default_factory=time.monotonic)
+    call_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    admission: Admission | None = None
+    retries: int = 0
+
+    @property
+    def url(self) -> str:
+        return self.upstream + UPSTREAM_PATHS[self.endpoint]
+
+    def time_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def admitted(self) -> Admission:
+        if self.admission is None:
+            raise RuntimeError("the call was never admitted")
+        return self.admission
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "X-Darl-Call-Id": self.call_id,
+            "X-Darl-Policy-Version": str(self.admitted().policy_version),
+        }
+
+
 class ModelCallProxy:
     def __init__(
         self,
@@ -142,15 +176,17 @@ class ModelCallProxy:
     ) -> Response:
         stream = validate_body(endpoint, body)
         await self.registry.check_open(claims.rollout_id, claims.attempt)
-        deadline = time.monotonic() + self.settings.call_deadline_seconds
         upstream = self.pool.pick(claims.rollout_id)
-        forwarded = self.force(body, endpoint, claims.mode, await self.model_for(upstream))
+        call = ModelCall(
+            request=request,
+            endpoint=endpoint,
+            claims=claims,
+            forwarded=self.force(body, endpoint, claims.mode, await self.model_for(upstream)),
+            upstream=upstream,
+            deadline=time.monotonic() + self.settings.call_deadline_seconds,
+        )
         try:
-            if stream:
-                return await self._streamed(
-                    request, endpoint, claims, forwarded, upstream, deadline
-                )
-            return await self._whole(request, endpoint, claims, forwarded, upstream, deadline)
+            return await (self._streamed(call) if stream else self._whole(call))
         except _ClientGone:
             log.info("agent of %s went away; upstream call cancelled", claims.rollout_id)
             return Response(status_code=CLIENT_CLOSED)
@@ -201,26 +237,10 @@ class ModelCallProxy:
 
     # --- whole answers -------------------------------------------------------------------
 
-    async def _whole(
-        self,
-        request: Request,
-        endpoint: Endpoint,
-        claims: TokenClaims,
-        forwarded: dict[str, Any],
-        upstream: str,
-        deadline: float,
-    ) -> Response:
-        started = time.monotonic()
-        async with self.gate.admitted(upstream, deadline - started) as admission:
-            reply = await unless_disconnected(
-                request,
-                self.forwarder.send(
-                    upstream + UPSTREAM_PATHS[endpoint], forwarded, deadline, False
-                ),
-            )
-        latency_ms = (time.monotonic() - started) * 1000
-        self.metrics.upstream_seconds.observe(latency_ms / 1000)
-        self.metrics.upstream_retries.inc(reply.retries)
+    async def _whole(self, call: ModelCall) -> Response:
+        async with self.gate.admitted(call.upstream, call.time_left()) as call.admission:
+            reply = await self._send(call, stream=False)
+        latency_ms = self._upstream_done(call)
         if reply.status != 200:
             return Response(reply.body, reply.status, media_type=reply.content_type)
         try:
@@ -228,54 +248,25 @@ class ModelCallProxy:
         except ValueError as err:
             raise GatewayError(
                 502,
-                f"policy server {upstream} answered non-JSON",
+                f"policy server {call.upstream} answered non-JSON",
                 type="server_error",
                 code="upstream_error",
             ) from err
-        call_id = uuid.uuid4().hex
-        # Once the policy server has answered, the record and signal finish even if the agent
-        # leaves, so the store and the workflow never disagree.
-        await asyncio.shield(
-            self._record(
-                call_id,
-                endpoint,
-                claims,
-                forwarded,
-                data,
-                admission,
-                latency_ms,
-                reply.retries,
-                streamed=False,
-            )
-        )
+        # Once the policy server has answered, recording finishes even if the agent leaves,
+        # so the store and the workflow never disagree.
+        await asyncio.shield(self._record(call, data, latency_ms, streamed=False))
         # The agent gets the policy server's bytes as they came.
-        return Response(
-            reply.body,
-            media_type="application/json",
-            headers=self._headers(call_id, admission),
-        )
+        return Response(reply.body, media_type="application/json", headers=call.headers())
 
     # --- streamed answers ----------------------------------------------------------------
 
-    async def _streamed(
-        self,
-        request: Request,
-        endpoint: Endpoint,
-        claims: TokenClaims,
-        forwarded: dict[str, Any],
-        upstream: str,
-        deadline: float,
-    ) -> Response:
-        started = time.monotonic()
+    async def _streamed(self, call: ModelCall) -> Response:
         stack = AsyncExitStack()
         try:
-            admission = await stack.enter_async_context(
-                self.gate.admitted(upstream, deadline - started)
+            call.admission = await stack.enter_async_context(
+                self.gate.admitted(call.upstream, call.time_left())
             )
-            reply = await unless_disconnected(
-                request,
-                self.forwarder.send(upstream + UPSTREAM_PATHS[endpoint], forwarded, deadline, True),
-            )
+            reply = await self._send(call, stream=True)
             stack.push_async_callback(reply.aclose)
             if reply.status != 200:
                 content = await reply.read()
@@ -284,40 +275,21 @@ class ModelCallProxy:
         except BaseException:
             await stack.aclose()
             raise
-        call_id = uuid.uuid4().hex
-        relay = self._relay(
-            stack,
-            reply,
-            reply.retries,
-            call_id,
-            endpoint,
-            claims,
-            forwarded,
-            admission,
-            started,
-        )
         # The relay closes the stack when it ends; the background task covers an agent that
         # left before the first byte, when the relay never started.
         return StreamingResponse(
-            relay,
+            self._relay(call, stack, reply),
             media_type="text/event-stream",
-            headers=self._headers(call_id, admission),
+            headers=call.headers(),
             background=BackgroundTask(stack.aclose),
         )
 
     async def _relay(
-        self,
-        stack: AsyncExitStack,
-        reply: UpstreamReply,
-        retries: int,
-        call_id: str,
-        endpoint: Endpoint,
-        claims: TokenClaims,
-        forwarded: dict[str, Any],
-        admission: Admission,
-        started: float,
+        self, call: ModelCall, stack: AsyncExitStack, reply: UpstreamReply
     ) -> AsyncIterator[bytes]:
-        assembler = StreamAssembler(endpoint)
+        """Relay the SSE events as they come, except the one that ends the answer and what
+        follows it: those wait until the call is recorded."""
+        assembler = StreamAssembler(call.endpoint)
         held: list[bytes] = []
         capture_failed: str | None = None
         async with stack:
@@ -337,27 +309,15 @@ class ModelCallProxy:
                         held.append(event)
                     else:
                         yield event
-        latency_ms = (time.monotonic() - started) * 1000
-        self.metrics.upstream_seconds.observe(latency_ms / 1000)
-        self.metrics.upstream_retries.inc(retries)
+        latency_ms = self._upstream_done(call)
         if capture_failed is not None or not assembler.finished:
             why = capture_failed or "the policy server's stream ended before the answer did"
-            log.warning("stream of %s not recorded: %s", claims.rollout_id, why)
+            log.warning("stream of %s not recorded: %s", call.claims.rollout_id, why)
             yield _sse_error(f"call not recorded: {why}", "upstream_error")
             return
         try:
             await asyncio.shield(
-                self._record(
-                    call_id,
-                    endpoint,
-                    claims,
-                    forwarded,
-                    assembler.response(),
-                    admission,
-                    latency_ms,
-                    retries,
-                    streamed=True,
-                )
+                self._record(call, assembler.response(), latency_ms, streamed=True)
             )
         except GatewayError as err:
             yield _sse_error(err.message, err.code or "server_error")
@@ -365,23 +325,30 @@ class ModelCallProxy:
         for event in held:
             yield event
 
+    async def _send(self, call: ModelCall, stream: bool) -> UpstreamReply:
+        reply = await unless_disconnected(
+            call.request,
+            self.forwarder.send(call.url, call.forwarded, call.deadline, stream),
+        )
+        call.retries = reply.retries
+        return reply
+
+    def _upstream_done(self, call: ModelCall) -> float:
+        """Milliseconds from admission to the policy server's full answer (retries included)."""
+        latency = time.monotonic() - call.started
+        self.metrics.upstream_seconds.observe(latency)
+        self.metrics.upstream_retries.inc(call.retries)
+        return latency * 1000
+
     # --- recording -----------------------------------------------------------------------
 
     async def _record(
-        self,
-        call_id: str,
-        endpoint: Endpoint,
-        claims: TokenClaims,
-        forwarded: dict[str, Any],
-        response: dict[str, Any],
-        admission: Admission,
-        latency_ms: float,
-        retries: int,
-        streamed: bool,
+        self, call: ModelCall, response: dict[str, Any], latency_ms: float, streamed: bool
     ) -> None:
+        claims, admission = call.claims, call.admitted()
         try:
-            prompt_ids = prompt_token_ids(endpoint, response)
-            count_tokens(endpoint, response)
+            prompt_ids = prompt_token_ids(call.endpoint, response)
+            count_tokens(call.endpoint, response)
         except (CaptureError, KeyError, TypeError) as err:
             raise GatewayError(
                 502,
@@ -396,29 +363,25 @@ class ModelCallProxy:
         started = time.monotonic()
         stored = await self.store.append(
             CallRecord(
-                call_id=call_id,
+                call_id=call.call_id,
                 rollout_id=claims.rollout_id,
                 attempt=claims.attempt,
                 sequence=-1,
-                endpoint=endpoint,
+                endpoint=call.endpoint,
                 upstream=admission.upstream,
                 policy_version=admission.policy_version,
                 created_at=time.time(),
                 latency_ms=latency_ms,
-                retry_count=retries,
+                retry_count=call.retries,
                 streamed=streamed,
-                request=forwarded,
+                request=call.forwarded,
                 response=response,
                 prompt_token_ids=prompt_ids,
             )
         )
         self.metrics.capture_seconds.labels("store").observe(time.monotonic() - started)
         self.delivery.enqueue(event_of(stored, self.store.ref(stored)))
-        self.metrics.captured_calls.labels(endpoint, str(streamed).lower()).inc()
-
-    @staticmethod
-    def _headers(call_id: str, admission: Admission) -> dict[str, str]:
-        return {"X-Darl-Call-Id": call_id, "X-Darl-Policy-Version": str(admission.policy_version)}
+        self.metrics.captured_calls.labels(call.endpoint, str(streamed).lower()).inc()
 
 
 def _sse_error(message: str, code: str) -> bytes:
