@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
@@ -20,7 +20,13 @@ from temporalio.client import Client
 from gateway.auth import require_admin, rollout_claims
 from gateway.capture import CHAT, COMPLETIONS, Endpoint
 from gateway.delivery import EventDelivery
-from gateway.errors import GatewayError, bad_request, forbidden, install_error_handlers
+from gateway.errors import (
+    GatewayError,
+    bad_request,
+    describe_errors,
+    forbidden,
+    install_error_handlers,
+)
 from gateway.forwarding import Forwarder, RetrySettings
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import ModelCallProxy, ProxySettings
@@ -65,6 +71,22 @@ async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise bad_request("request body must be a JSON object", "invalid_json")
     return value
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def read_model(request: Request, model: type[Body], limit: int) -> Body:
+    """An admin body: JSON whatever the Content-Type says (curl -d sends a form type); an
+    empty body means the model's defaults."""
+    if not (await request.body()).strip():
+        data: dict[str, Any] = {}
+    else:
+        data = await read_json_object(request, limit)
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise bad_request(f"invalid request: {describe_errors(err.errors())}") from err
 
 
 class PauseRequest(BaseModel):
@@ -245,7 +267,7 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
             report = AgentReport.model_validate({**body, "attempt": claims.attempt})
         except ValidationError as err:
             raise bad_request(
-                f"invalid result: {err.errors()[0]['msg']}", "invalid_result"
+                f"invalid result: {describe_errors(err.errors())}", "invalid_result"
             ) from err
         await gateway.registry.check_open(claims.rollout_id, claims.attempt)
         await gateway.registry.signal_report(claims.rollout_id, report)
@@ -277,7 +299,9 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
                 return {"accepted": False, "reason": f"event type {event.event_type!r} ignored"}
             report = AgentReport(attempt=claims.attempt, reward=event.data.get("value"))
         except ValidationError as err:
-            raise bad_request(f"invalid event: {err.errors()[0]['msg']}", "invalid_event") from err
+            raise bad_request(
+                f"invalid event: {describe_errors(err.errors())}", "invalid_event"
+            ) from err
         await gateway.registry.check_open(claims.rollout_id, claims.attempt)
         await gateway.registry.signal_report(claims.rollout_id, report)
         return {"accepted": True}
@@ -285,8 +309,8 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
     # --- admin ---------------------------------------------------------------------------
 
     @app.post("/admin/pause", dependencies=[Depends(_admin)])
-    async def pause(body: PauseRequest | None = None) -> dict[str, Any]:
-        body = body or PauseRequest()
+    async def pause(request: Request) -> dict[str, Any]:
+        body = await read_model(request, PauseRequest, settings.max_body_bytes)
         gateway.gate.pause(body.mode)
         drained = None
         if body.drain_timeout_seconds is not None:
@@ -294,8 +318,8 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
         return {**gateway.state(), "drained": drained}
 
     @app.post("/admin/resume", dependencies=[Depends(_admin)])
-    async def resume(body: ResumeRequest | None = None) -> dict[str, Any]:
-        body = body or ResumeRequest()
+    async def resume(request: Request) -> dict[str, Any]:
+        body = await read_model(request, ResumeRequest, settings.max_body_bytes)
         was_paused = gateway.gate.paused
         gateway.gate.resume(body.policy_version)
         if was_paused:
@@ -307,7 +331,8 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
         return gateway.state()
 
     @app.put("/admin/upstreams", dependencies=[Depends(_admin)])
-    async def set_upstreams(body: UpstreamsRequest) -> dict[str, Any]:
+    async def set_upstreams(request: Request) -> dict[str, Any]:
+        body = await read_model(request, UpstreamsRequest, settings.max_body_bytes)
         gateway.pool.set(body.upstreams)
         return gateway.state()
 

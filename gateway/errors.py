@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import Request
@@ -50,6 +51,11 @@ def forbidden(message: str) -> GatewayError:
     return GatewayError(403, message, type="permission_error", code="forbidden")
 
 
+def describe_errors(errors: Sequence[Any]) -> str:
+    """Pydantic's validation errors as one line: `messages: Field required; n: ...`."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in errors)
+
+
 async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
     return JSONResponse(
         error_body(exc.message, exc.type, exc.code), status_code=exc.status, headers=exc.headers
@@ -58,7 +64,7 @@ async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-    detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors)
+    detail = describe_errors(errors)
     return JSONResponse(
         error_body(f"invalid request: {detail}", "invalid_request_error", "bad_request"),
         status_code=400,

@@ -35,7 +35,7 @@ from gateway.capture import (
     sse_data,
 )
 from gateway.delivery import EventDelivery, event_of
-from gateway.errors import GatewayError, bad_request, error_body
+from gateway.errors import GatewayError, bad_request, describe_errors, error_body
 from gateway.forwarding import Forwarder, UpstreamReply
 from gateway.metrics import GatewayMetrics
 from gateway.rollouts import RolloutRegistry, attempt_closed
@@ -75,10 +75,7 @@ def validate_body(endpoint: Endpoint, body: dict[str, Any]) -> bool:
     try:
         return schema.model_validate(body).stream
     except ValidationError as err:
-        detail = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in err.errors()
-        )
-        raise bad_request(f"invalid {endpoint} request: {detail}") from err
+        raise bad_request(f"invalid {endpoint} request: {describe_errors(err.errors())}") from err
 
 
 @dataclass(frozen=True)

@@ -232,3 +232,19 @@ async def test_text_completions_are_captured_whole_and_streamed(stack: Stack) ->
     handle = stack.client.get_workflow_handle(f"rollout/{rollout_id}")
     assert await stack.wait_for_calls(handle, 2) == 2
     await handle.cancel()
+
+
+def test_admin_bodies_are_json_whatever_the_content_type(stack: Stack) -> None:
+    """`curl -d '{...}'` sends a form content type; the admin API reads JSON anyway."""
+    headers = {
+        "Authorization": f"Bearer {ADMIN_KEY}",
+        "Content-Type": "application/x-www-form-urlencoded",
+    }
+    url = stack.gateway_url
+    try:
+        paused = httpx.post(f"{url}/admin/pause", content=b'{"mode": "reject"}', headers=headers)
+        assert paused.status_code == 200 and paused.json()["mode"] == "reject"
+    finally:
+        resumed = httpx.post(f"{url}/admin/resume", content=b"", headers=headers)
+    assert resumed.status_code == 200 and resumed.json()["paused"] is False
+    assert httpx.post(f"{url}/admin/resume", content=b"{nope", headers=headers).status_code == 400
