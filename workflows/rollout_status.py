@@ -31,7 +31,7 @@ TRANSITIONS: dict[RolloutStatus, frozenset[RolloutStatus]] = {
     S.LAUNCHING: frozenset({S.RUNNING, S.FAILED_INFRA, S.FAILED_AGENT, S.CANCELLED}),
     S.RUNNING: frozenset({S.SCORING, S.FAILED_AGENT, S.FAILED_INFRA, S.TIMED_OUT, S.CANCELLED}),
     S.SCORING: frozenset({S.SUCCEEDED, S.FAILED_AGENT, S.FAILED_INFRA, S.CANCELLED}),
-    S.FAILED_INFRA: frozenset({S.LAUNCHING}),
+    S.FAILED_INFRA: frozenset({S.LAUNCHING, S.CANCELLED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED_AGENT: frozenset(),
     S.TIMED_OUT: frozenset(),

@@ -30,7 +30,12 @@ with workflow.unsafe.imports_passed_through():
         RolloutSpec,
         TrajectorySummary,
     )
-    from workflows.rollout_status import IllegalTransitionError, RolloutStatus, check_transition
+    from workflows.rollout_status import (
+        TRANSITIONS,
+        IllegalTransitionError,
+        RolloutStatus,
+        check_transition,
+    )
 
 LAUNCH_AGENT = "launch_agent"
 AWAIT_AGENT = "await_agent"
@@ -100,9 +105,10 @@ class RolloutWorkflow:
                     break
                 await workflow.sleep(timedelta(seconds=spec.timeouts.retry_backoff_seconds))
         except asyncio.CancelledError:
-            self._error = "rollout was cancelled"
-            self._move(RolloutStatus.CANCELLED)
-            await self._report(self._result(started))
+            if RolloutStatus.CANCELLED in TRANSITIONS[self._status]:
+                self._error = "rollout was cancelled"
+                self._move(RolloutStatus.CANCELLED)
+                await self._report(self._result(started))
             raise
         result = self._result(started)
         await self._report(result)

@@ -14,9 +14,13 @@ def test_every_status_has_a_row() -> None:
 
 
 def test_final_statuses_only_leave_for_a_retry() -> None:
-    for status in FINAL_STATUSES:
-        assert TRANSITIONS[status] <= {RolloutStatus.LAUNCHING}
-    assert TRANSITIONS[RolloutStatus.FAILED_INFRA] == {RolloutStatus.LAUNCHING}
+    for status in FINAL_STATUSES - {RolloutStatus.FAILED_INFRA}:
+        assert TRANSITIONS[status] == frozenset()
+    # An infra failure waits for its retry, which a cancellation can pre-empt.
+    assert TRANSITIONS[RolloutStatus.FAILED_INFRA] == {
+        RolloutStatus.LAUNCHING,
+        RolloutStatus.CANCELLED,
+    }
 
 
 def test_an_agent_failure_is_never_retried() -> None:

@@ -238,6 +238,25 @@ async def test_an_infra_failure_on_the_last_attempt_is_the_result(
     assert result.reward is None
 
 
+async def test_cancelling_during_the_retry_backoff(time_skipping_env: WorkflowEnvironment) -> None:
+    stubs = StubAgents()
+    stubs.lose_attempts = {1}
+    s = spec(timeouts=RolloutTimeouts(retry_backoff_seconds=3600))
+    async with stub_worker(time_skipping_env, stubs) as queue:
+        handle = await start(time_skipping_env, s, queue)
+        await wait_until(lambda: stubs.launches)
+        with time_skipping_env.auto_time_skipping_disabled():
+            await asyncio.sleep(0.5)  # attempt 1 lost, waiting out the backoff
+            assert (await handle.query(RolloutWorkflow.status)).status == RolloutStatus.FAILED_INFRA
+            await handle.cancel()
+            with pytest.raises(WorkflowFailureError) as failure:
+                await asyncio.wait_for(handle.result(), TIMEOUT)
+            final = await handle.query(RolloutWorkflow.status)
+    assert isinstance(failure.value.cause, CancelledError)
+    assert final.status == RolloutStatus.CANCELLED
+    assert [a for _, a in stubs.launches] == [1]
+
+
 async def test_the_rollout_timeout_kills_the_agent(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
