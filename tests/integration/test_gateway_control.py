@@ -5,6 +5,7 @@ HTTP service runner, whose service is POSTed each rollout once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import uuid
@@ -248,3 +249,30 @@ def test_admin_bodies_are_json_whatever_the_content_type(stack: Stack) -> None:
         resumed = httpx.post(f"{url}/admin/resume", content=b"", headers=headers)
     assert resumed.status_code == 200 and resumed.json()["paused"] is False
     assert httpx.post(f"{url}/admin/resume", content=b"{nope", headers=headers).status_code == 400
+
+
+async def test_an_agent_that_hangs_up_cancels_its_upstream_call(stack: Stack) -> None:
+    """The gateway drops the policy server call of an agent that went away, records nothing,
+    and frees the call's slot at once (so a drain does not wait for it)."""
+    rollout_id = await stack.start_idle_rollout("ctl")
+    records_before = len(stack.store().read_sync(rollout_id))
+    long_call = {**CHAT, "max_tokens": 1500, "ignore_eos": True}
+    url = f"{stack.gateway_url}/rollouts/{rollout_id}/v1/chat/completions"
+    headers = {"Authorization": f"Bearer {stack.token(rollout_id)}"}
+    with stack.admin() as admin:
+        async with httpx.AsyncClient(timeout=60) as client:
+            hanging_up = asyncio.create_task(client.post(url, json=long_call, headers=headers))
+            async with asyncio.timeout(30):
+                while not sum(admin.get("/admin/state").json()["inflight"].values()):
+                    await asyncio.sleep(0.01)
+            hanging_up.cancel()  # the agent closes its connection mid-call
+            with contextlib.suppress(asyncio.CancelledError):
+                await hanging_up
+        async with asyncio.timeout(1.0):  # far sooner than 1500 tokens take
+            while sum(admin.get("/admin/state").json()["inflight"].values()):
+                await asyncio.sleep(0.01)
+    metrics = httpx.get(f"{stack.gateway_url}/metrics").text
+    assert 'darl_gateway_requests_total{route="chat",status="499"}' in metrics
+    await asyncio.sleep(0.5)
+    assert len(stack.store().read_sync(rollout_id)) == records_before
+    await stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
