@@ -12,7 +12,6 @@ import uuid
 from pathlib import Path
 
 import httpx
-import pytest
 
 from examples.arithmetic.agent_service import ArithmeticService, create_service_app
 from tests.integration.stack import ADMIN_KEY, Stack
@@ -150,7 +149,15 @@ async def test_the_agent_service_runs_an_attempt_once(stack: Stack, tmp_path: Pa
     await handle.cancel()
 
 
-@pytest.mark.usefixtures("stack")
+async def test_models_are_listed_for_the_rollouts_token(stack: Stack) -> None:
+    rollout_id = await stack.start_idle_rollout("ctl")
+    url = f"{stack.gateway_url}/rollouts/{rollout_id}/v1/models"
+    listing = httpx.get(url, headers={"Authorization": f"Bearer {stack.token(rollout_id)}"})
+    assert [m["id"] for m in listing.json()["data"]] == ["darl-tiny"]  # asked of the upstream
+    assert httpx.get(url).status_code == 401
+    await stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
+
+
 def test_admin_state_lists_upstreams(stack: Stack) -> None:
     with stack.admin() as admin:
         state = admin.get("/admin/state").json()
@@ -158,7 +165,6 @@ def test_admin_state_lists_upstreams(stack: Stack) -> None:
         moved = admin.put("/admin/upstreams", json={"upstreams": [stack.policy_url + "/"]})
         assert moved.json()["upstreams"] == [stack.policy_url]
         assert admin.put("/admin/upstreams", json={"upstreams": []}).status_code == 400
-    assert ADMIN_KEY
 
 
 def stored_call(stack: Stack, rollout_id: str, call_id: str):
