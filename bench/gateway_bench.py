@@ -232,6 +232,7 @@ async def main(calls: int, clients: int, fsync: bool, rate: float) -> None:
         alone_gateway = await drive("gateway, 1 client", through_gateway[:1], calls // 8)
         paced_direct = await drive(f"direct, {rate:g}/s", direct, calls // 2, rate)
         paced_gateway = await drive(f"gateway, {rate:g}/s", through_gateway, calls // 2, rate)
+        rss0 = psutil.Process(gateway.pid).memory_info().rss
         cpu0 = cpu_seconds(watched)
         straight = await drive("direct", direct, calls)
         cpu1 = cpu_seconds(watched)
@@ -239,6 +240,7 @@ async def main(calls: int, clients: int, fsync: bool, rate: float) -> None:
         captured = await drive("gateway", through_gateway, calls)
         after = scrape(httpx.get(f"{gateway_url}/metrics").text)
         cpu2 = cpu_seconds(watched)
+        rss1 = psutil.Process(gateway.pid).memory_info().rss
         report(straight, captured, before, after, clients, fsync)
         for title, direct_phase, gateway_phase in (
             (f"{clients} clients paced to {rate:g} calls/s in all", paced_direct, paced_gateway),
@@ -246,6 +248,11 @@ async def main(calls: int, clients: int, fsync: bool, rate: float) -> None:
         ):
             print(f"\n{title} ({len(direct_phase.latencies)} calls each):")
             compare(direct_phase, gateway_phase)
+        print(
+            f"\nGateway memory: {rss0 / 2**20:.0f} MiB before the measured phases, "
+            f"{rss1 / 2**20:.0f} MiB after {calls} more calls "
+            f"({(rss1 - rss0) / calls:.0f} bytes per call; records live in the store)"
+        )
         print("\nCPU per call by process, ms (2 cores shared by all of them):")
         print(f"  {'process':<20}{'direct':>9}{'gateway':>9}")
         for name in watched:
