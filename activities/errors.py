@@ -22,3 +22,8 @@ def agent_lost_error(message: str) -> ApplicationError:
 def agent_service_unavailable(message: str) -> ApplicationError:
     """An agent HTTP service could not be reached: retried by the activity's retry policy."""
     return ApplicationError(message, type="AgentServiceUnavailable")
+
+
+def agent_stopped_error(message: str) -> ApplicationError:
+    """The attempt was stopped (its rollout cancelled) before or while its agent started."""
+    return ApplicationError(message, type="AgentStopped", non_retryable=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 
 import httpx
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -20,7 +20,7 @@ from temporalio.exceptions import ApplicationError
 from activities import rewards
 from activities.agent_contract import AgentContract, ContractIssuer, TaskPathError
 from activities.errors import agent_spec_error
-from activities.runners.base import AgentRunner
+from activities.runners.base import AgentRunner, heartbeat_interval
 from workflows.contracts import (
     AgentExit,
     AgentHandle,
@@ -29,7 +29,7 @@ from workflows.contracts import (
     RewardRequest,
     RolloutSpec,
 )
-from workflows.rollout_workflow import AWAIT_AGENT, COMPUTE_REWARD, LAUNCH_AGENT
+from workflows.rollout_workflow import AWAIT_AGENT, COMPUTE_REWARD, LAUNCH_AGENT, STOP_AGENT
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,16 @@ def current_traceparent() -> str | None:
     carrier: dict[str, str] = {}
     TraceContextTextMapPropagator().inject(carrier)
     return carrier.get("traceparent")
+
+
+async def _heartbeating(work: Awaitable[None], interval: float) -> None:
+    """Finish `work` (shielded from a second cancellation), heartbeating meanwhile."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=interval)
+        if done:
+            return task.result()
+        activity.heartbeat()
 
 
 class GatewayNotifier:
@@ -100,7 +110,7 @@ class RolloutActivities:
         self._notifier = notifier
 
     def activities(self) -> list:
-        return [self.launch_agent, self.await_agent, self.compute_reward]
+        return [self.launch_agent, self.await_agent, self.compute_reward, self.stop_agent]
 
     @activity.defn(name=LAUNCH_AGENT)
     async def launch_agent(self, request: LaunchRequest) -> AgentHandle:
@@ -122,19 +132,30 @@ class RolloutActivities:
                 # The worker is stopping, not the rollout: leave the agent running for the
                 # retry on another worker to re-attach to.
                 raise
-            await asyncio.shield(runner.kill(request.handle))
-            await asyncio.shield(self._close_quietly(request))
+            # Killing can take the kill grace and closing a retry or two: keep heartbeating, or
+            # the server would time the activity out before the agent is really gone.
+            interval = heartbeat_interval(request.spec.timeouts.heartbeat_seconds)
+            await _heartbeating(runner.kill(request.handle), interval)
+            await _heartbeating(
+                self._close_quietly(request.spec.rollout_id, request.attempt), interval
+            )
             raise
         except ApplicationError as err:
             # A retryable failure leaves the agent running for the retry to re-attach to.
             if err.non_retryable:
-                await self._close_quietly(request)
+                await self._close_quietly(request.spec.rollout_id, request.attempt)
             raise
         if self._notifier is not None:
             await self._notifier.close_attempt(
                 request.spec.rollout_id, request.attempt, CLOSE_GIVE_UP_SECONDS
             )
         return agent_exit
+
+    @activity.defn(name=STOP_AGENT)
+    async def stop_agent(self, request: LaunchRequest) -> None:
+        """Stop an attempt whose launch was cancelled (there may be no handle yet)."""
+        await self._runner(request.spec).stop(request)
+        await self._close_quietly(request.spec.rollout_id, request.attempt)
 
     @activity.defn(name=COMPUTE_REWARD)
     async def compute_reward(self, request: RewardRequest) -> float:
@@ -147,12 +168,12 @@ class RolloutActivities:
                 str(err), type="RewardFunctionError", non_retryable=True
             ) from err
 
-    async def _close_quietly(self, request: AwaitRequest) -> None:
+    async def _close_quietly(self, rollout_id: str, attempt: int) -> None:
         """Close an attempt that ends without a result to score (cancelled, lost)."""
         if self._notifier is None:
             return
         try:
-            await self._notifier.close_attempt(request.spec.rollout_id, request.attempt, 10.0)
+            await self._notifier.close_attempt(rollout_id, attempt, 10.0)
         except ApplicationError as err:
             log.warning("%s", err)
 

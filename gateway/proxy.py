@@ -288,29 +288,38 @@ class ModelCallProxy:
         follows it: those wait until the call is recorded."""
         assembler = StreamAssembler(call.endpoint)
         held: list[bytes] = []
-        capture_failed: str | None = None
+        failure: str | None = None
         async with stack:
             buffer = bytearray()
-            async for raw in reply.chunks():
-                buffer += raw
-                for event in split_sse(buffer):
-                    data = sse_data(event)
-                    if data is not None and data != "[DONE]" and capture_failed is None:
-                        try:
-                            if assembler.add(json.loads(data)):
+            try:
+                async for raw in reply.chunks():
+                    buffer += raw
+                    for event in split_sse(buffer):
+                        data = sse_data(event)
+                        if data is not None and data != "[DONE]":
+                            try:
+                                ends = assembler.add(json.loads(data))
+                            except (CaptureError, ValueError) as err:
+                                failure = str(err)
+                                break
+                            if ends:
                                 held.append(event)
                                 continue
-                        except (CaptureError, ValueError) as err:
-                            capture_failed = str(err)
-                    if held and capture_failed is None:
-                        held.append(event)
-                    else:
-                        yield event
+                        if held:
+                            held.append(event)
+                        else:
+                            yield event
+                    if failure is not None:
+                        break
+            except (aiohttp.ClientError, TimeoutError) as err:
+                failure = f"the policy server's stream broke: {err!r}"
         latency_ms = self._upstream_done(call)
-        if capture_failed is not None or not assembler.finished:
-            why = capture_failed or "the policy server's stream ended before the answer did"
-            log.warning("stream of %s not recorded: %s", call.claims.rollout_id, why)
-            yield _sse_error(f"call not recorded: {why}", "upstream_error")
+        if failure is None and not assembler.finished:
+            failure = "the policy server's stream ended before the answer did"
+        if failure is not None:
+            # The agent gets an error, never the end of an answer that was not recorded.
+            log.warning("stream of %s not recorded: %s", call.claims.rollout_id, failure)
+            yield _sse_error(f"call not recorded: {failure}", "upstream_error")
             return
         try:
             await asyncio.shield(

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from workflows import search_attributes as sa
@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
 LAUNCH_AGENT = "launch_agent"
 AWAIT_AGENT = "await_agent"
 COMPUTE_REWARD = "compute_reward"
+STOP_AGENT = "stop_agent"
 
 MODEL_CALLS_SIGNAL = "model_calls"
 AGENT_RESULT_SIGNAL = "agent_result"
@@ -60,9 +61,28 @@ def _cause(err: ActivityError) -> str:
     return str(cause) if cause is not None else str(err)
 
 
+def _raise_if_cancelled(err: ActivityError) -> None:
+    """A cancelled workflow cancels the activity it awaits, which then fails with a
+    CancelledError cause: that is the rollout's cancellation, not the activity's failure."""
+    if isinstance(err.cause, CancelledError):
+        raise asyncio.CancelledError from err
+
+
 def _error_type(err: ActivityError) -> str | None:
     cause = err.cause
     return cause.type if isinstance(cause, ApplicationError) else None
+
+
+def _merged(earlier: AgentReport | None, later: AgentReport | None) -> AgentReport | None:
+    """A later report overrides the fields it sets and keeps those it leaves out."""
+    if earlier is None or later is None:
+        return later or earlier
+    return AgentReport(
+        attempt=later.attempt or earlier.attempt,
+        reward=later.reward if later.reward is not None else earlier.reward,
+        answer=later.answer if later.answer is not None else earlier.answer,
+        metadata={**earlier.metadata, **later.metadata},
+    )
 
 
 @workflow.defn(name="RolloutWorkflow", failure_exception_types=[IllegalTransitionError])
@@ -105,6 +125,8 @@ class RolloutWorkflow:
                     break
                 await workflow.sleep(timedelta(seconds=spec.timeouts.retry_backoff_seconds))
         except asyncio.CancelledError:
+            if self._status == RolloutStatus.LAUNCHING:
+                await self._stop_launched_agent()
             if RolloutStatus.CANCELLED in TRANSITIONS[self._status]:
                 self._error = "rollout was cancelled"
                 self._move(RolloutStatus.CANCELLED)
@@ -120,6 +142,7 @@ class RolloutWorkflow:
         try:
             handle = await self._launch(attempt)
         except ActivityError as err:
+            _raise_if_cancelled(err)
             if _error_type(err) == AGENT_SPEC_ERROR:
                 self._finish_as(RolloutStatus.FAILED_AGENT, f"agent cannot start: {_cause(err)}")
                 return False
@@ -128,6 +151,7 @@ class RolloutWorkflow:
         try:
             agent_exit = await self._await_agent(handle)
         except ActivityError as err:
+            _raise_if_cancelled(err)
             return self._infra_failure(f"lost the agent: {_cause(err)}")
         finally:
             self._accepting_signals = False
@@ -149,6 +173,19 @@ class RolloutWorkflow:
                 non_retryable_error_types=[AGENT_SPEC_ERROR],
             ),
         )
+
+    async def _stop_launched_agent(self) -> None:
+        """Cancelled while launching: the launch may still start the agent, so stop it by its
+        attempt (the runner refuses a launch that comes after this)."""
+        try:
+            await workflow.execute_activity(
+                STOP_AGENT,
+                LaunchRequest(spec=self._spec, attempt=self._attempt),
+                start_to_close_timeout=timedelta(seconds=self._spec.timeouts.launch_seconds),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+            )
+        except ActivityError as err:
+            workflow.logger.warning("could not stop the agent being launched: %s", _cause(err))
 
     async def _await_agent(self, handle: AgentHandle) -> AgentExit | None:
         """The agent's exit, or None when the rollout timeout fired first (agent killed)."""
@@ -186,18 +223,20 @@ class RolloutWorkflow:
     @staticmethod
     async def _cancel_agent(waiting: asyncio.Future[AgentExit]) -> AgentExit | None:
         """Cancel await_agent and wait until the runner has killed the agent. An agent that
-        finished in the same instant still counts as finished."""
+        finished in the same instant still counts as finished. The activity ending any other
+        way once cancelled (its heartbeat lost while killing) still ends the attempt: a
+        timed-out or cancelled rollout never turns into a retry."""
         waiting.cancel()
         try:
             return await waiting
         except ActivityError as err:
             if not isinstance(err.cause, CancelledError):
-                raise
+                workflow.logger.warning("await_agent ended badly while cancelled: %s", _cause(err))
         return None
 
     async def _score(self, attempt: int, agent_exit: AgentExit) -> None:
         self._exit_code = agent_exit.exit_code
-        report = agent_exit.report or self._reports.get(attempt)
+        report = _merged(self._reports.get(attempt), agent_exit.report)
         if report is not None:
             self._answer = report.answer
             self._metadata = dict(report.metadata)
@@ -220,6 +259,7 @@ class RolloutWorkflow:
             try:
                 reward = await self._compute_reward(attempt, agent_exit, report)
             except ActivityError as err:
+                _raise_if_cancelled(err)
                 self._finish_as(RolloutStatus.FAILED_INFRA, f"reward failed: {_cause(err)}")
                 return
         self._reward = reward
@@ -249,9 +289,14 @@ class RolloutWorkflow:
         )
 
     async def _report(self, result: RolloutResult) -> None:
-        if self._spec.report_to:
-            handle = workflow.get_external_workflow_handle(self._spec.report_to)
+        """Tell the trainer (if any). A trainer that is gone does not undo the rollout."""
+        if not self._spec.report_to:
+            return
+        handle = workflow.get_external_workflow_handle(self._spec.report_to)
+        try:
             await handle.signal(ROLLOUT_FINISHED_SIGNAL, result)
+        except FailureError as err:
+            workflow.logger.warning("could not report to %s: %s", self._spec.report_to, err)
 
     # --- signals and queries -------------------------------------------------------------
 
@@ -276,15 +321,7 @@ class RolloutWorkflow:
         if report.attempt != self._attempt or not self._accepting_signals:
             self._stale_signals += 1
             return
-        earlier = self._reports.get(report.attempt)
-        if earlier is not None:
-            report = AgentReport(
-                attempt=report.attempt,
-                reward=report.reward if report.reward is not None else earlier.reward,
-                answer=report.answer if report.answer is not None else earlier.answer,
-                metadata={**earlier.metadata, **report.metadata},
-            )
-        self._reports[report.attempt] = report
+        self._reports[report.attempt] = _merged(self._reports.get(report.attempt), report)
 
     @workflow.query(name=STATUS_QUERY)
     def status(self) -> RolloutProgress:

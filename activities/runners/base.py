@@ -19,6 +19,11 @@ Heartbeat = Callable[..., None]
 LOG_TAIL_BYTES = 4096
 
 
+def heartbeat_interval(heartbeat_seconds: float) -> float:
+    """How often to heartbeat under a heartbeat timeout: three times per timeout."""
+    return min(max(heartbeat_seconds / 3, 0.2), 10.0)
+
+
 class AgentRunner(ABC):
     kind: ClassVar[str]
 
@@ -39,6 +44,11 @@ class AgentRunner(ABC):
     @abstractmethod
     async def kill(self, handle: AgentHandle) -> None:
         """Stop the agent and everything it started; idempotent."""
+
+    @abstractmethod
+    async def stop(self, request: LaunchRequest) -> None:
+        """Stop the attempt's agent knowing only the rollout and attempt (its launch was
+        cancelled, so there may be no handle), and refuse any later launch of the attempt."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release what the runner holds (clients, watchers)."""

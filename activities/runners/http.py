@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from activities.agent_contract import AgentContract, env_map_values
 from activities.errors import agent_service_unavailable, agent_spec_error
-from activities.runners.base import LOG_TAIL_BYTES, AgentRunner, Heartbeat
+from activities.runners.base import LOG_TAIL_BYTES, AgentRunner, Heartbeat, heartbeat_interval
 from workflows.contracts import (
     AgentExit,
     AgentHandle,
@@ -83,7 +83,7 @@ class HttpAgentRunner(AgentRunner):
         if contract.traceparent:
             headers["traceparent"] = contract.traceparent
         post = asyncio.ensure_future(self._client.post(agent.url, json=body, headers=headers))
-        interval = min(max(spec.timeouts.heartbeat_seconds / 3, 0.2), 10.0)
+        interval = heartbeat_interval(spec.timeouts.heartbeat_seconds)
         try:
             while not post.done():
                 remaining = deadline - time.time()
@@ -103,6 +103,10 @@ class HttpAgentRunner(AgentRunner):
 
     async def kill(self, handle: AgentHandle) -> None:
         # Cancelling wait() closes the connection; the service sees the client go away.
+        return None
+
+    async def stop(self, request: LaunchRequest) -> None:
+        # Nothing starts before wait() POSTs, and a cancelled rollout never gets there.
         return None
 
     async def aclose(self) -> None:

@@ -23,8 +23,8 @@ from pathlib import Path
 import psutil
 
 from activities.agent_contract import AgentContract, inherited_env
-from activities.errors import agent_lost_error, agent_spec_error
-from activities.runners.base import LOG_TAIL_BYTES, AgentRunner, Heartbeat
+from activities.errors import agent_lost_error, agent_spec_error, agent_stopped_error
+from activities.runners.base import LOG_TAIL_BYTES, AgentRunner, Heartbeat, heartbeat_interval
 from workflows.contracts import AgentExit, AgentHandle, AwaitRequest, LaunchRequest, LocalAgentSpec
 from workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
 
@@ -36,6 +36,7 @@ _WRAPPER = 'f=$1; shift; "$@"; c=$?; printf "%s" "$c" > "$f.tmp" && mv "$f.tmp" 
 
 HANDLE_FILE = "handle.json"
 LAUNCH_MARKER = "launching"
+STOPPED_MARKER = "stopped"
 EXIT_FILE = "exit_code"
 LOG_FILE = "agent.log"
 TASK_FILE = "task.json"
@@ -121,16 +122,22 @@ class LocalProcessRunner(AgentRunner):
             raise agent_spec_error(f"the local runner cannot run a {agent.kind!r} agent")
         attempt_dir = self.attempt_dir(spec.rollout_id, request.attempt)
         attempt_dir.mkdir(parents=True, exist_ok=True)
+        if (attempt_dir / STOPPED_MARKER).exists():
+            raise agent_stopped_error(f"attempt {request.attempt} of {spec.rollout_id} was stopped")
         handle_path = attempt_dir / HANDLE_FILE
         if handle_path.exists():
             log.info("agent of %s attempt %d already launched", spec.rollout_id, request.attempt)
             return AgentHandle.model_validate_json(handle_path.read_text())
-        agent_key = f"{spec.rollout_id}/{request.attempt}"
+        agent_key = str(attempt_dir)  # unique to this attempt on this machine
         marker = attempt_dir / LAUNCH_MARKER
         if marker.exists():
+            # An earlier launch died after starting the agent but before saving its handle.
             adopted = _find_adoptable(agent_key)
             if adopted is not None:
                 return self._save_handle(request, attempt_dir, adopted.pid, adopted.create_time())
+            if (attempt_dir / EXIT_FILE).exists():
+                # ... and the agent has finished since: its exit code is its result.
+                return self._save_handle(request, attempt_dir, None, time.time())
         marker.touch()
 
         env = inherited_env() | contract.env | agent.env
@@ -154,19 +161,26 @@ class LocalProcessRunner(AgentRunner):
                 raise agent_spec_error(f"cannot start agent {argv!r}: {err}") from err
         self._children[proc.pid] = proc
         create_time = psutil.Process(proc.pid).create_time()
-        return self._save_handle(request, attempt_dir, proc.pid, create_time)
+        handle = self._save_handle(request, attempt_dir, proc.pid, create_time)
+        if (attempt_dir / STOPPED_MARKER).exists():  # stopped while we were starting it
+            await self.kill(handle)
+            raise agent_stopped_error(f"attempt {request.attempt} of {spec.rollout_id} was stopped")
+        return handle
 
     async def wait(
         self, request: AwaitRequest, contract: AgentContract, heartbeat: Heartbeat
     ) -> AgentExit:
         handle = request.handle
-        pid, create_time = int(handle.data["pid"]), float(handle.data["create_time"])
         attempt_dir = Path(handle.data["dir"])
+        if handle.data["pid"] is None:  # adopted after it had already finished
+            code = _read_exit_code(attempt_dir / EXIT_FILE)
+            return AgentExit(exit_code=code, log_tail=_log_tail(attempt_dir))
+        pid, create_time = int(handle.data["pid"]), float(handle.data["create_time"])
         timeouts = request.spec.timeouts
         deadline = (
             handle.started_at + timeouts.agent_seconds + RUNNER_DEADLINE_GRACE.total_seconds()
         )
-        interval = min(max(timeouts.heartbeat_seconds / 3, 0.2), 10.0)
+        interval = heartbeat_interval(timeouts.heartbeat_seconds)
         while True:
             code = _read_exit_code(attempt_dir / EXIT_FILE)
             if code is not None:
@@ -190,17 +204,31 @@ class LocalProcessRunner(AgentRunner):
             await _wait_for_exit(pid, min(interval, deadline - now))
 
     async def kill(self, handle: AgentHandle) -> None:
+        if handle.data["pid"] is None:
+            return
         pid, create_time = int(handle.data["pid"]), float(handle.data["create_time"])
         if _is_our_leader(pid, create_time):
             self._signal_group(pid, signal.SIGTERM)
             await _wait_for_exit(pid, self._kill_grace)
         await self._after_exit(pid)
 
+    async def stop(self, request: LaunchRequest) -> None:
+        attempt_dir = self.attempt_dir(request.spec.rollout_id, request.attempt)
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        (attempt_dir / STOPPED_MARKER).touch()
+        handle_path = attempt_dir / HANDLE_FILE
+        if handle_path.exists():
+            await self.kill(AgentHandle.model_validate_json(handle_path.read_text()))
+        elif (attempt_dir / LAUNCH_MARKER).exists():
+            adopted = _find_adoptable(str(attempt_dir))
+            if adopted is not None:
+                self._signal_group(adopted.pid, signal.SIGKILL)
+
     async def aclose(self) -> None:
         self._children.clear()
 
     def _save_handle(
-        self, request: LaunchRequest, attempt_dir: Path, pid: int, create_time: float
+        self, request: LaunchRequest, attempt_dir: Path, pid: int | None, create_time: float
     ) -> AgentHandle:
         handle = AgentHandle(
             kind=self.kind,
@@ -232,6 +260,8 @@ class LocalProcessRunner(AgentRunner):
 
     @staticmethod
     def _signal_group(pgid: int, sig: signal.Signals) -> None:
+        if pgid <= 1:  # 0 would be our own group; never signal init
+            raise ValueError(f"refusing to signal process group {pgid}")
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
 
@@ -247,6 +277,8 @@ def stop_leftover_agents(agents_dir: Path, grace_seconds: float = 5.0) -> int:
     leaders = []
     for path in agents_dir.glob(f"*/attempt-*/{HANDLE_FILE}"):
         data = AgentHandle.model_validate_json(path.read_text()).data
+        if data["pid"] is None:
+            continue
         pid = int(data["pid"])
         if _is_our_leader(pid, float(data["create_time"])):
             leaders.append(psutil.Process(pid))

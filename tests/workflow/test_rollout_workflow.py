@@ -22,6 +22,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.errors import agent_lost_error
+from activities.runners.local import stop_leftover_agents
 from activities.worker import RolloutWorkerSettings, build_worker
 from tests.workflow.collector import CollectorWorkflow
 from workflows.contracts import (
@@ -82,10 +83,15 @@ class StubAgents:
         self.release = asyncio.Event()
         self.scoring = asyncio.Event()
         self.lose_attempts: set[int] = set()
+        self.exit_report: AgentReport | None = None
+        self.launch_gate: asyncio.Event | None = None
+        self.stops: list[int] = []
 
     @activity.defn(name="launch_agent")
     async def launch_agent(self, request: LaunchRequest) -> AgentHandle:
         self.launches.append((request.spec.rollout_id, request.attempt))
+        if self.launch_gate is not None:
+            await self.launch_gate.wait()
         return AgentHandle(
             kind="stub", rollout_id=request.spec.rollout_id, attempt=request.attempt, started_at=0
         )
@@ -98,7 +104,11 @@ class StubAgents:
             activity.heartbeat()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.release.wait(), 0.2)
-        return AgentExit(exit_code=0)
+        return AgentExit(exit_code=0, report=self.exit_report)
+
+    @activity.defn(name="stop_agent")
+    async def stop_agent(self, request: LaunchRequest) -> None:
+        self.stops.append(request.attempt)
 
     @activity.defn(name="compute_reward")
     async def compute_reward(self, request: object) -> float:
@@ -114,26 +124,37 @@ async def stub_worker(env: WorkflowEnvironment, stubs: StubAgents) -> AsyncItera
         env.client,
         task_queue=queue,
         workflows=[RolloutWorkflow, CollectorWorkflow],
-        activities=[stubs.launch_agent, stubs.await_agent, stubs.compute_reward],
+        activities=[
+            stubs.launch_agent,
+            stubs.await_agent,
+            stubs.compute_reward,
+            stubs.stop_agent,
+        ],
     ):
         yield queue
 
 
 @asynccontextmanager
-async def real_worker(env: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[str]:
+async def real_worker(
+    env: WorkflowEnvironment, tmp_path: Path, admin_key: str | None = None
+) -> AsyncIterator[str]:
     queue = f"q-{uuid.uuid4().hex[:8]}"
     settings = RolloutWorkerSettings(
-        gateway_url="http://127.0.0.1:9",  # agents here make no model calls
+        gateway_url="http://127.0.0.1:9",  # agents here make no model calls; nothing listens
         token_secret=b"test",
         agents_dir=tmp_path / "agents",
         task_queue=queue,
+        admin_key=admin_key,
     )
     async with (
         httpx.AsyncClient() as http,
         build_worker(env.client, settings, http) as worker,
         Worker(env.client, task_queue=queue + "-collector", workflows=[CollectorWorkflow]),
     ):
-        yield worker.task_queue
+        try:
+            yield worker.task_queue
+        finally:
+            stop_leftover_agents(tmp_path / "agents", grace_seconds=1)
 
 
 async def start(env: WorkflowEnvironment, s: RolloutSpec, queue: str):
@@ -181,6 +202,61 @@ async def test_calls_and_report_make_the_result(time_skipping_env: WorkflowEnvir
     assert result.call_ids == ["a", "b"]  # in sequence order, not arrival order
     assert result.duplicate_signals == 1
     assert result.stale_signals == 1
+
+
+async def test_a_service_reply_keeps_what_the_agent_reported(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """An HTTP agent may post its reward to DARL_RESULT_URL and reply with its answer only."""
+    stubs = StubAgents()
+    stubs.exit_report = AgentReport(answer="four", metadata={"turns": 2})
+    s = spec()
+    async with stub_worker(time_skipping_env, stubs) as queue:
+        handle = await start(time_skipping_env, s, queue)
+        await wait_until(lambda: stubs.launches)
+        await asyncio.sleep(0.3)
+        await handle.signal(RolloutWorkflow.agent_result, AgentReport(attempt=1, reward=0.5))
+        stubs.release.set()
+        result = await asyncio.wait_for(handle.result(), TIMEOUT)
+    assert result.status == RolloutStatus.SUCCEEDED
+    assert (result.reward, result.answer, result.metadata) == (0.5, "four", {"turns": 2})
+
+
+async def test_a_gone_trainer_does_not_fail_the_rollout(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    stubs = StubAgents()
+    stubs.release.set()
+    async with stub_worker(time_skipping_env, stubs) as queue:
+        finished = await time_skipping_env.client.execute_workflow(
+            CollectorWorkflow.run, 0, id=f"gone-{uuid.uuid4().hex[:8]}", task_queue=queue
+        )
+        assert finished == []
+        s = spec(
+            report_to=f"never-started-{uuid.uuid4().hex[:8]}", reward=RewardSpec(missing_reward=0.0)
+        )
+        result = await asyncio.wait_for(
+            (await start(time_skipping_env, s, queue)).result(), TIMEOUT
+        )
+    assert result.status == RolloutStatus.SUCCEEDED
+
+
+async def test_cancelling_while_launching_stops_what_the_launch_starts(
+    own_time_skipping_env: WorkflowEnvironment,
+) -> None:
+    stubs = StubAgents()
+    stubs.launch_gate = asyncio.Event()
+    env = own_time_skipping_env
+    async with stub_worker(env, stubs) as queue:
+        handle = await start(env, spec(), queue)
+        await wait_until(lambda: stubs.launches)
+        await handle.cancel()
+        await asyncio.sleep(0.3)
+        stubs.launch_gate.set()  # the launch finishes after the cancellation
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), TIMEOUT)
+    assert isinstance(failure.value.cause, CancelledError)
+    assert stubs.stops == [1]
 
 
 async def test_a_call_after_the_agent_ended_stays_out(
@@ -270,6 +346,21 @@ async def test_the_rollout_timeout_kills_the_agent(
     assert not psutil.pid_exists(agent_pid(tmp_path, s)) or (
         psutil.Process(agent_pid(tmp_path, s)).status() == psutil.STATUS_ZOMBIE
     )
+
+
+async def test_a_slow_cleanup_after_the_timeout_is_still_a_timeout(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """Closing the attempt at an unreachable gateway takes ~10 s, far past the 1 s heartbeat
+    timeout: the rollout must still end timed out after one attempt, not be retried."""
+    s = spec(["sleep", "60"], timeouts=RolloutTimeouts(agent_seconds=2, heartbeat_seconds=1))
+    async with real_worker(time_skipping_env, tmp_path, admin_key="admin") as queue:
+        result = await asyncio.wait_for(
+            (await start(time_skipping_env, s, queue)).result(), TIMEOUT
+        )
+    assert result.status == RolloutStatus.TIMED_OUT
+    assert result.attempts == 1
+    assert not (tmp_path / "agents" / s.rollout_id / "attempt-2").exists()
 
 
 async def test_a_crashed_agent_fails_with_its_log(
