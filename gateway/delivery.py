@@ -103,6 +103,7 @@ class EventDelivery:
             box.timer = None
         delivered = await self.flush(key)
         self._outboxes.pop(key, None)
+        self._store.forget(rollout_id, attempt)
         return delivered
 
     async def flush(self, key: Key) -> int:
@@ -132,6 +133,10 @@ class EventDelivery:
             await self._store.mark_delivered(rollout_id, attempt, max(e.sequence for e in batch))
             self._metrics.delivered_events.inc(len(batch))
             self._metrics.delivery_signals.inc()
+            if not box.pending and box.timer is None and self._outboxes.get(key) is box:
+                # Nothing left: forget the box (a later call starts a new one; the delivered
+                # mark tells it there is nothing to recover), so memory follows live attempts.
+                del self._outboxes[key]
             return len(batch)
 
     async def aclose(self) -> None:

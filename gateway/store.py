@@ -73,6 +73,9 @@ class TrajectoryStore(Protocol):
     async def mark_delivered(self, rollout_id: str, attempt: int, sequence: int) -> None:
         """Remember that events up to `sequence` reached the workflow."""
 
+    def forget(self, rollout_id: str, attempt: int) -> None:
+        """The attempt has ended: drop what is cached for appending to it."""
+
 
 def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     n = min(len(a), len(b))
@@ -88,6 +91,9 @@ class _Tail:
 
     next_sequence: int = 0
     loaded: bool = False
+    # Appends holding or waiting for the lock: a tail in use is never evicted, or a fresh one
+    # would reload the file without the record being written and reuse its sequence.
+    users: int = 0
     context_ids: list[int] = field(default_factory=list)
     messages: list[Any] = field(default_factory=list)
     prompt_text: str = ""
@@ -122,6 +128,13 @@ class DirectoryTrajectoryStore:
 
     async def append(self, record: CallRecord) -> CallRecord:
         tail = self._tail(record.rollout_id, record.attempt)
+        tail.users += 1
+        try:
+            return await self._append(tail, record)
+        finally:
+            tail.users -= 1
+
+    async def _append(self, tail: _Tail, record: CallRecord) -> CallRecord:
         async with tail.lock:
             if not tail.loaded:
                 self._reload(record.rollout_id, record.attempt, tail)
@@ -176,7 +189,9 @@ class DirectoryTrajectoryStore:
 
     def forget(self, rollout_id: str, attempt: int) -> None:
         """Drop the cached tail of a finished attempt (the file stays)."""
-        self._tails.pop((rollout_id, attempt), None)
+        tail = self._tails.get((rollout_id, attempt))
+        if tail is not None and tail.users == 0:
+            del self._tails[(rollout_id, attempt)]
 
     # --- encoding ------------------------------------------------------------------------
 
@@ -272,8 +287,11 @@ class DirectoryTrajectoryStore:
         tail = self._tails.get(key)
         if tail is None:
             tail = self._tails[key] = _Tail()
-            while len(self._tails) > self._cached_attempts:
-                self._tails.popitem(last=False)
+            for old in list(self._tails):  # least recently used first
+                if len(self._tails) <= self._cached_attempts:
+                    break
+                if old != key and self._tails[old].users == 0:
+                    del self._tails[old]
         else:
             self._tails.move_to_end(key)
         return tail

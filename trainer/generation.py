@@ -88,10 +88,11 @@ class GenerationEngine:
         self.eos_ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
         self._pending: queue.Queue[Sequence | None] = queue.Queue()
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
-        self._running = threading.Event()  # set = not paused
-        self._running.set()
+        # The pause mode and the admission of a batch change together under this lock.
+        self._cond = threading.Condition()
         self.pause_mode: PauseMode | None = None
-        self._abort = threading.Event()
+        self._idle = threading.Event()  # set while no batch is being generated
+        self._idle.set()
         self._stopped = False
         self._default_generator = torch.Generator().manual_seed(seed)
         self.served = 0
@@ -103,8 +104,9 @@ class GenerationEngine:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stopped = True
-        self._running.set()
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
         self._pending.put(None)
         self._thread.join(timeout=10)
 
@@ -119,17 +121,20 @@ class GenerationEngine:
 
     def pause(self, mode: PauseMode) -> None:
         """`keep`: freeze running sequences, continue them on resume. `abort`: end them now with
-        finish_reason "abort". `wait`: let them finish. New requests wait for resume in all."""
-        self.pause_mode = mode
-        if mode == "abort":
-            self._abort.set()
-        if mode != "wait":
-            self._running.clear()
+        finish_reason "abort". `wait`: let them finish (see `wait_idle`). New requests wait for
+        resume in all three."""
+        with self._cond:
+            self.pause_mode = mode
+            self._cond.notify_all()
 
     def resume(self) -> None:
-        self.pause_mode = None
-        self._abort.clear()
-        self._running.set()
+        with self._cond:
+            self.pause_mode = None
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no batch is being generated (after `pause("wait")`: drained)."""
+        return self._idle.wait(timeout)
 
     @property
     def paused(self) -> bool:
@@ -149,7 +154,8 @@ class GenerationEngine:
             first = self._pending.get()
             if first is None:
                 continue
-            self._wait_while_paused(admitting=True)
+            if self._hold(admitting=True):
+                return  # stopped
             batch = [first]
             while len(batch) < self.max_batch:
                 try:
@@ -159,15 +165,17 @@ class GenerationEngine:
                 if nxt is not None:
                     batch.append(nxt)
             batch = [s for s in batch if not s.cancelled]
-            if batch:
-                try:
+            try:
+                if batch:
                     self._generate(batch)
-                except Exception as err:
-                    # The engine thread must outlive a failed batch; every waiter hears of it.
-                    log.exception("generation failed")
-                    for seq in batch:
-                        if seq.finish_reason is None:
-                            seq.emit(f"error: {err!r}")
+            except Exception as err:
+                # The engine thread must outlive a failed batch; every waiter hears of it.
+                log.exception("generation failed")
+                for seq in batch:
+                    if seq.finish_reason is None:
+                        seq.emit(f"error: {err!r}")
+            finally:
+                self._idle.set()
 
     def _run_commands(self) -> None:
         while True:
@@ -177,14 +185,24 @@ class GenerationEngine:
                 return
             command()
 
-    def _wait_while_paused(self, admitting: bool) -> None:
-        while not self._running.is_set() or (admitting and self.pause_mode == "wait"):
+    def _hold(self, admitting: bool) -> bool:
+        """Wait while the pause mode holds the engine; True when the sequences in flight must
+        end now (abort, or the engine stops). Before a new batch (`admitting`) any pause
+        holds; within a batch `keep` freezes, `wait` goes on and `abort` ends it. Admitting a
+        batch marks the engine busy under the same lock, so `wait_idle` never misses it."""
+        while True:
             self._run_commands()
-            if self._stopped or (not admitting and self._abort.is_set()):
-                return
-            self._running.wait(timeout=0.05)
-            if admitting and self.pause_mode == "wait":
-                self._running.clear()
+            with self._cond:
+                if self._stopped:
+                    return True
+                mode = self.pause_mode
+                if mode is None or (not admitting and mode == "wait"):
+                    if admitting:
+                        self._idle.clear()
+                    return False
+                if not admitting and mode == "abort":
+                    return True
+                self._cond.wait(timeout=0.05)
 
     def _generate(self, batch: list[Sequence]) -> None:
         model = self.model
@@ -217,10 +235,7 @@ class GenerationEngine:
             active = [i for i in active if batch[i].finish_reason is None]
             if not active:
                 break
-            self._run_commands()
-            if not self._abort.is_set() and not self._running.is_set():
-                self._wait_while_paused(admitting=False)  # `keep`: frozen until resume
-            if self._abort.is_set() or self._stopped:
+            if self._hold(admitting=False):
                 for i in active:
                     self._finish(batch[i], "abort")
                 break

@@ -44,6 +44,13 @@ from trainer.tiny_model import load_model_dir
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "darl-tiny"
+CLIENT_CLOSED = 499
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects (vLLM aborts such a request; so do we)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class BadRequest(ValueError):
@@ -151,16 +158,26 @@ class PolicyServer:
         if stream:
             body = self._stream(shape, sequences, choices, events, include_usage)
             return StreamingResponse(body, media_type="text/event-stream")
+        collecting = asyncio.ensure_future(self._drain(choices, events, n))
+        gone = asyncio.ensure_future(_client_gone(request))
         try:
-            async for _ in self._collect(choices, events, n):
-                pass
+            await asyncio.wait({collecting, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            gone.cancel()
             for seq in sequences:
-                seq.cancelled = True
+                seq.cancelled = True  # ends them at the next step if still generating
+        if not collecting.done():
+            collecting.cancel()
+            return Response(status_code=CLIENT_CLOSED)
+        collecting.result()
         self.requests.labels(endpoint, "200").inc()
         response = shape.whole(choices)
         self._log(endpoint, shape, choices)
         return JSONResponse(response)
+
+    async def _drain(self, choices: list[ChoiceState], events: asyncio.Queue, n: int) -> None:
+        async for _ in self._collect(choices, events, n):
+            pass
 
     async def _collect(
         self, choices: list[ChoiceState], events: asyncio.Queue, n: int
@@ -323,9 +340,13 @@ def create_policy_app(server: PolicyServer) -> FastAPI:
         }
 
     @app.post("/pause")
-    async def pause(mode: PauseMode = "abort") -> dict[str, Any]:
+    async def pause(mode: PauseMode = "abort", timeout: float = 600.0) -> dict[str, Any]:
+        """vLLM's meaning: `wait` answers once the requests in flight have finished."""
         server.engine.pause(mode)
-        return {"paused": True, "mode": mode}
+        drained = None
+        if mode == "wait":
+            drained = await asyncio.to_thread(server.engine.wait_idle, timeout)
+        return {"paused": True, "mode": mode, "drained": drained}
 
     @app.post("/resume")
     async def resume() -> dict[str, Any]:

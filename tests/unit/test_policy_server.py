@@ -4,6 +4,7 @@ sampling parameters, streaming, vLLM's pause modes and weight reloads."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -229,3 +230,32 @@ async def test_reload_weights_changes_the_policy_and_its_version(
     missing = await http.post("/reload_weights", json={"path": str(tmp_path / "no"), "version": 4})
     assert missing.status_code == 400
     assert (await http.get("/version")).json()["policy_version"] == 3
+
+
+async def test_pause_wait_answers_once_the_requests_in_flight_finished(
+    http: httpx.AsyncClient,
+) -> None:
+    in_flight = asyncio.create_task(chat(http, max_tokens=400, ignore_eos=True))
+    await asyncio.sleep(0.2)
+    paused = (await http.post("/pause", params={"mode": "wait"})).json()
+    assert paused["drained"] is True
+    assert in_flight.done()  # finished before the pause answered, and whole
+    assert len(in_flight.result()["choices"][0]["token_ids"]) == 400
+    held = asyncio.create_task(chat(http, max_tokens=4))
+    await asyncio.sleep(0.3)
+    assert not held.done()  # new requests wait for resume
+    await http.post("/resume")
+    assert (await asyncio.wait_for(held, 30))["choices"][0]["finish_reason"] is not None
+
+
+async def test_a_client_that_hangs_up_frees_the_engine(
+    http: httpx.AsyncClient, server: PolicyServer
+) -> None:
+    long_call = asyncio.create_task(chat(http, max_tokens=1500, ignore_eos=True))
+    await asyncio.sleep(0.3)
+    assert not server.engine.wait_idle(0)
+    long_call.cancel()  # the client closes its connection
+    with contextlib.suppress(asyncio.CancelledError):
+        await long_call
+    # 1,500 tokens take seconds; a dropped request ends at the next decode step.
+    assert await asyncio.to_thread(server.engine.wait_idle, 0.5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -143,3 +144,22 @@ def test_appending_after_a_torn_line_keeps_the_file_readable(tmp_path: Path) -> 
     read = DirectoryTrajectoryStore(tmp_path).read_sync("r1")
     assert [(r.call_id, r.sequence) for r in read] == [("c0", 0), ("c1", 1)]
     assert read[1].prompt_token_ids == [1, 2, 3]
+
+
+def test_a_tiny_tail_cache_under_concurrent_appends_keeps_sequences(tmp_path: Path) -> None:
+    """Tails are evicted and reloaded constantly here (one cached attempt, three written at
+    once, each append a thread hop with fsync): sequences must stay whole and unique."""
+    store = DirectoryTrajectoryStore(tmp_path, fsync=True, cached_attempts=1)
+
+    def record(rollout: str, call: int) -> CallRecord:
+        base = chat_record(call, [1, 2, call], [7], [{"role": "user", "content": str(call)}])
+        return replace(base, rollout_id=rollout, call_id=f"{rollout}-{call}")
+
+    async def write() -> None:
+        await asyncio.gather(*(store.append(record(f"r{i % 3}", i)) for i in range(30)))
+
+    asyncio.run(write())
+    for rollout in ("r0", "r1", "r2"):
+        read = DirectoryTrajectoryStore(tmp_path).read_sync(rollout)
+        assert [r.sequence for r in read] == list(range(10))
+        assert len({r.call_id for r in read}) == 10
