@@ -25,7 +25,8 @@ class GatewayMetrics:
         )
         self.capture_seconds = Histogram(
             "darl_gateway_capture_seconds",
-            "Time spent recording a call: 'store' (trajectory store write), 'signal' (Temporal).",
+            "Time spent recording a call: 'store' (the trajectory store write; the Temporal signal "
+            "is batched off the answer path, see darl_gateway_delivery_signals).",
             ["phase"],
             buckets=_FAST,
             registry=self.registry,

@@ -95,7 +95,6 @@ class GenerationEngine:
         self._idle.set()
         self._stopped = False
         self._default_generator = torch.Generator().manual_seed(seed)
-        self.served = 0
         self._thread = threading.Thread(target=self._run, name="darl-generation", daemon=True)
 
     # --- control (any thread) ------------------------------------------------------------
@@ -329,5 +328,4 @@ class GenerationEngine:
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.finish_reason = reason
-        self.served += 1
         seq.emit(reason)
