@@ -134,6 +134,12 @@ class DevStack:
                 str(self.home / "temporal.db"),
                 "--log-level",
                 "warn",
+                # WAL with synchronous=NORMAL survives a killed server (only a power loss can
+                # drop the last commits) and nearly halves the server's CPU per rollout.
+                "--sqlite-pragma",
+                "journal_mode=wal",
+                "--sqlite-pragma",
+                "synchronous=normal",
                 *(
                     ["--ui-port", str(self.ports.ui), "--ui-disable-news-fetch"]
                     if self.ui

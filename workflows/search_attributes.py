@@ -11,8 +11,10 @@ STATUS = SearchAttributeKey.for_keyword("DarlStatus")
 MODE = SearchAttributeKey.for_keyword("DarlMode")
 REWARD = SearchAttributeKey.for_float("DarlReward")
 POLICY_VERSION = SearchAttributeKey.for_int("DarlPolicyVersion")
+# The trainer's last applied step (TrainingWorkflow only).
+STEP = SearchAttributeKey.for_int("DarlStep")
 
-ALL: tuple[SearchAttributeKey, ...] = (RUN, GROUP, STATUS, MODE, REWARD, POLICY_VERSION)
+ALL: tuple[SearchAttributeKey, ...] = (RUN, GROUP, STATUS, MODE, REWARD, POLICY_VERSION, STEP)
 
 # The `--search-attribute Name=Type` spelling the dev server takes.
 _CLI_TYPES = {"KEYWORD": "Keyword", "DOUBLE": "Double", "INT": "Int"}

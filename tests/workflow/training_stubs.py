@@ -1,0 +1,176 @@
+"""Stub activities and a stub RolloutWorkflow for TrainingWorkflow tests on the time-skipping
+server. Named as stubs: the real ones are tested end to end in tests/integration.
+
+A stub rollout takes its behaviour from its task: `duration` seconds (plus its member index),
+`rewards` by member index, `fail_members` that end as failed_agent. It reports to the trainer
+exactly as the real RolloutWorkflow does (`rollout_finished`, also when cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from temporalio import activity, workflow
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.contracts import RolloutResult, RolloutSpec, rollout_workflow_id
+    from workflows.rollout_status import RolloutStatus
+    from workflows.training_contracts import (
+        InitializeRequest,
+        ReadTasksRequest,
+        ReadValTasksRequest,
+        RecordStepRequest,
+        RolloutLookup,
+        StartRolloutsRequest,
+        SyncRequest,
+        SyncResult,
+        TaskBatch,
+        TaskRow,
+        TrainStepRequest,
+        TrainStepResult,
+    )
+
+
+def _member(rollout_id: str) -> int:
+    return int(rollout_id.rsplit(".", 1)[1])
+
+
+@workflow.defn(name="RolloutWorkflow")
+class StubRolloutWorkflow:
+    @workflow.run
+    async def run(self, spec: RolloutSpec) -> RolloutResult:
+        k = _member(spec.rollout_id)
+        task = spec.task
+        try:
+            await workflow.sleep(timedelta(seconds=float(task.get("duration", 5)) + k))
+        except asyncio.CancelledError:
+            await self._report(spec, RolloutStatus.CANCELLED, None)
+            raise
+        if k in task.get("fail_members", []):
+            result = await self._report(spec, RolloutStatus.FAILED_AGENT, None)
+        else:
+            rewards = task.get("rewards", [0.0, 1.0])
+            result = await self._report(spec, RolloutStatus.SUCCEEDED, rewards[k % len(rewards)])
+        return result
+
+    @staticmethod
+    async def _report(spec: RolloutSpec, status: RolloutStatus, reward: float | None):
+        result = RolloutResult(
+            run_id=spec.run_id,
+            rollout_id=spec.rollout_id,
+            group_id=spec.group_id,
+            mode=spec.mode,
+            status=status,
+            reward=reward,
+            attempts=1,
+            calls=1,
+            completion_tokens=3,
+            call_ids=[f"{spec.rollout_id}-c0"],
+            policy_versions=[spec.policy_version],
+        )
+        if spec.report_to:
+            await workflow.get_external_workflow_handle(spec.report_to).signal(
+                "rollout_finished", result
+            )
+        return result
+
+
+@dataclass
+class StubTrainerActivities:
+    """Records what the trainer asked for; `tasks` is the dataset."""
+
+    client: Client
+    tasks: list[dict]
+    started: list[RolloutSpec] = field(default_factory=list)
+    steps: list[TrainStepRequest] = field(default_factory=list)
+    syncs: list[int] = field(default_factory=list)
+    records: dict[int, RecordStepRequest] = field(default_factory=dict)
+    cancelled: list[str] = field(default_factory=list)
+
+    def activities(self) -> list:
+        return [
+            self.initialize_policy,
+            self.read_tasks,
+            self.read_val_tasks,
+            self.start_rollouts,
+            self.cancel_rollouts,
+            self.check_rollouts,
+            self.train_step,
+            self.sync_weights,
+            self.record_step,
+        ]
+
+    @activity.defn
+    async def initialize_policy(self, request: InitializeRequest) -> TrainStepResult:
+        return TrainStepResult(step=0, policy_path="ckpt/step-0", metrics={}, seconds=0.0)
+
+    @activity.defn
+    async def read_tasks(self, request: ReadTasksRequest) -> TaskBatch:
+        epoch, cursor, rows = request.epoch, request.cursor, []
+        while len(rows) < request.count and epoch < request.epochs:
+            rows.append(TaskRow(epoch=epoch, position=cursor, task=self.tasks[cursor]))
+            cursor += 1
+            if cursor == len(self.tasks):
+                epoch, cursor = epoch + 1, 0
+        return TaskBatch(rows=rows, epoch=epoch, cursor=cursor, exhausted=epoch >= request.epochs)
+
+    @activity.defn
+    async def read_val_tasks(self, request: ReadValTasksRequest) -> list[TaskRow]:
+        count = min(request.validation.tasks, len(self.tasks))
+        return [TaskRow(epoch=0, position=i, task=self.tasks[i]) for i in range(count)]
+
+    @activity.defn
+    async def start_rollouts(self, request: StartRolloutsRequest) -> None:
+        for spec in request.specs:
+            try:
+                await self.client.start_workflow(
+                    "RolloutWorkflow",
+                    spec,
+                    id=rollout_workflow_id(spec.rollout_id),
+                    task_queue=request.task_queue,
+                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                )
+            except WorkflowAlreadyStartedError:
+                continue
+            self.started.append(spec)
+
+    @activity.defn
+    async def cancel_rollouts(self, rollout_ids: list[str]) -> None:
+        for rollout_id in rollout_ids:
+            self.cancelled.append(rollout_id)
+            await self.client.get_workflow_handle(rollout_workflow_id(rollout_id)).cancel()
+
+    @activity.defn
+    async def check_rollouts(self, rollout_ids: list[str]) -> list[RolloutLookup]:
+        found = []
+        for rollout_id in rollout_ids:
+            handle = self.client.get_workflow_handle(rollout_workflow_id(rollout_id))
+            described = await handle.describe()
+            if described.status == WorkflowExecutionStatus.RUNNING:
+                found.append(RolloutLookup(rollout_id=rollout_id, running=True))
+        return found
+
+    @activity.defn
+    async def train_step(self, request: TrainStepRequest) -> TrainStepResult:
+        self.steps.append(request)
+        return TrainStepResult(
+            step=request.step,
+            policy_path=f"ckpt/step-{request.step}",
+            metrics={"pg_loss": 0.1, "lr": request.learning_rate or 0.0},
+            seconds=0.01,
+        )
+
+    @activity.defn
+    async def sync_weights(self, request: SyncRequest) -> SyncResult:
+        self.syncs.append(request.policy_version)
+        return SyncResult(paused_seconds=0.05, drained=True)
+
+    @activity.defn
+    async def record_step(self, request: RecordStepRequest) -> None:
+        self.records[request.record.step] = request

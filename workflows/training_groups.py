@@ -1,0 +1,232 @@
+"""The trainer's book of GRPO groups: which rollouts are out, which groups are complete and
+trainable, and where every rollout ended up. Pure and deterministic (no Temporal calls), so
+the TrainingWorkflow's state lives in one object that survives continue-as-new as data."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from workflows.contracts import RolloutMode, RolloutResult
+from workflows.rollout_status import RolloutStatus
+from workflows.training_contracts import (
+    GroupState,
+    TrainGroup,
+    TrainingConfig,
+    TrainingState,
+    TrainMember,
+)
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    rollouts: int
+    groups: int
+    reward_mean: float
+    reward_std: float
+    success_rate: float
+    response_tokens_mean: float
+    staleness_mean: float
+
+
+def _trainable(result: RolloutResult) -> bool:
+    """Only rollouts that ended with a reward are trained: a crashed or timed-out agent is a
+    result to count, never a reward of 0 to learn from."""
+    return result.status == RolloutStatus.SUCCEEDED and result.reward is not None
+
+
+class GroupBook:
+    def __init__(self, config: TrainingConfig, state: TrainingState) -> None:
+        self.config = config
+        self.state = state
+        self._owner: dict[str, str] = {
+            rollout_id: group.group_id
+            for group in state.groups.values()
+            for rollout_id in group.pending
+        }
+
+    # --- rollouts going out and coming back -----------------------------------------------
+
+    def add_group(self, group: GroupState) -> None:
+        self.state.groups[group.group_id] = group
+        for rollout_id in group.pending:
+            self._owner[rollout_id] = group.group_id
+        self.state.counters.rollouts_started += len(group.pending)
+
+    def pending_rollouts(self) -> list[str]:
+        return list(self._owner)
+
+    def inflight(self, mode: RolloutMode | None = None) -> int:
+        return sum(
+            len(g.pending) for g in self.state.groups.values() if mode is None or g.mode == mode
+        )
+
+    def inflight_groups(self, mode: RolloutMode = RolloutMode.TRAIN) -> int:
+        return sum(1 for g in self.state.groups.values() if g.pending and g.mode == mode)
+
+    def record(self, result: RolloutResult) -> None:
+        """A rollout's report. Duplicates (a retried signal) and strangers are counted."""
+        counters = self.state.counters
+        group_id = self._owner.pop(result.rollout_id, None)
+        if group_id is None:
+            group = self.state.groups.get(result.group_id)
+            if group is not None and any(r.rollout_id == result.rollout_id for r in group.results):
+                counters.duplicate_reports += 1
+            else:
+                counters.unknown_reports += 1
+            return
+        group = self.state.groups[group_id]
+        group.pending.remove(result.rollout_id)
+        group.results.append(result)
+        if result.status == RolloutStatus.CANCELLED:
+            counters.rollouts_cancelled += 1
+        elif not _trainable(result):
+            counters.rollouts_failed += 1
+        if not group.pending:
+            self._complete(group)
+
+    def _complete(self, group: GroupState) -> None:
+        counters = self.state.counters
+        good = [r for r in group.results if _trainable(r)]
+        if group.mode == RolloutMode.VAL:
+            counters.rollouts_validated += len(good)
+            self._note_val(group.step)
+            return
+        rewards = {r.reward for r in good}
+        if self._stale(group):
+            self._drop(group, "stale")
+        elif len(good) < self.config.least_group_size:
+            self._drop(group, "small")
+        elif len(rewards) == 1 and self.config.equal_reward_groups == "drop":
+            self._drop(group, "equal")
+        else:
+            self.state.ready.append(group.group_id)
+
+    def _drop(self, group: GroupState, why: str) -> None:
+        counters = self.state.counters
+        good = sum(1 for r in group.results if _trainable(r))
+        counters.rollouts_in_dropped_groups += good
+        if why == "small":
+            counters.groups_dropped_small += 1
+        elif why == "equal":
+            counters.groups_dropped_equal += 1
+        else:
+            counters.groups_dropped_stale += 1
+        self.state.groups.pop(group.group_id, None)
+
+    def close(self) -> None:
+        """The run ends: what is complete but untrained is counted as left over."""
+        for group in list(self.state.groups.values()):
+            if not group.pending:
+                self.state.counters.rollouts_left_over += sum(
+                    1 for r in group.results if _trainable(r)
+                )
+                del self.state.groups[group.group_id]
+        self.state.ready.clear()
+
+    def accounted(self) -> int:
+        """Rollouts whose end is counted; equals `rollouts_started` once nothing is out."""
+        c = self.state.counters
+        return (
+            c.rollouts_trained
+            + c.rollouts_in_dropped_groups
+            + c.rollouts_failed
+            + c.rollouts_cancelled
+            + c.rollouts_validated
+            + c.rollouts_left_over
+        )
+
+    # --- validation -----------------------------------------------------------------------
+
+    def _note_val(self, step: int) -> None:
+        """A validation step is done when its last group is (complete groups wait in the
+        state until then); its outcome joins the step's record, to be written again."""
+        groups = [
+            g for g in self.state.groups.values() if g.mode == RolloutMode.VAL and g.step == step
+        ]
+        if any(g.pending for g in groups):
+            return
+        results = [r for g in groups for r in g.results]
+        for group in groups:
+            del self.state.groups[group.group_id]
+        rewards = [float(r.reward or 0.0) for r in results if _trainable(r)]
+        successes = sum(1 for x in rewards if x >= self.config.success_threshold)
+        for i, record in enumerate(self.state.recent_steps):
+            if record.step == step:
+                updated = record.model_copy(
+                    update={
+                        "val_reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+                        "val_success_rate": successes / len(results) if results else 0.0,
+                    }
+                )
+                self.state.recent_steps[i] = updated
+                self.state.unwritten_records.append(updated)
+
+    def validating(self) -> bool:
+        return any(g.mode == RolloutMode.VAL and g.pending for g in self.state.groups.values())
+
+    # --- batches --------------------------------------------------------------------------
+
+    def drop_stale(self) -> None:
+        """Ready groups older than `max_staleness` versions carry an off-policy signal too
+        weak to keep (sync mode keeps none from an earlier version)."""
+        for group_id in list(self.state.ready):
+            group = self.state.groups[group_id]
+            if self._stale(group):
+                self.state.ready.remove(group_id)
+                self._drop(group, "stale")
+
+    def _stale(self, group: GroupState) -> bool:
+        limit = 0 if self.config.mode == "sync" else self.state.knobs.max_staleness
+        return self.state.policy_version - group.policy_version > limit
+
+    def batch_ready(self) -> bool:
+        return len(self.state.ready) >= self.config.batch_size
+
+    def take_batch(self) -> tuple[list[TrainGroup], BatchStats]:
+        """The oldest `batch_size` ready groups, out of the book."""
+        taken = [self.state.groups.pop(g) for g in self.state.ready[: self.config.batch_size]]
+        del self.state.ready[: self.config.batch_size]
+        groups: list[TrainGroup] = []
+        results: list[RolloutResult] = []
+        for group in taken:
+            good = [r for r in group.results if _trainable(r)]
+            results += good
+            groups.append(
+                TrainGroup(
+                    group_id=group.group_id,
+                    members=[
+                        TrainMember(
+                            rollout_id=r.rollout_id,
+                            attempt=r.attempts,
+                            call_ids=r.call_ids,
+                            reward=float(r.reward or 0.0),
+                        )
+                        for r in good
+                    ],
+                )
+            )
+        self.state.counters.rollouts_trained += len(results)
+        self.state.counters.groups_trained += len(groups)
+        rewards = [float(r.reward or 0.0) for r in results]
+        versions = {g.group_id: g.policy_version for g in taken}
+        stats = BatchStats(
+            rollouts=len(results),
+            groups=len(groups),
+            reward_mean=statistics.fmean(rewards) if rewards else 0.0,
+            reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+            success_rate=(
+                sum(1 for x in rewards if x >= self.config.success_threshold) / len(rewards)
+                if rewards
+                else 0.0
+            ),
+            response_tokens_mean=(
+                statistics.fmean(r.completion_tokens for r in results) if results else 0.0
+            ),
+            staleness_mean=statistics.fmean(
+                self.state.policy_version - versions[g.group_id] for g in groups
+            )
+            if groups
+            else 0.0,
+        )
+        return groups, stats

@@ -1,0 +1,498 @@
+"""TrainingWorkflow: one RL training run, durable from the first rollout to the last step.
+
+Reads as the story of a run: put the initial policy on the servers, keep rollouts going (a
+feeder), and whenever a batch of complete groups is ready, train a step, sync the weights and
+bump the policy version. Rollouts report back by signal on the run's workflow id, so a report
+reaches whichever run of a continue-as-new chain is current (rule 6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows import search_attributes as sa
+    from workflows.contracts import RolloutMode, RolloutResult, RolloutSpec
+    from workflows.training_contracts import (
+        GroupState,
+        InitializeRequest,
+        Knobs,
+        KnobUpdate,
+        ReadTasksRequest,
+        ReadValTasksRequest,
+        RecordStepRequest,
+        RolloutLookup,
+        StartRolloutsRequest,
+        StepRecord,
+        StopRequest,
+        SyncRequest,
+        SyncResult,
+        TaskBatch,
+        TaskRow,
+        TrainingConfig,
+        TrainingMode,
+        TrainingPhase,
+        TrainingProgress,
+        TrainingState,
+        TrainingSummary,
+        TrainStepRequest,
+        TrainStepResult,
+    )
+    from workflows.training_groups import BatchStats, GroupBook
+
+INITIALIZE_POLICY = "initialize_policy"
+READ_TASKS = "read_tasks"
+READ_VAL_TASKS = "read_val_tasks"
+START_ROLLOUTS = "start_rollouts"
+CANCEL_ROLLOUTS = "cancel_rollouts"
+CHECK_ROLLOUTS = "check_rollouts"
+TRAIN_STEP = "train_step"
+SYNC_WEIGHTS = "sync_weights"
+RECORD_STEP = "record_step"
+
+ROLLOUT_FINISHED_SIGNAL = "rollout_finished"
+
+# Errors no retry can fix: a bad dataset or config, a step that does not follow the last one.
+TRAINING_CONFIG_ERROR = "TrainingConfigError"
+
+QUICK = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=30),
+    non_retryable_error_types=[TRAINING_CONFIG_ERROR],
+)
+RECENT_STEPS = 50
+
+
+@workflow.defn(name="TrainingWorkflow")
+class TrainingWorkflow:
+    @workflow.init
+    def __init__(self, config: TrainingConfig) -> None:
+        self._config = config.model_copy(update={"carried_state": None})
+        self._state = config.carried_state or TrainingState(knobs=config.knobs)
+        self._book = GroupBook(config, self._state)
+        self._phase = TrainingPhase.STARTING
+        self._closing = False
+        self._feeder: asyncio.Task[None] | None = None
+
+    # --- the story ---------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, config: TrainingConfig) -> TrainingSummary:
+        if not self._state.started_at:
+            self._state.started_at = self._state.last_step_at = workflow.time()
+        self._publish()
+        if not self._state.initialized:
+            await self._initialize()
+        self._feeder = asyncio.create_task(self._feed())
+        while True:
+            await self._flush_records()
+            move = await self._next_move()
+            if move == "train":
+                await self._train_step()
+            elif move == "continue":
+                await self._continue_as_new()
+            elif move != "wait":
+                return await self._finish(move)
+
+    async def _initialize(self) -> None:
+        """Put the starting policy (step 0, or the latest checkpoint of a run restarted with
+        the same id) on the policy servers, so every rollout of the run knows what it ran."""
+        start = await workflow.execute_activity(
+            INITIALIZE_POLICY,
+            InitializeRequest(
+                run_id=self._config.run_id,
+                run_dir=self._config.run_dir,
+                backend=self._config.backend,
+            ),
+            result_type=TrainStepResult,
+            start_to_close_timeout=timedelta(minutes=10),
+            retry_policy=QUICK,
+        )
+        await self._sync(start.policy_path, start.step)
+        self._state.step = self._state.policy_version = start.step
+        self._state.initialized = True
+        self._publish()
+
+    async def _next_move(self) -> str:
+        """Wait until there is something to do: train, continue as new, or finish (the
+        reason). A long silence from rollouts makes the trainer look them up."""
+        try:
+            await workflow.wait_condition(
+                lambda: self._move() != "wait" or bool(self._state.unwritten_records),
+                timeout=timedelta(seconds=self._config.reconcile_after_seconds),
+            )
+        except TimeoutError:
+            await self._reconcile()
+        return self._move()
+
+    def _move(self) -> str:
+        state, book = self._state, self._book
+        if state.stop_requested:
+            return "stopped by request"
+        total = self._config.total_steps
+        if total is not None and state.step >= total:
+            return f"completed {total} steps"
+        if state.paused:
+            return "wait"
+        if self._continue_as_new_due():
+            return "continue"
+        if book.batch_ready():
+            return "train"
+        if state.dataset_exhausted and not book.inflight():
+            return "train" if state.ready else "dataset exhausted"
+        return "wait"
+
+    async def _train_step(self) -> None:
+        state = self._state
+        self._phase = TrainingPhase.TRAINING
+        groups, stats = self._book.take_batch()
+        step = state.step + 1
+        trained = await workflow.execute_activity(
+            TRAIN_STEP,
+            TrainStepRequest(
+                run_id=self._config.run_id,
+                run_dir=self._config.run_dir,
+                step=step,
+                backend=self._config.backend,
+                aggregation=self._config.aggregation,
+                groups=groups,
+                learning_rate=state.knobs.learning_rate,
+            ),
+            result_type=TrainStepResult,
+            start_to_close_timeout=timedelta(hours=2),
+            # A trainer worker that dies mid-step is noticed by its missing heartbeat; the
+            # retry resumes from the last checkpoint and never applies a step twice (rule 5).
+            heartbeat_timeout=timedelta(seconds=self._config.train_heartbeat_seconds),
+            retry_policy=QUICK,
+        )
+        self._phase = TrainingPhase.SYNCING
+        synced = await self._sync(trained.policy_path, step)
+        state.step = state.policy_version = step
+        self._book.drop_stale()
+        await self._record(self._step_record(step, stats, trained, synced))
+        self._phase = TrainingPhase.ROLLING_OUT
+        every = self._config.validation.every_steps
+        if every and step % every == 0:
+            await self._start_validation(step)
+
+    async def _sync(self, policy_path: str, version: int) -> SyncResult:
+        return await workflow.execute_activity(
+            SYNC_WEIGHTS,
+            SyncRequest(
+                weight_sync=self._config.weight_sync,
+                policy_path=policy_path,
+                policy_version=version,
+            ),
+            result_type=SyncResult,
+            start_to_close_timeout=timedelta(
+                seconds=self._config.weight_sync.drain_timeout_seconds + 300
+            ),
+            retry_policy=QUICK,
+        )
+
+    async def _finish(self, reason: str) -> TrainingSummary:
+        """No new rollouts; the ones out finish (within the grace) or are cancelled. Every
+        step is already checkpointed, so the summary is all that is left to write."""
+        self._phase = TrainingPhase.STOPPING
+        await self._stop_feeding()
+        grace = self._config.stop_grace_seconds
+        if self._book.inflight() and grace and not self._state.stop_cancels_inflight:
+            await self._wait_for_rollouts(grace)
+        pending = self._book.pending_rollouts()
+        if pending:
+            await workflow.execute_activity(
+                CANCEL_ROLLOUTS,
+                pending,
+                start_to_close_timeout=timedelta(minutes=5),
+                retry_policy=QUICK,
+            )
+            await self._wait_for_rollouts(120)
+        self._book.close()
+        self._phase = TrainingPhase.FINISHED
+        self._publish()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        state = self._state
+        return TrainingSummary(
+            run_id=self._config.run_id,
+            steps=state.step,
+            policy_version=state.policy_version,
+            stopped=state.stop_requested,
+            reason=reason,
+            counters=state.counters,
+            last=state.recent_steps[-1] if state.recent_steps else None,
+            run_dir=self._config.run_dir,
+        )
+
+    async def _wait_for_rollouts(self, seconds: float) -> None:
+        try:
+            await workflow.wait_condition(
+                lambda: not self._book.inflight(), timeout=timedelta(seconds=seconds)
+            )
+        except TimeoutError:
+            await self._reconcile()
+
+    async def _continue_as_new(self) -> None:
+        """Hand the state to a fresh run: nothing is out mid-start, every handler is done;
+        rollouts still running report to the workflow id and reach the next run."""
+        await self._stop_feeding()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        self._state.runs += 1
+        workflow.continue_as_new(self._config.model_copy(update={"carried_state": self._state}))
+
+    def _continue_as_new_due(self) -> bool:
+        info = workflow.info()
+        return (
+            info.is_continue_as_new_suggested()
+            or info.get_current_history_length() >= self._config.continue_as_new_after_events
+        )
+
+    # --- the feeder: keeps rollouts going ----------------------------------------------
+
+    async def _feed(self) -> None:
+        while True:
+            await workflow.wait_condition(lambda: self._closing or self._room() > 0)
+            if self._closing:
+                return
+            batch = await workflow.execute_activity(
+                READ_TASKS,
+                ReadTasksRequest(
+                    dataset=self._config.dataset,
+                    epoch=self._state.epoch,
+                    cursor=self._state.cursor,
+                    count=self._room(),
+                    epochs=self._config.epochs,
+                ),
+                result_type=TaskBatch,
+                start_to_close_timeout=timedelta(minutes=5),
+                retry_policy=QUICK,
+            )
+            self._state.epoch, self._state.cursor = batch.epoch, batch.cursor
+            self._state.dataset_exhausted = batch.exhausted
+            await self._start_groups(batch.rows, RolloutMode.TRAIN, self._config.group_size)
+            if batch.exhausted:
+                return
+
+    def _room(self) -> int:
+        """How many more train groups may start now."""
+        state, config, book = self._state, self._config, self._book
+        total = config.total_steps
+        if state.paused or state.stop_requested or state.dataset_exhausted:
+            return 0
+        if total is not None and state.step >= total:
+            return 0
+        if config.mode == TrainingMode.SYNC:
+            # On-policy: one batch at a time, rolled out by the policy it will train.
+            if self._phase in (TrainingPhase.TRAINING, TrainingPhase.SYNCING):
+                return 0
+            if book.validating():
+                return 0
+            return config.batch_size - book.inflight_groups() - len(state.ready)
+        return (state.knobs.max_inflight - book.inflight(RolloutMode.TRAIN)) // config.group_size
+
+    async def _start_groups(self, rows: list[TaskRow], mode: RolloutMode, size: int) -> None:
+        """Book the groups first, then start their rollouts (idempotent by workflow id), so a
+        report can never arrive for a rollout the book does not know."""
+        specs: list[RolloutSpec] = []
+        for row in rows:
+            # Unique in the run: a task's place in its epoch, or the step it validates.
+            where = f"v{self._state.step}" if mode == RolloutMode.VAL else f"e{row.epoch}"
+            group_id = f"{self._config.run_id}.{where}.t{row.position}"
+            rollout_ids = [f"{group_id}.{k}" for k in range(size)]
+            self._book.add_group(
+                GroupState(
+                    group_id=group_id,
+                    mode=mode,
+                    step=self._state.step,
+                    policy_version=self._state.policy_version,
+                    pending=rollout_ids,
+                    started_at=workflow.time(),
+                )
+            )
+            specs += [self._rollout_spec(rid, group_id, row.task, mode) for rid in rollout_ids]
+        if specs:
+            await workflow.execute_activity(
+                START_ROLLOUTS,
+                StartRolloutsRequest(task_queue=self._config.rollout.task_queue, specs=specs),
+                start_to_close_timeout=timedelta(minutes=5),
+                retry_policy=QUICK,
+            )
+
+    def _rollout_spec(self, rollout_id: str, group_id: str, task: dict, mode: RolloutMode):
+        rollout = self._config.rollout
+        return RolloutSpec(
+            run_id=self._config.run_id,
+            rollout_id=rollout_id,
+            group_id=group_id,
+            task=task,
+            mode=mode,
+            agent=rollout.agent,
+            reward=rollout.reward,
+            timeouts=rollout.timeouts,
+            policy_version=self._state.policy_version,
+            max_attempts=rollout.max_attempts,
+            report_to=workflow.info().workflow_id,
+        )
+
+    async def _stop_feeding(self) -> None:
+        self._closing = True
+        if self._feeder is not None:
+            await self._feeder
+
+    # --- validation and bookkeeping ----------------------------------------------------
+
+    async def _start_validation(self, step: int) -> None:
+        self._phase = TrainingPhase.VALIDATING
+        rows = await workflow.execute_activity(
+            READ_VAL_TASKS,
+            ReadValTasksRequest(dataset=self._config.dataset, validation=self._config.validation),
+            result_type=list[TaskRow],
+            start_to_close_timeout=timedelta(minutes=5),
+            retry_policy=QUICK,
+        )
+        await self._start_groups(rows, RolloutMode.VAL, 1)
+        self._phase = TrainingPhase.ROLLING_OUT
+
+    async def _record(self, record: StepRecord) -> None:
+        state = self._state
+        state.recent_steps = [*state.recent_steps, record][-RECENT_STEPS:]
+        state.last_step_at = record.time
+        state.unwritten_records.append(record)
+        await self._flush_records()
+        self._publish()
+
+    async def _flush_records(self) -> None:
+        """Write step records (and their validation results, which come later) to disk."""
+        state = self._state
+        while state.unwritten_records:
+            await workflow.execute_activity(
+                RECORD_STEP,
+                RecordStepRequest(
+                    run_id=self._config.run_id,
+                    run_dir=self._config.run_dir,
+                    record=state.unwritten_records[0],
+                ),
+                start_to_close_timeout=timedelta(minutes=1),
+                retry_policy=QUICK,
+            )
+            state.unwritten_records.pop(0)
+
+    def _step_record(
+        self, step: int, stats: BatchStats, trained: TrainStepResult, synced: SyncResult
+    ) -> StepRecord:
+        now = workflow.time()
+        minutes = max(now - self._state.last_step_at, 1e-6) / 60
+        return StepRecord(
+            step=step,
+            policy_version=step,
+            time=now,
+            rollouts=stats.rollouts,
+            groups=stats.groups,
+            reward_mean=stats.reward_mean,
+            reward_std=stats.reward_std,
+            success_rate=stats.success_rate,
+            response_tokens_mean=stats.response_tokens_mean,
+            staleness_mean=stats.staleness_mean,
+            paused_seconds=synced.paused_seconds,
+            rollouts_per_minute=stats.rollouts / minutes,
+            train_seconds=trained.seconds,
+            trainer=trained.metrics,
+        )
+
+    async def _reconcile(self) -> None:
+        """Look up rollouts not heard from: one that ended without its report reaching us
+        (terminated by hand, a report lost) is recorded from what Temporal knows of it."""
+        pending = self._book.pending_rollouts()
+        if not pending:
+            return
+        found = await workflow.execute_activity(
+            CHECK_ROLLOUTS,
+            pending,
+            result_type=list[RolloutLookup],
+            start_to_close_timeout=timedelta(minutes=5),
+            retry_policy=QUICK,
+        )
+        for lookup in found:
+            if lookup.result is not None:
+                self._state.counters.reconciled_rollouts += 1
+                self._book.record(lookup.result)
+
+    def _publish(self) -> None:
+        state = self._state
+        last = state.recent_steps[-1] if state.recent_steps else None
+        workflow.upsert_search_attributes(
+            [
+                sa.RUN.value_set(self._config.run_id),
+                sa.MODE.value_set("trainer"),
+                sa.STATUS.value_set(self._phase.value),
+                sa.STEP.value_set(state.step),
+                sa.POLICY_VERSION.value_set(state.policy_version),
+                *([sa.REWARD.value_set(last.reward_mean)] if last else []),
+            ]
+        )
+
+    # --- signals, updates, queries -----------------------------------------------------
+
+    @workflow.signal(name=ROLLOUT_FINISHED_SIGNAL)
+    def rollout_finished(self, result: RolloutResult) -> None:
+        self._book.record(result)
+
+    @workflow.signal
+    def pause(self) -> None:
+        self._state.paused = True
+
+    @workflow.signal
+    def resume(self) -> None:
+        self._state.paused = False
+
+    @workflow.signal
+    def stop(self, request: StopRequest | None = None) -> None:
+        self._state.stop_requested = True
+        self._state.stop_cancels_inflight = (request or StopRequest()).cancel_inflight
+
+    @workflow.update
+    def update_knobs(self, update: KnobUpdate) -> Knobs:
+        changes = update.model_dump(exclude_none=True)
+        self._state.knobs = self._state.knobs.model_copy(update=changes)
+        return self._state.knobs
+
+    @update_knobs.validator
+    def _check_knobs(self, update: KnobUpdate) -> None:
+        if not update.model_dump(exclude_none=True):
+            raise ApplicationError("the update changes no knob")
+        inflight = update.max_inflight
+        if inflight is not None and inflight < self._config.group_size:
+            raise ApplicationError(
+                f"max_inflight {inflight} cannot hold one group of {self._config.group_size}"
+            )
+        if self._state.stop_requested:
+            raise ApplicationError("the run is stopping")
+
+    @workflow.query
+    def status(self) -> TrainingProgress:
+        state = self._state
+        phase = TrainingPhase.PAUSED if state.paused else self._phase
+        return TrainingProgress(
+            run_id=self._config.run_id,
+            phase=phase,
+            step=state.step,
+            policy_version=state.policy_version,
+            epoch=state.epoch,
+            cursor=state.cursor,
+            inflight_rollouts=self._book.inflight(),
+            ready_groups=len(state.ready),
+            paused=state.paused,
+            knobs=state.knobs,
+            counters=state.counters,
+            runs=state.runs,
+            history_length=workflow.info().get_current_history_length(),
+            last=state.recent_steps[-1] if state.recent_steps else None,
+        )
+
+    @workflow.query
+    def metrics(self) -> list[StepRecord]:
+        return list(self._state.recent_steps)
