@@ -84,6 +84,9 @@ def policy_server(
     model_dir: Annotated[Path, typer.Option(help="Created from a seed if missing.")] = Path(
         ".darl/models/tiny"
     ),
+    model: Annotated[
+        str, typer.Option(help="Preset the model dir is created from: tiny or digits.")
+    ] = "tiny",
     model_name: str = "darl-tiny",
     max_batch: int = 32,
     threads: Annotated[int, typer.Option(help="torch CPU threads.")] = 1,
@@ -98,12 +101,18 @@ def policy_server(
     import torch
 
     from trainer.policy_server import PolicyServer, create_policy_app
-    from trainer.tiny_model import create_model_dir
+    from trainer.tiny_model import MODEL_PRESETS, create_model_dir
 
+    if model not in MODEL_PRESETS:
+        raise typer.BadParameter(f"--model must be one of {sorted(MODEL_PRESETS)}")
     torch.set_num_threads(threads)
     configure_tracing("darl-policy-server")
     server = PolicyServer(
-        create_model_dir(model_dir), model_name, max_batch, seed, response_log=response_log
+        create_model_dir(model_dir, MODEL_PRESETS[model]),
+        model_name,
+        max_batch,
+        seed,
+        response_log=response_log,
     )
 
     async def main(stop: asyncio.Event) -> None:
@@ -226,11 +235,22 @@ def dev(
     ui_port: int = 8233,
     gateway_port: int = 8100,
     policy_port: int = 8200,
+    agent_port: int = 8300,
     ui: Annotated[bool, typer.Option(help="Serve the Temporal Web UI.")] = True,
+    model: Annotated[str, typer.Option(help="Policy model preset: tiny or digits.")] = "tiny",
+    agent_service: Annotated[
+        str | None, typer.Option(help="Also host this module:app agent HTTP service.")
+    ] = None,
 ) -> None:
     """Start the embedded stack and keep it up until Ctrl-C."""
     _setup_logging()
-    stack = DevStack(home, DevPorts(temporal_port, ui_port, gateway_port, policy_port), ui=ui)
+    stack = DevStack(
+        home,
+        DevPorts(temporal_port, ui_port, gateway_port, policy_port, agent_port),
+        ui=ui,
+        model=model,
+        agent_service=agent_service,
+    )
     stopped = False
 
     def on_signal(signum: int, _: object) -> None:
@@ -245,7 +265,9 @@ def dev(
         if stack.ui_url:
             typer.echo(f"Web UI        {stack.ui_url}")
         typer.echo(f"Gateway       {stack.gateway_url}")
-        typer.echo(f"Policy server {stack.policy_url}")
+        typer.echo(f"Policy server {stack.policy_url} (model {stack.model_dir})")
+        if agent_service:
+            typer.echo(f"Agent service {stack.agent_service_url}")
         typer.echo(f"Logs          {stack.home / 'logs'}")
         typer.echo("Ctrl-C stops everything.")
         while not stopped:
@@ -258,18 +280,25 @@ def dev(
 @app.command()
 def demo(
     home: Home = Path(".darl"),
-    rollouts: int = 12,
+    steps: Annotated[int | None, typer.Option(help="Override the demo's step count.")] = None,
     temporal_port: int = 7233,
     ui_port: int = 8233,
     gateway_port: int = 8100,
     policy_port: int = 8200,
+    agent_port: int = 8300,
 ) -> None:
-    """Start the stack, run a batch of example rollouts, print what happened, stop."""
+    """Start the stack, train the tiny digits model with RL while you watch, stop."""
     _setup_logging()
-    from deploy.demo import run_demo
+    logging.getLogger().setLevel(logging.WARNING)
+    from deploy.demo import AGENT_SERVICE, run_demo
 
-    stack = DevStack(home, DevPorts(temporal_port, ui_port, gateway_port, policy_port))
-    raise typer.Exit(run_demo(stack, rollouts))
+    stack = DevStack(
+        home,
+        DevPorts(temporal_port, ui_port, gateway_port, policy_port, agent_port),
+        model="digits",
+        agent_service=AGENT_SERVICE,
+    )
+    raise typer.Exit(run_demo(stack, steps))
 
 
 @app.command()
@@ -310,6 +339,9 @@ def rollout(
 
 
 def main() -> None:
+    from deploy.training_cli import register
+
+    register(app)
     app()
 
 

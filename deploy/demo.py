@@ -1,136 +1,131 @@
-"""`make demo` (until training lands): the embedded stack runs a batch of example rollouts of
-real OpenAI-SDK agents through the capturing gateway against the tiny reference model, then
-shows what each rollout did and where to look, and stops the stack."""
+"""`make demo`: DARL's main job on the embedded stack. The tiny "digits" model learns to copy
+digit strings with GRPO, from scratch, through real agents (an agent HTTP service) behind the
+capturing gateway; the run is a TrainingWorkflow you can watch, pause and stop."""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import statistics
 import time
 from pathlib import Path
-from urllib.parse import quote
 
 from rich.console import Console
-from rich.table import Table
 
-import examples.arithmetic
+import examples.digits
 from deploy.devstack import DevStack
-from workflows.contracts import (
-    ROLLOUT_TASK_QUEUE,
-    LocalAgentSpec,
-    RewardSpec,
-    RolloutResult,
-    RolloutSpec,
-    RolloutTimeouts,
-    rollout_workflow_id,
-)
-from workflows.rollout_status import RolloutStatus
-from workflows.rollout_workflow import RolloutWorkflow
+from deploy.progress import follow, web_ui_link
+from deploy.training_cli import load_config
+from trainer.run_files import plot_rewards, read_metrics
+from workflows.contracts import TRAINER_TASK_QUEUE
 from workflows.temporal_connection import connect
+from workflows.training_contracts import (
+    StepRecord,
+    TrainingConfig,
+    TrainingSummary,
+    training_workflow_id,
+)
 
-TASKS = Path(examples.arithmetic.__file__).parent / "tasks.jsonl"
-AGENTS = {
-    "single-turn": ("examples.arithmetic.agent", {}),
-    "calculator": ("examples.arithmetic.calculator_agent", {}),
-    "calculator-stream": ("examples.arithmetic.calculator_agent", {"AGENT_STREAM": "1"}),
-}
-
-
-def demo_specs(run_id: str, count: int) -> list[tuple[str, RolloutSpec]]:
-    tasks = [json.loads(line) for line in TASKS.read_text().splitlines()]
-    names = list(AGENTS)
-    specs = []
-    for i in range(count):
-        name = names[i % len(names)]
-        module, env = AGENTS[name]
-        task = tasks[i % len(tasks)]
-        specs.append(
-            (
-                name,
-                RolloutSpec(
-                    run_id=run_id,
-                    rollout_id=f"{run_id}-{i:03d}",
-                    group_id=task["id"],
-                    task=task,
-                    agent=LocalAgentSpec(command=["{python}", "-m", module], env=env),
-                    reward=RewardSpec(function="numeric_match"),
-                    timeouts=RolloutTimeouts(agent_seconds=120, heartbeat_seconds=10),
-                ),
-            )
-        )
-    return specs
+DEMO_CONFIG = Path(examples.digits.__file__).parent / "train.yaml"
+AGENT_SERVICE = "examples.digits.agent_service:app"
 
 
-async def run_batch(stack: DevStack, specs: list[RolloutSpec]) -> list[RolloutResult]:
+def demo_config(stack: DevStack, run_id: str, steps: int | None) -> TrainingConfig:
+    config = load_config(DEMO_CONFIG, run_id)
+    updates: dict = {
+        "backend": config.backend.model_copy(update={"model_dir": str(stack.model_dir)}),
+        "weight_sync": config.weight_sync.model_copy(
+            update={"gateway_admin_url": stack.gateway_url, "policy_servers": [stack.policy_url]}
+        ),
+        "rollout": config.rollout.model_copy(
+            update={
+                "agent": config.rollout.agent.model_copy(
+                    update={"url": f"{stack.agent_service_url}/rollouts"}
+                )
+            }
+        ),
+    }
+    if steps is not None:
+        updates["total_steps"] = steps
+    return config.model_copy(update=updates)
+
+
+async def train(stack: DevStack, config: TrainingConfig, console: Console) -> TrainingSummary:
     client = await connect(stack.temporal)
-    handles = [
-        await client.start_workflow(
-            RolloutWorkflow.run,
-            spec,
-            id=rollout_workflow_id(spec.rollout_id),
-            task_queue=ROLLOUT_TASK_QUEUE,
-        )
-        for spec in specs
-    ]
-    return [await asyncio.wait_for(handle.result(), 300) for handle in handles]
-
-
-def show(
-    console: Console,
-    run_id: str,
-    named: list[tuple[str, RolloutSpec]],
-    results: list[RolloutResult],
-    stack: DevStack,
-    seconds: float,
-) -> None:
-    table = Table(title=f"DARL demo run {run_id}")
-    for column in ("rollout", "agent", "status", "reward", "calls", "tokens", "seconds"):
-        table.add_column(
-            column,
-            justify="right" if column in {"reward", "calls", "tokens", "seconds"} else "left",
-        )
-    for (agent, _), result in zip(named, results, strict=True):
-        style = "green" if result.status == RolloutStatus.SUCCEEDED else "red"
-        table.add_row(
-            result.rollout_id.removeprefix(f"{run_id}-"),
-            agent,
-            f"[{style}]{result.status.value}[/{style}]",
-            "-" if result.reward is None else f"{result.reward:g}",
-            str(result.calls),
-            str(result.prompt_tokens + result.completion_tokens),
-            f"{result.duration_seconds:.1f}",
-        )
-    console.print(table)
-    succeeded = [r for r in results if r.status == RolloutStatus.SUCCEEDED]
-    calls = sum(r.calls for r in results)
-    rewards = [r.reward for r in succeeded if r.reward is not None]
-    console.print(
-        f"{len(succeeded)}/{len(results)} rollouts succeeded in {seconds:.1f}s; "
-        f"{calls} model calls captured with their token ids under "
-        f"{stack.home / 'trajectories'}; mean reward "
-        f"{(sum(rewards) / len(rewards)) if rewards else 0:.2f} (the tiny model is untrained)."
+    handle = await client.start_workflow(
+        "TrainingWorkflow",
+        config,
+        id=training_workflow_id(config.run_id),
+        task_queue=TRAINER_TASK_QUEUE,
+        result_type=TrainingSummary,
     )
     if stack.ui_url:
-        query = quote(f'DarlRun="{run_id}"')
+        console.print(f"Web UI: {web_ui_link(stack.ui_url, handle.id)}", soft_wrap=True)
+    console.print(
+        f"pause/resume/stop it from another shell: darl pause {config.run_id}", soft_wrap=True
+    )
+    return await follow(handle, console)
+
+
+def report(
+    console: Console,
+    summary: TrainingSummary,
+    records: list[StepRecord],
+    seconds: float,
+    run_dir: Path,
+) -> None:
+    c = summary.counters
+    first, last = records[:3], records[-3:]
+    console.print(
+        f"\n[bold]{summary.run_id}[/bold]: {summary.steps} steps in {seconds:.0f}s "
+        f"({summary.reason})"
+    )
+    if records:
         console.print(
-            f"Web UI: {stack.ui_url}/namespaces/default/workflows?query={query}", soft_wrap=True
+            f"reward {statistics.fmean(r.reward_mean for r in first):.3f} (first 3 steps) -> "
+            f"{statistics.fmean(r.reward_mean for r in last):.3f} (last 3); exact copies "
+            f"{statistics.fmean(r.success_rate for r in first):.0%} -> "
+            f"{statistics.fmean(r.success_rate for r in last):.0%}"
         )
-    console.print(f"Logs: {stack.home / 'logs'}", soft_wrap=True)
+        paused = statistics.fmean(r.paused_seconds for r in records)
+        trained = statistics.fmean(r.train_seconds for r in records)
+        console.print(
+            f"weight sync paused the gateway {paused:.3f}s per step on average; "
+            f"train_step took {trained:.2f}s"
+        )
+    console.print(
+        f"{c.rollouts_started} rollouts started ({c.rollouts_started / seconds:.1f} rollouts/s): "
+        f"{c.rollouts_trained} trained, {c.rollouts_in_dropped_groups} in dropped groups "
+        f"({c.groups_dropped_equal} all-equal, {c.groups_dropped_stale} stale, "
+        f"{c.groups_dropped_small} short), {c.rollouts_failed} failed, "
+        f"{c.rollouts_cancelled} cancelled at the end, {c.rollouts_validated} validation"
+    )
+    plot = plot_rewards(run_dir, summary.run_id)
+    console.print(f"reward curve: {plot}", soft_wrap=True)
+    console.print(
+        f"metrics: {run_dir / 'metrics.jsonl'}; checkpoints: {run_dir / 'checkpoints'}",
+        soft_wrap=True,
+    )
 
 
-def run_demo(stack: DevStack, rollouts: int) -> int:
+def run_demo(stack: DevStack, steps: int | None = None) -> int:
     console = Console()
-    run_id = time.strftime("demo-%m%d-%H%M%S")
-    named = demo_specs(run_id, rollouts)
-    with console.status("starting Temporal, the policy server, the gateway and a worker..."):
+    run_id = time.strftime("digits-%m%d-%H%M%S")
+    with console.status("starting Temporal, the policy server, the gateway and the workers..."):
         stack.start()
     try:
+        config = demo_config(stack, run_id, steps)
+        console.print(
+            f"Training the tiny digits model with GRPO: {config.batch_size} groups of "
+            f"{config.group_size} rollouts per step, {config.mode.value} mode, "
+            f"{config.total_steps} steps."
+        )
         started = time.monotonic()
-        with console.status(f"running {rollouts} rollouts..."):
-            results = asyncio.run(run_batch(stack, [spec for _, spec in named]))
-        show(console, run_id, named, results, stack, time.monotonic() - started)
+        summary = asyncio.run(train(stack, config, console))
+        seconds = time.monotonic() - started
+        run_dir = stack.runs_dir / run_id
+        records = [StepRecord.model_validate(r) for r in read_metrics(run_dir)]
+        report(console, summary, records, seconds, run_dir)
     finally:
         with console.status("stopping the stack..."):
             stack.stop()
-    failed = [r for r in results if r.status != RolloutStatus.SUCCEEDED]
-    return 1 if failed else 0
+    return 0 if summary.steps == config.total_steps else 1

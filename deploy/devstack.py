@@ -85,17 +85,39 @@ class DevPorts:
     ui: int = 8233
     gateway: int = 8100
     policy: int = 8200
+    agent_service: int = 8300
 
 
 class DevStack:
-    def __init__(self, home: Path, ports: DevPorts = DevPorts(), ui: bool = True) -> None:
+    """`model` is the policy server's preset (tiny or digits); `agent_service` an optional
+    `module:app` agent HTTP service to host on `ports.agent_service`."""
+
+    def __init__(
+        self,
+        home: Path,
+        ports: DevPorts = DevPorts(),
+        ui: bool = True,
+        model: str = "tiny",
+        agent_service: str | None = None,
+    ) -> None:
         self.home = home.resolve()
         self.ports = ports
         self.ui = ui
+        self.model = model
+        self.agent_service = agent_service
         self.processes: list[ManagedProcess] = []
         self.gateway_url = f"http://127.0.0.1:{ports.gateway}"
         self.policy_url = f"http://127.0.0.1:{ports.policy}"
+        self.agent_service_url = f"http://127.0.0.1:{ports.agent_service}"
         self.temporal = TemporalSettings(address=f"127.0.0.1:{ports.temporal}")
+
+    @property
+    def model_dir(self) -> Path:
+        return self.home / "models" / self.model
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.home / "runs"
 
     @property
     def ui_url(self) -> str | None:
@@ -161,7 +183,9 @@ class DevStack:
                 "--port",
                 str(self.ports.policy),
                 "--model-dir",
-                str(self.home / "models" / "tiny"),
+                str(self.model_dir),
+                "--model",
+                self.model,
             ],
             logs,
             env=env,
@@ -192,9 +216,31 @@ class DevStack:
             logs,
             env=env,
         )
-        for process in (policy, gateway, worker):
+        trainer = ManagedProcess.darl(
+            "trainer-worker",
+            [
+                "trainer-worker",
+                "--store-dir",
+                str(self.home / "trajectories"),
+                "--runs-dir",
+                str(self.runs_dir),
+            ],
+            logs,
+            env=env,
+        )
+        components = [policy, gateway, worker, trainer]
+        if self.agent_service:
+            components.append(
+                ManagedProcess.darl(
+                    "agent-service",
+                    ["agent-service", self.agent_service, "--port", str(self.ports.agent_service)],
+                    logs,
+                    env=env,
+                )
+            )
+        for process in components:
             self._launch(process)
-        for process in (policy, gateway, worker):
+        for process in components:
             process.wait_ready(timeout=180)
 
     def _launch(self, process: ManagedProcess) -> None:

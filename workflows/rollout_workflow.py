@@ -47,6 +47,9 @@ AGENT_RESULT_SIGNAL = "agent_result"
 ROLLOUT_FINISHED_SIGNAL = "rollout_finished"
 STATUS_QUERY = "status"
 
+# Statuses a rollout passes through in a moment; not published as search attributes.
+BRIEF_STATUSES = frozenset({RolloutStatus.LAUNCHING, RolloutStatus.SCORING})
+
 # await_agent enforces its own deadline this long after the workflow's, in case the workflow
 # cannot cancel it (its workers down); the workflow's timer normally wins.
 RUNNER_DEADLINE_GRACE = timedelta(seconds=60)
@@ -263,8 +266,7 @@ class RolloutWorkflow:
                 self._finish_as(RolloutStatus.FAILED_INFRA, f"reward failed: {_cause(err)}")
                 return
         self._reward = reward
-        self._move(RolloutStatus.SUCCEEDED)
-        workflow.upsert_search_attributes([sa.REWARD.value_set(reward)])
+        self._move(RolloutStatus.SUCCEEDED, [sa.REWARD.value_set(reward)])
 
     async def _compute_reward(
         self, attempt: int, agent_exit: AgentExit, report: AgentReport | None
@@ -346,9 +348,12 @@ class RolloutWorkflow:
         self._error = None
         self._move(RolloutStatus.LAUNCHING)
 
-    def _move(self, status: RolloutStatus) -> None:
+    def _move(self, status: RolloutStatus, also: list | None = None) -> None:
         self._status = check_transition(self._status, status)
-        workflow.upsert_search_attributes([sa.STATUS.value_set(status.value)])
+        # Brief statuses are left to the `status` query: each upsert is a history event and
+        # a visibility write, and the server's work is what bounds rollouts per second.
+        if status not in BRIEF_STATUSES:
+            workflow.upsert_search_attributes([sa.STATUS.value_set(status.value), *(also or [])])
 
     def _infra_failure(self, error: str) -> bool:
         self._error = error

@@ -380,6 +380,8 @@ class RolloutLookup(Contract):
     rollout_id: str
     result: RolloutResult | None = None
     running: bool = False
+    # How it closed when it left no result (terminated, failed, timed_out, not found).
+    closed_as: str | None = None
 
 
 TrainingConfig.model_rebuild()

@@ -85,6 +85,24 @@ class GroupBook:
         if not group.pending:
             self._complete(group)
 
+    def record_lost(self, rollout_id: str, why: str) -> None:
+        """A rollout that closed without reporting (terminated by hand): an infra failure."""
+        group_id = self._owner.get(rollout_id)
+        if group_id is None:
+            return
+        group = self.state.groups[group_id]
+        self.record(
+            RolloutResult(
+                run_id=self.config.run_id,
+                rollout_id=rollout_id,
+                group_id=group_id,
+                mode=group.mode,
+                status=RolloutStatus.FAILED_INFRA,
+                attempts=0,
+                error=why,
+            )
+        )
+
     def _complete(self, group: GroupState) -> None:
         counters = self.state.counters
         good = [r for r in group.results if _trainable(r)]

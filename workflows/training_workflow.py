@@ -420,6 +420,9 @@ class TrainingWorkflow:
             if lookup.result is not None:
                 self._state.counters.reconciled_rollouts += 1
                 self._book.record(lookup.result)
+            elif lookup.closed_as is not None:
+                self._state.counters.reconciled_rollouts += 1
+                self._book.record_lost(lookup.rollout_id, f"rollout {lookup.closed_as}")
 
     def _publish(self) -> None:
         state = self._state

@@ -46,6 +46,10 @@ class Stack:
         self.response_log = root / "policy-responses.jsonl"
         self.store_dir = root / "trajectories"
         self.agents_dir = root / "agents"
+        self.runs_dir = root / "runs"
+        self.trainer_queue = f"darl-trainer-{uuid.uuid4().hex[:8]}"
+        self.model = "tiny"
+        self.agent_service_url = ""
 
     def env(self) -> dict[str, str]:
         return {
@@ -69,7 +73,9 @@ class Stack:
                 "--port",
                 "0",
                 "--model-dir",
-                str(self.root / "model"),
+                str(self.model_dir),
+                "--model",
+                self.model,
                 "--response-log",
                 str(self.response_log),
             ],
@@ -106,6 +112,28 @@ class Stack:
                 self.task_queue,
             ],
         )
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / f"model-{self.model}"
+
+    def start_trainer_worker(self, name: str = "trainer") -> None:
+        self._start(
+            name,
+            [
+                "trainer-worker",
+                "--store-dir",
+                str(self.store_dir),
+                "--runs-dir",
+                str(self.runs_dir),
+                "--task-queue",
+                self.trainer_queue,
+            ],
+        )
+
+    def start_agent_service(self, target: str) -> None:
+        info = self._start("agent-service", ["agent-service", target, "--port", "0"])
+        self.agent_service_url = info["url"]
 
     def start(self) -> Stack:
         self.start_policy_server()

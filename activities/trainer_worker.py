@@ -1,0 +1,46 @@
+"""The trainer worker: serves TrainingWorkflow and the trainer's activities on `darl-trainer`.
+
+It needs the gateway's trajectory store (read-only) for the token data of each step, the runs
+directory for checkpoints and metrics, and the admin key to pause and resume the gateway."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.training_activities import TrainerActivities
+from gateway.store import DirectoryTrajectoryStore
+from workflows.contracts import TRAINER_TASK_QUEUE
+from workflows.training_workflow import TrainingWorkflow
+
+
+@dataclass(frozen=True)
+class TrainerWorkerSettings:
+    store_dir: Path
+    runs_dir: Path
+    admin_key: str
+    task_queue: str = TRAINER_TASK_QUEUE
+
+
+def build_trainer_worker(
+    client: Client, settings: TrainerWorkerSettings, http_client: httpx.AsyncClient
+) -> Worker:
+    activities = TrainerActivities(
+        client,
+        DirectoryTrajectoryStore(settings.store_dir),
+        settings.runs_dir,
+        settings.admin_key,
+        http_client,
+    )
+    return Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=[TrainingWorkflow],
+        activities=activities.activities(),
+        # A step holds the model in memory and the CPU; steps wait for each other anyway.
+        max_concurrent_activities=16,
+    )

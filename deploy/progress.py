@@ -1,0 +1,73 @@
+"""Following a training run from the terminal: one line per step as the TrainingWorkflow's
+`metrics` query shows it, and a status line with what the run is doing now."""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import quote
+
+from rich.console import Console
+from temporalio.client import WorkflowHandle
+from temporalio.service import RPCError
+
+from workflows.training_contracts import StepRecord, TrainingProgress, TrainingSummary
+
+HEADER = (
+    f"{'step':>5} {'reward':>7} {'±':>5} {'success':>7} {'val':>5} {'resp tok':>8} "
+    f"{'stale':>5} {'paused s':>8} {'train s':>7} {'rollouts/min':>12}"
+)
+
+
+def step_line(record: StepRecord) -> str:
+    val = "-" if record.val_reward_mean is None else f"{record.val_reward_mean:.2f}"
+    return (
+        f"{record.step:>5} {record.reward_mean:>7.3f} {record.reward_std:>5.2f} "
+        f"{record.success_rate:>7.0%} {val:>5} {record.response_tokens_mean:>8.1f} "
+        f"{record.staleness_mean:>5.2f} {record.paused_seconds:>8.3f} "
+        f"{record.train_seconds:>7.2f} {record.rollouts_per_minute:>12.0f}"
+    )
+
+
+def status_line(progress: TrainingProgress) -> str:
+    c = progress.counters
+    return (
+        f"{progress.phase.value}: step {progress.step}, {progress.inflight_rollouts} rollouts "
+        f"out, {progress.ready_groups} groups ready, {c.rollouts_started} started, "
+        f"{c.rollouts_trained} trained, {c.rollouts_failed} failed"
+    )
+
+
+def web_ui_link(ui_url: str, workflow_id: str) -> str:
+    return f"{ui_url}/namespaces/default/workflows/{quote(workflow_id, safe='')}"
+
+
+async def follow(
+    handle: WorkflowHandle, console: Console, interval: float = 1.0
+) -> TrainingSummary:
+    """Print steps as they land until the run ends; returns its summary."""
+    shown: dict[int, StepRecord] = {}
+    console.print(HEADER, style="bold")
+    # The handle was made with result_type=TrainingSummary.
+    result = asyncio.ensure_future(handle.result())
+    with console.status("starting...") as status:
+        while not result.done():
+            try:
+                records = await handle.query("metrics", result_type=list[StepRecord])
+                progress = await handle.query("status", result_type=TrainingProgress)
+            except RPCError as err:
+                # A query can time out while a worker restarts; the run goes on.
+                status.update(f"waiting for the trainer worker ({err.message})")
+            else:
+                for record in records:
+                    if record.step not in shown:
+                        console.print(step_line(record))
+                    elif record != shown[record.step] and record.val_reward_mean is not None:
+                        console.print(
+                            f"{'':>5} validation of step {record.step}: reward "
+                            f"{record.val_reward_mean:.3f}, success "
+                            f"{record.val_success_rate or 0:.0%}"
+                        )
+                    shown[record.step] = record
+                status.update(status_line(progress))
+            await asyncio.wait({result}, timeout=interval)
+    return result.result()

@@ -1,0 +1,140 @@
+"""Weight sync (DESIGN "Weight sync"): pause the gateway, drain or keep the calls in flight,
+load the new weights on every policy server, resume with the new policy version.
+
+`PolicyServerControl` is the one interface the trainer drives; DARL's reference server is one
+implementation, a vLLM server (its `/pause`, `/resume` and weight endpoints) is another. Every
+operation is idempotent, so a retried sync after a crash just does it again.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import httpx
+
+PausePolicy = Literal["keep", "wait", "abort"]
+
+
+class WeightSyncError(RuntimeError):
+    """A gateway or policy server refused a step of the sync (4xx): retrying will not help."""
+
+
+def _checked(response: httpx.Response, what: str) -> httpx.Response:
+    if response.status_code >= 500:
+        # Retryable: the activity fails and Temporal tries again.
+        response.raise_for_status()
+    if response.status_code >= 400:
+        raise WeightSyncError(f"{what}: {response.status_code} {response.text[:300]}")
+    return response
+
+
+class PolicyServerControl(Protocol):
+    url: str
+
+    async def pause(self, mode: PausePolicy) -> None: ...
+
+    async def load_weights(self, path: str, version: int) -> None: ...
+
+    async def resume(self) -> None: ...
+
+
+@dataclass
+class ReferencePolicyServer:
+    """DARL's reference server: vLLM's `/pause?mode=` and `/resume`, and `/reload_weights`
+    from a checkpoint directory (in place, between two decode steps)."""
+
+    url: str
+    client: httpx.AsyncClient
+
+    async def pause(self, mode: PausePolicy) -> None:
+        _checked(
+            await self.client.post(f"{self.url}/pause", params={"mode": mode}),
+            f"pausing {self.url}",
+        )
+
+    async def load_weights(self, path: str, version: int) -> None:
+        _checked(
+            await self.client.post(
+                f"{self.url}/reload_weights", json={"path": path, "version": version}
+            ),
+            f"loading {path} on {self.url}",
+        )
+
+    async def resume(self) -> None:
+        _checked(await self.client.post(f"{self.url}/resume"), f"resuming {self.url}")
+
+
+@dataclass
+class GatewayControl:
+    """The gateway's admin API (the admin key never reaches an agent)."""
+
+    url: str
+    admin_key: str
+    client: httpx.AsyncClient
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_key}"}
+
+    async def pause(self, mode: Literal["hold", "reject"], drain_seconds: float | None) -> bool:
+        """Pause; with `drain_seconds`, answer once the calls in flight have finished (or the
+        time is up: False)."""
+        body: dict = {"mode": mode}
+        if drain_seconds is not None:
+            body["drain_timeout_seconds"] = drain_seconds
+        response = _checked(
+            await self.client.post(
+                f"{self.url}/admin/pause",
+                json=body,
+                headers=self._headers(),
+                timeout=(drain_seconds or 0) + 30,
+            ),
+            "pausing the gateway",
+        )
+        return bool(response.json().get("drained", True))
+
+    async def resume(self, policy_version: int) -> None:
+        _checked(
+            await self.client.post(
+                f"{self.url}/admin/resume",
+                json={"policy_version": policy_version},
+                headers=self._headers(),
+            ),
+            "resuming the gateway",
+        )
+
+
+@dataclass(frozen=True)
+class SyncOutcome:
+    paused_seconds: float
+    drained: bool | None
+
+
+async def sync_weights(
+    gateway: GatewayControl,
+    servers: list[PolicyServerControl],
+    path: str,
+    version: int,
+    inflight: Literal["drain", "keep"],
+    drain_seconds: float,
+    pause_mode: Literal["hold", "reject"] = "hold",
+) -> SyncOutcome:
+    """New calls wait at the gateway while the weights change. `drain`: calls in flight
+    finish on the old weights first. `keep`: they are frozen on the servers and continue on
+    the new weights (each call records the version that served it when it ends)."""
+    started = time.monotonic()
+    drained = await gateway.pause(pause_mode, drain_seconds if inflight == "drain" else None)
+    if inflight == "keep":
+        for server in servers:
+            await server.pause("keep")
+    for server in servers:
+        await server.load_weights(path, version)
+    if inflight == "keep":
+        for server in servers:
+            await server.resume()
+    await gateway.resume(version)
+    return SyncOutcome(
+        paused_seconds=time.monotonic() - started,
+        drained=drained if inflight == "drain" else None,
+    )
