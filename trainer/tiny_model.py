@@ -2,8 +2,8 @@
 
 Saved as a Hugging Face model directory (config.json, model.safetensors, tokenizer.json with a
 ChatML chat template), so what DARL's reference server serves is what vLLM could load too.
-The tokenizer has one token per printable ASCII character (BPE without merges); any other
-character becomes `<|unk|>`.
+The tokenizer has one token per character of its alphabet (BPE without merges; printable ASCII
+unless the spec names a smaller one); any other character becomes `<|unk|>`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,15 @@ SPEC_FILE = "darl_tiny_model.json"
 
 # One token per printable ASCII character (and tab, newline): whatever the model samples is
 # readable text, and the vocabulary stays small enough for RL from scratch on a CPU.
-ALPHABET = [c for c in string.printable if c not in "\x0b\x0c\r"]
+ALPHABET = "".join(c for c in string.printable if c not in "\x0b\x0c\r")
+
+# The digits toy task (trainer/digits_task.py) needs only these: a 15-token vocabulary makes a
+# random policy's answers short and its rewards learnable from scratch in a few thousand samples.
+DIGITS_ALPHABET = "0123456789="
+
+
+class ModelSpecError(ValueError):
+    """A model spec that cannot be built (an empty alphabet, a repeated character)."""
 
 
 @dataclass(frozen=True)
@@ -46,10 +54,27 @@ class TinyModelSpec:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     max_position_embeddings: int = 2048
+    alphabet: str | None = None  # None: printable ASCII (ALPHABET)
+
+    @property
+    def characters(self) -> str:
+        return ALPHABET if self.alphabet is None else self.alphabet
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {UNK: 0, **{c: i + 1 for i, c in enumerate(ALPHABET)}}
+MODEL_PRESETS: dict[str, TinyModelSpec] = {
+    "tiny": TinyModelSpec(),
+    "digits": TinyModelSpec(alphabet=DIGITS_ALPHABET),
+}
+
+
+def build_tokenizer(spec: TinyModelSpec | None = None) -> PreTrainedTokenizerFast:
+    """One token per character of the spec's alphabet after `<|unk|>` (id 0), then the special
+    tokens; raises ModelSpecError for an empty alphabet or a repeated character."""
+    spec = spec or TinyModelSpec()
+    characters = spec.characters
+    if not characters or len(set(characters)) != len(characters):
+        raise ModelSpecError(f"an alphabet needs distinct characters, got {characters!r}")
+    vocab = {UNK: 0, **{c: i + 1 for i, c in enumerate(characters)}}
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
     tokenizer.decoder = decoders.Fuse()
     tokenizer.add_special_tokens([UNK, *SPECIAL_TOKENS])
@@ -59,7 +84,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
         chat_template=CHAT_TEMPLATE,
-        model_max_length=TinyModelSpec.max_position_embeddings,
+        model_max_length=spec.max_position_embeddings,
     )
 
 
@@ -90,7 +115,7 @@ def create_model_dir(path: Path, spec: TinyModelSpec | None = None) -> Path:
     if marker.exists() and json.loads(marker.read_text()) == asdict(spec):
         return path
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(spec)
     model = build_model(spec, tokenizer)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)

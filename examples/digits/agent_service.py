@@ -18,7 +18,8 @@ import httpx
 from fastapi import FastAPI, Header, HTTPException
 from pydantic import BaseModel, ConfigDict
 
-MAX_TOKENS = 5
+# Unless the task says how many (`max_tokens`).
+MAX_TOKENS = 4
 
 
 class RolloutRequest(BaseModel):
@@ -53,7 +54,11 @@ class DigitsAgent:
         response = await self.client.post(
             f"{request.openai_base_url}/completions",
             headers={"Authorization": f"Bearer {request.api_key}"},
-            json={"model": "policy", "prompt": prompt, "max_tokens": MAX_TOKENS},
+            json={
+                "model": "policy",
+                "prompt": prompt,
+                "max_tokens": int(request.task.get("max_tokens", MAX_TOKENS)),
+            },
         )
         if response.status_code >= 400:
             # The attempt failed at the gateway: say so (the runner reports a failed agent).
