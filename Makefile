@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench dev clean
+.PHONY: demo test lint format bench bench-training dev clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.gateway_bench
+
+bench-training: $(STAMP)
+	$(BIN)/python -m bench.training_bench
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
