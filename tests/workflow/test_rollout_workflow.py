@@ -241,6 +241,27 @@ async def test_a_gone_trainer_does_not_fail_the_rollout(
     assert result.status == RolloutStatus.SUCCEEDED
 
 
+async def test_a_finished_rollout_reports_to_its_trainer(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """Each rollout's report arrives once, with the result the rollout returned."""
+    stubs = StubAgents()
+    stubs.release.set()
+    env = time_skipping_env
+    async with stub_worker(env, stubs) as queue:
+        collector = await env.client.start_workflow(
+            CollectorWorkflow.run, 2, id=f"trainer-{uuid.uuid4().hex[:8]}", task_queue=queue
+        )
+        specs = [
+            spec(report_to=collector.id, reward=RewardSpec(missing_reward=0.5)) for _ in range(2)
+        ]
+        handles = [await start(env, s, queue) for s in specs]
+        results = [await asyncio.wait_for(h.result(), TIMEOUT) for h in handles]
+        reported = await asyncio.wait_for(collector.result(), TIMEOUT)
+    assert sorted(r.rollout_id for r in reported) == sorted(s.rollout_id for s in specs)
+    assert {r.rollout_id: r for r in reported} == {r.rollout_id: r for r in results}
+
+
 async def test_cancelling_while_launching_stops_what_the_launch_starts(
     own_time_skipping_env: WorkflowEnvironment,
 ) -> None:
