@@ -30,7 +30,9 @@ from trainer.policy_control import (
     sync_weights,
 )
 from trainer.reference_backend import ReferenceBackend, ReferenceTrainerSettings
+from workflows import search_attributes as sa
 from workflows.contracts import RolloutResult, rollout_workflow_id
+from workflows.rollout_status import RolloutStatus
 from workflows.training_contracts import (
     BackendSpec,
     InitializeRequest,
@@ -257,6 +259,7 @@ class TrainerActivities:
                         task_queue=request.task_queue,
                         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                        search_attributes=sa.rollout_attributes(spec, RolloutStatus.PENDING.value),
                     )
 
         await _heartbeating(asyncio.gather(*(start(s) for s in request.specs)), HEARTBEAT_SECONDS)

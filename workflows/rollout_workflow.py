@@ -113,15 +113,11 @@ class RolloutWorkflow:
     @workflow.run
     async def run(self, spec: RolloutSpec) -> RolloutResult:
         started = workflow.now()
-        workflow.upsert_search_attributes(
-            [
-                sa.RUN.value_set(spec.run_id),
-                sa.GROUP.value_set(spec.group_id),
-                sa.MODE.value_set(spec.mode.value),
-                sa.POLICY_VERSION.value_set(spec.policy_version),
-                sa.STATUS.value_set(self._status.value),
-            ]
-        )
+        initial = sa.rollout_attributes(spec, self._status.value)
+        # A starter that set them (the trainer does) saves the server an upsert per rollout.
+        given = workflow.info().typed_search_attributes
+        if any(given.get(pair.key) != pair.value for pair in initial):
+            workflow.upsert_search_attributes([p.key.value_set(p.value) for p in initial])
         try:
             for attempt in range(1, spec.max_attempts + 1):
                 retry = await self._run_attempt(attempt)

@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
-from temporalio.common import SearchAttributeKey
+from typing import TYPE_CHECKING
+
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+
+if TYPE_CHECKING:
+    from workflows.contracts import RolloutSpec
 
 RUN = SearchAttributeKey.for_keyword("DarlRun")
 GROUP = SearchAttributeKey.for_keyword("DarlGroup")
@@ -25,3 +30,16 @@ def dev_server_flags() -> list[str]:
     for key in ALL:
         flags += ["--search-attribute", f"{key.name}={_CLI_TYPES[key.indexed_value_type.name]}"]
     return flags
+
+
+def rollout_attributes(spec: RolloutSpec, status: str) -> TypedSearchAttributes:
+    """What a rollout starts with: set at start by its starter, or upserted by the workflow."""
+    return TypedSearchAttributes(
+        [
+            SearchAttributePair(RUN, spec.run_id),
+            SearchAttributePair(GROUP, spec.group_id),
+            SearchAttributePair(MODE, spec.mode.value),
+            SearchAttributePair(POLICY_VERSION, spec.policy_version),
+            SearchAttributePair(STATUS, status),
+        ]
+    )
