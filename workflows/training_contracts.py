@@ -228,6 +228,8 @@ class TrainingState(State):
     runs: int = 1
     started_at: float = 0.0
     last_step_at: float = 0.0
+    # Rollouts ended (in any counter) at the last step: the throughput of the next one.
+    ended_at_last_step: int = 0
     # Step records (or their late validation results) not yet written to disk.
     unwritten_records: list[StepRecord] = Field(default_factory=list)
 

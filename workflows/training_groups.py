@@ -7,14 +7,19 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from workflows.contracts import RolloutMode, RolloutResult
+from workflows.contracts import RolloutMode, RolloutResult, RolloutSpec
 from workflows.rollout_status import RolloutStatus
 from workflows.training_contracts import (
     GroupState,
+    StepRecord,
+    SyncResult,
+    TaskRow,
     TrainGroup,
     TrainingConfig,
+    TrainingMode,
     TrainingState,
     TrainMember,
+    TrainStepResult,
 )
 
 
@@ -46,6 +51,62 @@ class GroupBook:
         }
 
     # --- rollouts going out and coming back -----------------------------------------------
+
+    def room(self, busy: bool) -> int:
+        """How many more train groups may start now (`busy`: a step is being trained or
+        synced)."""
+        state, config = self.state, self.config
+        total = config.total_steps
+        if state.paused or state.stop_requested or state.dataset_exhausted:
+            return 0
+        if total is not None and state.step >= total:
+            return 0
+        if config.mode == TrainingMode.SYNC:
+            # On-policy: one batch at a time, rolled out by the policy it will train.
+            if busy or self.validating():
+                return 0
+            return config.batch_size - self.inflight_groups() - len(state.ready)
+        return (state.knobs.max_inflight - self.inflight(RolloutMode.TRAIN)) // config.group_size
+
+    def open_groups(
+        self, rows: list[TaskRow], mode: RolloutMode, size: int, report_to: str, now: float
+    ) -> list[RolloutSpec]:
+        """Book a group per task row and return the specs of its rollouts. Ids are unique in
+        the run: a task's place in its epoch, or the step it validates."""
+        config, state = self.config, self.state
+        rollout = config.rollout
+        specs: list[RolloutSpec] = []
+        for row in rows:
+            where = f"v{state.step}" if mode == RolloutMode.VAL else f"e{row.epoch}"
+            group_id = f"{config.run_id}.{where}.t{row.position}"
+            rollout_ids = [f"{group_id}.{k}" for k in range(size)]
+            self.add_group(
+                GroupState(
+                    group_id=group_id,
+                    mode=mode,
+                    step=state.step,
+                    policy_version=state.policy_version,
+                    pending=rollout_ids,
+                    started_at=now,
+                )
+            )
+            specs += [
+                RolloutSpec(
+                    run_id=config.run_id,
+                    rollout_id=rollout_id,
+                    group_id=group_id,
+                    task=row.task,
+                    mode=mode,
+                    agent=rollout.agent,
+                    reward=rollout.reward,
+                    timeouts=rollout.timeouts,
+                    policy_version=state.policy_version,
+                    max_attempts=rollout.max_attempts,
+                    report_to=report_to,
+                )
+                for rollout_id in rollout_ids
+            ]
+        return specs
 
     def add_group(self, group: GroupState) -> None:
         self.state.groups[group.group_id] = group
@@ -183,6 +244,33 @@ class GroupBook:
     def validating(self) -> bool:
         return any(g.mode == RolloutMode.VAL and g.pending for g in self.state.groups.values())
 
+    def step_record(
+        self,
+        step: int,
+        stats: BatchStats,
+        trained: TrainStepResult,
+        synced: SyncResult,
+        now: float,
+    ) -> StepRecord:
+        minutes = max(now - self.state.last_step_at, 1e-6) / 60
+        ended = self.accounted() - self.state.ended_at_last_step
+        return StepRecord(
+            step=step,
+            policy_version=step,
+            time=now,
+            rollouts=stats.rollouts,
+            groups=stats.groups,
+            reward_mean=stats.reward_mean,
+            reward_std=stats.reward_std,
+            success_rate=stats.success_rate,
+            response_tokens_mean=stats.response_tokens_mean,
+            staleness_mean=stats.staleness_mean,
+            paused_seconds=synced.paused_seconds,
+            rollouts_per_minute=ended / minutes,
+            train_seconds=trained.seconds,
+            trainer=trained.metrics,
+        )
+
     # --- batches --------------------------------------------------------------------------
 
     def drop_stale(self) -> None:
@@ -195,7 +283,7 @@ class GroupBook:
                 self._drop(group, "stale")
 
     def _stale(self, group: GroupState) -> bool:
-        limit = 0 if self.config.mode == "sync" else self.state.knobs.max_staleness
+        limit = 0 if self.config.mode == TrainingMode.SYNC else self.state.knobs.max_staleness
         return self.state.policy_version - group.policy_version > limit
 
     def batch_ready(self) -> bool:

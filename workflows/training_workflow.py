@@ -17,9 +17,8 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from workflows import search_attributes as sa
-    from workflows.contracts import RolloutMode, RolloutResult, RolloutSpec
+    from workflows.contracts import RolloutMode, RolloutResult
     from workflows.training_contracts import (
-        GroupState,
         InitializeRequest,
         Knobs,
         KnobUpdate,
@@ -35,7 +34,6 @@ with workflow.unsafe.imports_passed_through():
         TaskBatch,
         TaskRow,
         TrainingConfig,
-        TrainingMode,
         TrainingPhase,
         TrainingProgress,
         TrainingState,
@@ -43,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
         TrainStepRequest,
         TrainStepResult,
     )
-    from workflows.training_groups import BatchStats, GroupBook
+    from workflows.training_groups import GroupBook
 
 INITIALIZE_POLICY = "initialize_policy"
 READ_TASKS = "read_tasks"
@@ -174,7 +172,9 @@ class TrainingWorkflow:
         synced = await self._sync(trained.policy_path, step)
         state.step = state.policy_version = step
         self._book.drop_stale()
-        await self._record(self._step_record(step, stats, trained, synced))
+        await self._record(
+            self._book.step_record(step, stats, trained, synced, now=workflow.time())
+        )
         self._phase = TrainingPhase.ROLLING_OUT
         every = self._config.validation.every_steps
         if every and step % every == 0:
@@ -278,42 +278,15 @@ class TrainingWorkflow:
                 return
 
     def _room(self) -> int:
-        """How many more train groups may start now."""
-        state, config, book = self._state, self._config, self._book
-        total = config.total_steps
-        if state.paused or state.stop_requested or state.dataset_exhausted:
-            return 0
-        if total is not None and state.step >= total:
-            return 0
-        if config.mode == TrainingMode.SYNC:
-            # On-policy: one batch at a time, rolled out by the policy it will train.
-            if self._phase in (TrainingPhase.TRAINING, TrainingPhase.SYNCING):
-                return 0
-            if book.validating():
-                return 0
-            return config.batch_size - book.inflight_groups() - len(state.ready)
-        return (state.knobs.max_inflight - book.inflight(RolloutMode.TRAIN)) // config.group_size
+        busy = self._phase in (TrainingPhase.TRAINING, TrainingPhase.SYNCING)
+        return self._book.room(busy)
 
     async def _start_groups(self, rows: list[TaskRow], mode: RolloutMode, size: int) -> None:
         """Book the groups first, then start their rollouts (idempotent by workflow id), so a
         report can never arrive for a rollout the book does not know."""
-        specs: list[RolloutSpec] = []
-        for row in rows:
-            # Unique in the run: a task's place in its epoch, or the step it validates.
-            where = f"v{self._state.step}" if mode == RolloutMode.VAL else f"e{row.epoch}"
-            group_id = f"{self._config.run_id}.{where}.t{row.position}"
-            rollout_ids = [f"{group_id}.{k}" for k in range(size)]
-            self._book.add_group(
-                GroupState(
-                    group_id=group_id,
-                    mode=mode,
-                    step=self._state.step,
-                    policy_version=self._state.policy_version,
-                    pending=rollout_ids,
-                    started_at=workflow.time(),
-                )
-            )
-            specs += [self._rollout_spec(rid, group_id, row.task, mode) for rid in rollout_ids]
+        specs = self._book.open_groups(
+            rows, mode, size, report_to=workflow.info().workflow_id, now=workflow.time()
+        )
         if specs:
             await workflow.execute_activity(
                 START_ROLLOUTS,
@@ -321,22 +294,6 @@ class TrainingWorkflow:
                 start_to_close_timeout=timedelta(minutes=5),
                 retry_policy=QUICK,
             )
-
-    def _rollout_spec(self, rollout_id: str, group_id: str, task: dict, mode: RolloutMode):
-        rollout = self._config.rollout
-        return RolloutSpec(
-            run_id=self._config.run_id,
-            rollout_id=rollout_id,
-            group_id=group_id,
-            task=task,
-            mode=mode,
-            agent=rollout.agent,
-            reward=rollout.reward,
-            timeouts=rollout.timeouts,
-            policy_version=self._state.policy_version,
-            max_attempts=rollout.max_attempts,
-            report_to=workflow.info().workflow_id,
-        )
 
     async def _stop_feeding(self) -> None:
         self._closing = True
@@ -361,6 +318,7 @@ class TrainingWorkflow:
         state = self._state
         state.recent_steps = [*state.recent_steps, record][-RECENT_STEPS:]
         state.last_step_at = record.time
+        state.ended_at_last_step = self._book.accounted()
         state.unwritten_records.append(record)
         await self._flush_records()
         self._publish()
@@ -380,28 +338,6 @@ class TrainingWorkflow:
                 retry_policy=QUICK,
             )
             state.unwritten_records.pop(0)
-
-    def _step_record(
-        self, step: int, stats: BatchStats, trained: TrainStepResult, synced: SyncResult
-    ) -> StepRecord:
-        now = workflow.time()
-        minutes = max(now - self._state.last_step_at, 1e-6) / 60
-        return StepRecord(
-            step=step,
-            policy_version=step,
-            time=now,
-            rollouts=stats.rollouts,
-            groups=stats.groups,
-            reward_mean=stats.reward_mean,
-            reward_std=stats.reward_std,
-            success_rate=stats.success_rate,
-            response_tokens_mean=stats.response_tokens_mean,
-            staleness_mean=stats.staleness_mean,
-            paused_seconds=synced.paused_seconds,
-            rollouts_per_minute=stats.rollouts / minutes,
-            train_seconds=trained.seconds,
-            trainer=trained.metrics,
-        )
 
     async def _reconcile(self) -> None:
         """Look up rollouts not heard from: one that ended without its report reaching us
