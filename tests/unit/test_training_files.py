@@ -1,0 +1,84 @@
+"""The training run's inputs and files: datasets (Parquet and JSON lines, the per-epoch order),
+metrics.jsonl and the reward plot, and config loading for `darl train`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import typer
+
+from deploy.training_cli import load_config
+from trainer.datasets import DatasetError, TaskTables, load_tasks
+from trainer.run_files import REWARD_PLOT, plot_rewards, read_metrics, write_step
+
+ROWS = [{"id": i, "prompt": f"{i}=", "answer": str(i)} for i in range(10)]
+DEMO_CONFIG = Path(__file__).parents[2] / "examples" / "digits" / "train.yaml"
+
+
+def test_parquet_and_jsonl_give_the_same_rows(tmp_path: Path):
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "tasks.parquet")
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    assert load_tasks(tmp_path / "tasks.parquet").rows == ROWS
+    assert load_tasks(tmp_path / "tasks.jsonl").rows == ROWS
+
+
+def test_epoch_order_is_a_deterministic_permutation(tmp_path: Path):
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    table = TaskTables().get(str(tmp_path / "tasks.jsonl"))
+    first = table.order(epoch=0, seed=3, shuffle=True)
+    assert sorted(first) == list(range(10))
+    assert list(first) == list(table.order(epoch=0, seed=3, shuffle=True))
+    assert list(first) != list(table.order(epoch=1, seed=3, shuffle=True))
+    assert list(table.order(epoch=5, seed=3, shuffle=False)) == list(range(10))
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "why"),
+    [
+        ("missing.jsonl", None, "does not exist"),
+        ("empty.jsonl", "", "cannot be read|no rows"),
+        ("tasks.csv", "a,b\n", "expected .parquet or .jsonl"),
+        ("broken.jsonl", "{not json\n", "cannot be read"),
+    ],
+)
+def test_a_bad_dataset_is_a_clear_error(tmp_path: Path, name: str, content: str | None, why: str):
+    if content is not None:
+        (tmp_path / name).write_text(content)
+    with pytest.raises(DatasetError, match=why):
+        TaskTables().get(str(tmp_path / name))
+
+
+def test_a_step_written_again_replaces_its_line_and_the_plot_is_drawn(tmp_path: Path):
+    record = {"step": 1, "reward_mean": 0.1, "reward_std": 0.05, "success_rate": 0.0}
+    write_step(tmp_path, record)
+    write_step(tmp_path, {**record, "step": 2, "reward_mean": 0.4})
+    write_step(tmp_path, {**record, "val_reward_mean": 0.3})
+    assert [(r["step"], r.get("val_reward_mean")) for r in read_metrics(tmp_path)] == [
+        (1, 0.3),
+        (2, None),
+    ]
+    assert plot_rewards(tmp_path, "run") == tmp_path / REWARD_PLOT
+    assert (tmp_path / REWARD_PLOT).read_bytes()[:4] == b"\x89PNG"
+    assert plot_rewards(tmp_path / "nothing-yet") is None
+
+
+def test_the_demo_config_loads_with_absolute_paths(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = load_config(DEMO_CONFIG, run_id="mine")
+    assert config.run_id == "mine"
+    assert Path(config.dataset.path).is_absolute()
+    assert config.backend.model_dir == str(tmp_path / ".darl" / "models" / "digits")
+
+
+def test_a_bad_config_names_the_field(tmp_path: Path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(DEMO_CONFIG.read_text().replace("group_size: 8", "group_size: 0"))
+    with pytest.raises(typer.BadParameter, match="group_size"):
+        load_config(path)
+    path.write_text("- just a list\n")
+    with pytest.raises(typer.BadParameter, match="mapping"):
+        load_config(path)
