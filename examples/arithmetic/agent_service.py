@@ -10,42 +10,17 @@ re-attaches) gets the answer of the run already under way, never a second run.
 
 from __future__ import annotations
 
-import asyncio
-from collections import OrderedDict
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import FastAPI, Header
+from fastapi import FastAPI
 from openai import AsyncOpenAI
-from pydantic import BaseModel, ConfigDict
 
+from examples.agent_service import AgentService, RolloutRequest, service_app
 from examples.arithmetic.agent import SYSTEM, final_answer
 
 
-class RolloutRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    rollout_id: str
-    attempt: int
-    task: dict[str, Any]
-    openai_base_url: str
-    api_key: str
-
-
-class ArithmeticService:
-    """Runs one agent per rollout attempt; remembers the last `remembered` attempts."""
-
-    def __init__(self, remembered: int = 10_000) -> None:
-        self.runs: OrderedDict[str, asyncio.Task[dict[str, Any]]] = OrderedDict()
-        self.remembered = remembered
-        self.started = 0
-
-    async def handle(self, request: RolloutRequest, key: str) -> dict[str, Any]:
-        run = self.runs.get(key)
-        if run is None:
-            self.started += 1
-            run = self.runs[key] = asyncio.create_task(self.solve(request))
-            while len(self.runs) > self.remembered:
-                self.runs.popitem(last=False)
-        return await asyncio.shield(run)
+class ArithmeticService(AgentService):
+    """Runs the single-turn arithmetic agent once per rollout attempt."""
 
     async def solve(self, request: RolloutRequest) -> dict[str, Any]:
         client = AsyncOpenAI(
@@ -65,17 +40,7 @@ class ArithmeticService:
 
 
 def create_service_app(service: ArithmeticService | None = None) -> FastAPI:
-    service = service or ArithmeticService()
-    api = FastAPI(title="arithmetic agent service")
-    api.state.service = service
-
-    @api.post("/rollouts")
-    async def rollout(
-        body: RolloutRequest, idempotency_key: Annotated[str | None, Header()] = None
-    ) -> dict[str, Any]:
-        return await service.handle(body, idempotency_key or f"{body.rollout_id}/{body.attempt}")
-
-    return api
+    return service_app(service or ArithmeticService(), "arithmetic agent service")
 
 
 app = create_service_app()

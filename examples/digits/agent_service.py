@@ -10,42 +10,23 @@ thousands of rollouts in minutes on two cores.
 
 from __future__ import annotations
 
-import asyncio
-from collections import OrderedDict
-from typing import Annotated, Any
+from typing import Any
 
 import httpx
-from fastapi import FastAPI, Header, HTTPException
-from pydantic import BaseModel, ConfigDict
+from fastapi import FastAPI, HTTPException
+
+from examples.agent_service import AgentService, RolloutRequest, service_app
 
 # Unless the task says how many (`max_tokens`).
 MAX_TOKENS = 4
 
 
-class RolloutRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    rollout_id: str
-    attempt: int
-    task: dict[str, Any]
-    openai_base_url: str
-    api_key: str
-
-
-class DigitsAgent:
-    """Runs one completion per attempt; remembers the last `remembered` attempts."""
+class DigitsAgent(AgentService):
+    """One raw completion per rollout attempt, with a client shared by all of them."""
 
     def __init__(self, remembered: int = 10_000) -> None:
-        self.runs: OrderedDict[str, asyncio.Task[dict[str, Any]]] = OrderedDict()
-        self.remembered = remembered
+        super().__init__(remembered)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(120.0))
-
-    async def handle(self, request: RolloutRequest, key: str) -> dict[str, Any]:
-        run = self.runs.get(key)
-        if run is None:
-            run = self.runs[key] = asyncio.create_task(self.solve(request))
-            while len(self.runs) > self.remembered:
-                self.runs.popitem(last=False)
-        return await asyncio.shield(run)
 
     async def solve(self, request: RolloutRequest) -> dict[str, Any]:
         prompt = request.task.get("prompt")
@@ -61,27 +42,16 @@ class DigitsAgent:
             },
         )
         if response.status_code >= 400:
-            # The attempt failed at the gateway: say so (the runner reports a failed agent).
-            raise HTTPException(502, detail=f"gateway answered {response.status_code}")
+            # A gateway in trouble (5xx) makes the attempt an infra failure, retried (502);
+            # a refused call (4xx) is the agent's failure (500).
+            status = 502 if response.status_code >= 500 else 500
+            raise HTTPException(status, detail=f"gateway answered {response.status_code}")
         text = response.json()["choices"][0]["text"]
         return {"answer": text}
 
 
 def create_service_app(agent: DigitsAgent | None = None) -> FastAPI:
-    agent = agent or DigitsAgent()
-    api = FastAPI(title="digits agent service")
-
-    @api.post("/rollouts")
-    async def rollout(
-        body: RolloutRequest, idempotency_key: Annotated[str | None, Header()] = None
-    ) -> dict[str, Any]:
-        return await agent.handle(body, idempotency_key or f"{body.rollout_id}/{body.attempt}")
-
-    @api.get("/healthz")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
-
-    return api
+    return service_app(agent or DigitsAgent(), "digits agent service")
 
 
 app = create_service_app()
