@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 from temporalio import activity
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -68,8 +68,42 @@ START_CONCURRENCY = 32
 HEARTBEAT_SECONDS = 5.0
 
 
+def heartbeat_every() -> float:
+    """Well inside the activity's heartbeat timeout, whatever the config made it."""
+    timeout = activity.info().heartbeat_timeout
+    if timeout is None:
+        return HEARTBEAT_SECONDS
+    return min(HEARTBEAT_SECONDS, timeout.total_seconds() / 3)
+
+
 def config_error(message: str) -> ApplicationError:
     return ApplicationError(message, type=TRAINING_CONFIG_ERROR, non_retryable=True)
+
+
+async def lookup_rollouts(client: Client, rollout_ids: list[str]) -> list[RolloutLookup]:
+    """What Temporal knows of rollouts the trainer has not heard from: the result of one that
+    completed, how one closed without a result (terminated, failed, not found)."""
+    found = []
+    for rollout_id in rollout_ids:
+        handle = client.get_workflow_handle(
+            rollout_workflow_id(rollout_id), result_type=RolloutResult
+        )
+        try:
+            described = await handle.describe()
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            found.append(RolloutLookup(rollout_id=rollout_id, closed_as="not found"))
+            continue
+        status = described.status
+        if status == WorkflowExecutionStatus.RUNNING:
+            found.append(RolloutLookup(rollout_id=rollout_id, running=True))
+        elif status == WorkflowExecutionStatus.COMPLETED:
+            found.append(RolloutLookup(rollout_id=rollout_id, result=await handle.result()))
+        else:
+            name = status.name.lower() if status is not None else "unknown"
+            found.append(RolloutLookup(rollout_id=rollout_id, closed_as=name))
+    return found
 
 
 class TrainerActivities:
@@ -164,7 +198,7 @@ class TrainerActivities:
             )
 
         try:
-            return await _heartbeating(asyncio.to_thread(train), HEARTBEAT_SECONDS)
+            return await _heartbeating(asyncio.to_thread(train), heartbeat_every())
         except (ValueError, TrainerBackendError) as err:
             # A batch no step can use, a step out of order: retrying cannot fix either.
             raise config_error(f"step {request.step}: {err}") from err
@@ -206,7 +240,7 @@ class TrainerActivities:
                     settings.drain_timeout_seconds,
                     settings.pause_mode,
                 ),
-                HEARTBEAT_SECONDS,
+                heartbeat_every(),
             )
         except WeightSyncError as err:
             raise ApplicationError(str(err), type="WeightSyncError", non_retryable=True) from err
@@ -262,7 +296,7 @@ class TrainerActivities:
                         search_attributes=sa.rollout_attributes(spec, RolloutStatus.PENDING.value),
                     )
 
-        await _heartbeating(asyncio.gather(*(start(s) for s in request.specs)), HEARTBEAT_SECONDS)
+        await _heartbeating(asyncio.gather(*(start(s) for s in request.specs)), heartbeat_every())
 
     @activity.defn(name=CANCEL_ROLLOUTS)
     async def cancel_rollouts(self, rollout_ids: list[str]) -> None:
@@ -280,32 +314,7 @@ class TrainerActivities:
 
     @activity.defn(name=CHECK_ROLLOUTS)
     async def check_rollouts(self, rollout_ids: list[str]) -> list[RolloutLookup]:
-        """What Temporal knows of rollouts the trainer has not heard from: the result of one
-        that completed, a failed_infra result for one that closed without a result."""
-        found = []
-        for rollout_id in rollout_ids:
-            handle = self._client.get_workflow_handle(rollout_workflow_id(rollout_id))
-            try:
-                described = await handle.describe()
-            except RPCError as err:
-                if err.status != RPCStatusCode.NOT_FOUND:
-                    raise
-                found.append(RolloutLookup(rollout_id=rollout_id, closed_as="not found"))
-                continue
-            status = described.status
-            if status == WorkflowExecutionStatus.RUNNING:
-                found.append(RolloutLookup(rollout_id=rollout_id, running=True))
-            elif status == WorkflowExecutionStatus.COMPLETED:
-                try:
-                    result = await handle.result(result_type=RolloutResult)
-                except WorkflowFailureError as err:
-                    log.warning("rollout %s: %s", rollout_id, err)
-                    result = None
-                found.append(RolloutLookup(rollout_id=rollout_id, result=result))
-            else:
-                name = status.name.lower() if status is not None else "unknown"
-                found.append(RolloutLookup(rollout_id=rollout_id, closed_as=name))
-        return found
+        return await lookup_rollouts(self._client, rollout_ids)
 
     # --- the run's files ---------------------------------------------------------------------
 

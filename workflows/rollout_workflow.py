@@ -301,8 +301,8 @@ class RolloutWorkflow:
 
     async def _report(self, result: RolloutResult) -> None:
         """Tell the trainer (if any). A trainer that is gone does not undo the rollout.
-        (Awaited: a signal left in flight when the workflow completes is delivered, but it
-        locks the time-skipping test server's clock for good.)"""
+        Awaited: a signal still in flight when the workflow completes is dropped by the dev
+        server (and locks the time-skipping test server's clock)."""
         if not self._spec.report_to:
             return
         handle = workflow.get_external_workflow_handle(self._spec.report_to)

@@ -202,7 +202,10 @@ class StepRecord(Contract):
     response_tokens_mean: float
     staleness_mean: float
     paused_seconds: float
+    # Over the last few steps (one step's own window can be a moment long in async mode).
     rollouts_per_minute: float
+    # Rollouts ended so far in the run (any counter).
+    rollouts_ended: int = 0
     train_seconds: float
     trainer: dict[str, float] = Field(default_factory=dict)
     val_reward_mean: float | None = None
@@ -227,9 +230,6 @@ class TrainingState(State):
     stop_cancels_inflight: bool = True
     runs: int = 1
     started_at: float = 0.0
-    last_step_at: float = 0.0
-    # Rollouts ended (in any counter) at the last step: the throughput of the next one.
-    ended_at_last_step: int = 0
     # Step records (or their late validation results) not yet written to disk.
     unwritten_records: list[StepRecord] = Field(default_factory=list)
 

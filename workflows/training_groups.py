@@ -34,6 +34,10 @@ class BatchStats:
     staleness_mean: float
 
 
+# Rollouts per minute is measured over this many steps back.
+RATE_WINDOW_STEPS = 3
+
+
 def _trainable(result: RolloutResult) -> bool:
     """Only rollouts that ended with a reward are trained: a crashed or timed-out agent is a
     result to count, never a reward of 0 to learn from."""
@@ -252,8 +256,12 @@ class GroupBook:
         synced: SyncResult,
         now: float,
     ) -> StepRecord:
-        minutes = max(now - self.state.last_step_at, 1e-6) / 60
-        ended = self.accounted() - self.state.ended_at_last_step
+        ended = self.accounted()
+        window = self.state.recent_steps[-RATE_WINDOW_STEPS:]
+        since, ended_then = (
+            (window[0].time, window[0].rollouts_ended) if window else (self.state.started_at, 0)
+        )
+        minutes = max(now - since, 1e-6) / 60
         return StepRecord(
             step=step,
             policy_version=step,
@@ -266,7 +274,8 @@ class GroupBook:
             response_tokens_mean=stats.response_tokens_mean,
             staleness_mean=stats.staleness_mean,
             paused_seconds=synced.paused_seconds,
-            rollouts_per_minute=ended / minutes,
+            rollouts_per_minute=(ended - ended_then) / minutes,
+            rollouts_ended=ended,
             train_seconds=trained.seconds,
             trainer=trained.metrics,
         )

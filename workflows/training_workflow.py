@@ -9,6 +9,7 @@ reaches whichever run of a continue-as-new chain is current (rule 6).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
@@ -82,7 +83,7 @@ class TrainingWorkflow:
     @workflow.run
     async def run(self, config: TrainingConfig) -> TrainingSummary:
         if not self._state.started_at:
-            self._state.started_at = self._state.last_step_at = workflow.time()
+            self._state.started_at = workflow.time()
         self._publish()
         if not self._state.initialized:
             await self._initialize()
@@ -200,6 +201,11 @@ class TrainingWorkflow:
         step is already checkpointed, so the summary is all that is left to write."""
         self._phase = TrainingPhase.STOPPING
         await self._stop_feeding()
+        if not self._state.stop_requested and self._book.validating():
+            # The last step's validation is part of the run's result.
+            await self._wait_for(
+                lambda: not self._book.validating(), self._config.rollout.timeouts.agent_seconds
+            )
         grace = self._config.stop_grace_seconds
         if self._book.inflight() and grace and not self._state.stop_cancels_inflight:
             await self._wait_for_rollouts(grace)
@@ -213,6 +219,7 @@ class TrainingWorkflow:
             )
             await self._wait_for_rollouts(120)
         self._book.close()
+        await self._flush_records()
         self._phase = TrainingPhase.FINISHED
         self._publish()
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -229,10 +236,12 @@ class TrainingWorkflow:
         )
 
     async def _wait_for_rollouts(self, seconds: float) -> None:
+        await self._wait_for(lambda: not self._book.inflight(), seconds)
+
+    async def _wait_for(self, condition: Callable[[], bool], seconds: float) -> None:
+        """Wait for rollouts to report; those still silent after `seconds` are looked up."""
         try:
-            await workflow.wait_condition(
-                lambda: not self._book.inflight(), timeout=timedelta(seconds=seconds)
-            )
+            await workflow.wait_condition(condition, timeout=timedelta(seconds=seconds))
         except TimeoutError:
             await self._reconcile()
 
@@ -317,8 +326,6 @@ class TrainingWorkflow:
     async def _record(self, record: StepRecord) -> None:
         state = self._state
         state.recent_steps = [*state.recent_steps, record][-RECENT_STEPS:]
-        state.last_step_at = record.time
-        state.ended_at_last_step = self._book.accounted()
         state.unwritten_records.append(record)
         await self._flush_records()
         self._publish()

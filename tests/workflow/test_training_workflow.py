@@ -15,6 +15,7 @@ from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from tests.accounting import assert_accounted
 from tests.workflow.training_stubs import StubRolloutWorkflow, StubTrainerActivities
 from workflows.contracts import HttpAgentSpec, RolloutMode
 from workflows.training_contracts import (
@@ -91,19 +92,6 @@ def tasks(count: int, **fields: object) -> list[dict]:
     return [{"id": i, **fields} for i in range(count)]
 
 
-def assert_accounted(summary: TrainingSummary, inflight: int = 0) -> None:
-    c = summary.counters
-    ended = (
-        c.rollouts_trained
-        + c.rollouts_in_dropped_groups
-        + c.rollouts_failed
-        + c.rollouts_cancelled
-        + c.rollouts_validated
-        + c.rollouts_left_over
-    )
-    assert ended + inflight == c.rollouts_started, c
-
-
 async def result(handle: WorkflowHandle) -> TrainingSummary:
     return await asyncio.wait_for(handle.result(), TIMEOUT)
 
@@ -126,7 +114,7 @@ async def test_sync_mode_trains_on_policy_steps_in_order(time_skipping_env: Work
     record = h.stubs.records[3].record
     assert record.reward_mean == pytest.approx(0.5) and record.paused_seconds == 0.05
     assert summary.counters.rollouts_trained == 24
-    assert_accounted(summary)
+    assert_accounted(summary.counters)
 
 
 async def test_failed_members_keep_a_group_down_to_min_group_size(
@@ -144,7 +132,7 @@ async def test_failed_members_keep_a_group_down_to_min_group_size(
     c = summary.counters
     assert c.groups_dropped_small == 4 and c.rollouts_failed == 4 + 8
     assert c.rollouts_in_dropped_groups == 8
-    assert_accounted(summary)
+    assert_accounted(summary.counters)
 
 
 async def test_equal_reward_groups_are_dropped_or_trained_by_config(
@@ -156,8 +144,8 @@ async def test_equal_reward_groups_are_dropped_or_trained_by_config(
         kept = await result(await h.start(h.config(epochs=1, equal_reward_groups="train")))
     assert dropped.counters.groups_dropped_equal == 4 and dropped.counters.groups_trained == 4
     assert kept.counters.groups_dropped_equal == 0 and kept.counters.groups_trained == 8
-    assert_accounted(dropped)
-    assert_accounted(kept)
+    assert_accounted(dropped.counters)
+    assert_accounted(kept.counters)
 
 
 async def test_async_mode_keeps_rollouts_going_and_drops_stale_groups(
@@ -178,7 +166,7 @@ async def test_async_mode_keeps_rollouts_going_and_drops_stale_groups(
     assert any(lag == 1 for lag in lags), "async mode never trained an off-policy group"
     # In-flight rollouts at the end were cancelled and reported as such.
     assert c.rollouts_cancelled > 0 and len(h.stubs.cancelled) >= c.rollouts_cancelled
-    assert_accounted(summary)
+    assert_accounted(summary.counters)
 
 
 async def test_pause_holds_new_rollouts_and_resume_and_stop_follow(
@@ -203,7 +191,7 @@ async def test_pause_holds_new_rollouts_and_resume_and_stop_follow(
         summary = await result(handle)
         assert (await h.status(handle)).phase == "finished"
     assert summary.stopped and summary.reason == "stopped by request"
-    assert_accounted(summary)
+    assert_accounted(summary.counters)
 
 
 async def test_knob_update_is_validated_and_reaches_train_step(
@@ -237,7 +225,7 @@ async def test_validation_runs_every_k_steps_and_joins_the_step_record(
     record = h.stubs.records[2].record
     assert record.val_reward_mean == 0.0 and record.val_success_rate == 0.0  # member 0 gets 0
     assert h.stubs.records[1].record.val_reward_mean is None
-    assert_accounted(summary)
+    assert_accounted(summary.counters)
 
 
 async def test_continue_as_new_loses_no_rollout_across_runs(
@@ -267,8 +255,28 @@ async def test_continue_as_new_loses_no_rollout_across_runs(
     c = summary.counters
     assert c.rollouts_started == len(h.stubs.started) >= 1000
     assert c.duplicate_reports == 0 and c.unknown_reports == 0
-    assert_accounted(summary)
+    assert_accounted(summary.counters)
     assert status.history_length < 1000
+
+
+async def test_rollouts_whose_reports_are_lost_are_looked_up(
+    time_skipping_env: WorkflowEnvironment,
+):
+    """Every other task's reports never arrive; the trainer finds their results in Temporal
+    after `reconcile_after_seconds` of silence, and one terminated by hand counts as failed."""
+    rows = [{"id": i, "silent": i % 2 == 1, "duration": 5 + 45 * (i % 2)} for i in range(8)]
+    async with harness(time_skipping_env, rows) as h:
+        config = h.config(epochs=1, reconcile_after_seconds=100)
+        handle = await h.start(config)
+        await h.env.sleep(20)
+        silent = next(s for s in h.stubs.started if s.task["silent"])
+        await h.env.client.get_workflow_handle(f"rollout/{silent.rollout_id}").terminate()
+        summary = await result(handle)
+    c = summary.counters
+    assert h.stubs.lookups > 0
+    assert c.reconciled_rollouts == 16 and c.rollouts_failed == 1
+    assert c.groups_trained + c.groups_dropped_small == 8
+    assert_accounted(summary.counters)
 
 
 def test_group_book_accounts_a_report_for_an_unknown_rollout():

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import activity, workflow
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.training_activities import lookup_rollouts
     from workflows.contracts import RolloutResult, RolloutSpec, rollout_workflow_id
     from workflows.rollout_status import RolloutStatus
     from workflows.training_contracts import (
@@ -60,6 +61,7 @@ class StubRolloutWorkflow:
 
     @staticmethod
     async def _report(spec: RolloutSpec, status: RolloutStatus, reward: float | None):
+        """Like the real one; a task with `silent` loses its members' reports."""
         result = RolloutResult(
             run_id=spec.run_id,
             rollout_id=spec.rollout_id,
@@ -73,7 +75,7 @@ class StubRolloutWorkflow:
             call_ids=[f"{spec.rollout_id}-c0"],
             policy_versions=[spec.policy_version],
         )
-        if spec.report_to:
+        if spec.report_to and not spec.task.get("silent"):
             await workflow.get_external_workflow_handle(spec.report_to).signal(
                 "rollout_finished", result
             )
@@ -91,6 +93,7 @@ class StubTrainerActivities:
     syncs: list[int] = field(default_factory=list)
     records: dict[int, RecordStepRequest] = field(default_factory=dict)
     cancelled: list[str] = field(default_factory=list)
+    lookups: int = 0
 
     def activities(self) -> list:
         return [
@@ -148,13 +151,9 @@ class StubTrainerActivities:
 
     @activity.defn
     async def check_rollouts(self, rollout_ids: list[str]) -> list[RolloutLookup]:
-        found = []
-        for rollout_id in rollout_ids:
-            handle = self.client.get_workflow_handle(rollout_workflow_id(rollout_id))
-            described = await handle.describe()
-            if described.status == WorkflowExecutionStatus.RUNNING:
-                found.append(RolloutLookup(rollout_id=rollout_id, running=True))
-        return found
+        """The real lookup (it only reads Temporal)."""
+        self.lookups += len(rollout_ids)
+        return await lookup_rollouts(self.client, rollout_ids)
 
     @activity.defn
     async def train_step(self, request: TrainStepRequest) -> TrainStepResult:

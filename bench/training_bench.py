@@ -1,0 +1,175 @@
+"""Training benchmark: the demo run on the embedded dev stack, measured. Prints figures;
+asserts nothing.
+
+One async GRPO run of the digits demo config (continue-as-new forced early, so the trainer's
+history is seen across several runs) on a dev stack of its own, on ports beside the default
+dev stack's. Reports per step the gateway's pause for the weight sync and rollouts per minute;
+overall rollouts/s, Temporal history events per rollout and per step, each trainer run's
+history length, and each process's CPU seconds per rollout.
+
+    .venv/bin/python -m bench.training_bench [--steps 12] [--continue-as-new-after 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+from rich.console import Console
+from temporalio.client import Client, WorkflowExecutionStatus
+
+from deploy.demo import AGENT_SERVICE, demo_config
+from deploy.devstack import DevPorts, DevStack
+from deploy.progress import follow
+from workflows.contracts import TRAINER_TASK_QUEUE
+from workflows.temporal_connection import connect
+from workflows.training_contracts import TrainingSummary, training_workflow_id
+
+PORTS = DevPorts(temporal=17233, ui=18233, gateway=18100, policy=18200, agent_service=18300)
+RUN_TIMEOUT = 15 * 60
+
+
+@dataclass(frozen=True)
+class TrainerRun:
+    run_id: str
+    status: str
+    events: int
+
+
+@dataclass(frozen=True)
+class Figures:
+    summary: TrainingSummary
+    seconds: float
+    rollout_events: list[int]
+    trainer_runs: list[TrainerRun]
+    cpu_seconds: dict[str, float]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its reaped children."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def stack_cpu(stack: DevStack) -> dict[str, float]:
+    return {process.name: cpu_seconds(process.pid) for process in stack.processes}
+
+
+async def rollout_history_lengths(client: Client, run_id: str, sample: int) -> list[int]:
+    query = f'WorkflowType = "RolloutWorkflow" AND DarlRun = "{run_id}"'
+    lengths = []
+    async for execution in client.list_workflows(query, limit=sample):
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+        lengths.append(len((await handle.fetch_history()).events))
+    return lengths
+
+
+async def trainer_runs(client: Client, run_id: str) -> list[TrainerRun]:
+    """Every run of the trainer's continue-as-new chain, oldest first."""
+    workflow_id = training_workflow_id(run_id)
+    executions = [e async for e in client.list_workflows(f'WorkflowId = "{workflow_id}"')]
+    runs = []
+    for execution in sorted(executions, key=lambda e: e.start_time):
+        handle = client.get_workflow_handle(workflow_id, run_id=execution.run_id)
+        status = execution.status or WorkflowExecutionStatus.RUNNING
+        events = len((await handle.fetch_history()).events)
+        runs.append(TrainerRun(execution.run_id, status.name.lower(), events))
+    return runs
+
+
+async def measure(stack: DevStack, steps: int, continue_after: int, sample: int) -> Figures:
+    run_id = time.strftime("bench-%m%d-%H%M%S")
+    config = demo_config(stack, run_id, steps).model_copy(
+        update={"continue_as_new_after_events": continue_after}
+    )
+    client = await connect(stack.temporal)
+    print(
+        f"{config.mode.value} GRPO, {config.batch_size} groups x {config.group_size} rollouts "
+        f"a step, {steps} steps, continue-as-new after {continue_after} events"
+    )
+    cpu_before = stack_cpu(stack)
+    started = time.monotonic()
+    handle = await client.start_workflow(
+        "TrainingWorkflow",
+        config,
+        id=training_workflow_id(run_id),
+        task_queue=TRAINER_TASK_QUEUE,
+        result_type=TrainingSummary,
+    )
+    async with asyncio.timeout(RUN_TIMEOUT):
+        summary = await follow(handle, Console())
+    seconds = time.monotonic() - started
+    cpu_after = stack_cpu(stack)
+    return Figures(
+        summary=summary,
+        seconds=seconds,
+        rollout_events=await rollout_history_lengths(client, run_id, sample),
+        trainer_runs=await trainer_runs(client, run_id),
+        cpu_seconds={name: cpu_after[name] - cpu_before[name] for name in cpu_after},
+    )
+
+
+def report(figures: Figures, continue_after: int) -> None:
+    summary, c = figures.summary, figures.summary.counters
+    rollouts = c.rollouts_started
+    print(
+        f"\n{summary.steps} steps ({summary.reason}) in {figures.seconds:.0f}s: "
+        f"{rollouts} rollouts started, {rollouts / figures.seconds:.1f} rollouts/s; "
+        f"{c.rollouts_trained} trained ({c.rollouts_trained / figures.seconds:.1f}/s), "
+        f"{c.rollouts_in_dropped_groups} in dropped groups ({c.groups_dropped_equal} groups "
+        f"all-equal, {c.groups_dropped_stale} stale, {c.groups_dropped_small} short), "
+        f"{c.rollouts_failed} failed, "
+        f"{c.rollouts_cancelled} cancelled at the end, {c.rollouts_validated} validation"
+    )
+    events = figures.rollout_events
+    if events:
+        print(
+            f"Rollout workflow history: {statistics.fmean(events):.1f} events on average "
+            f"(min {min(events)}, max {max(events)}, {len(events)} sampled)"
+        )
+    runs = figures.trainer_runs
+    total = sum(run.events for run in runs)
+    print(
+        f"Trainer history: {total} events in {len(runs)} runs, "
+        f"{total / max(summary.steps, 1):.0f} per step, {total / max(rollouts, 1):.2f} per "
+        f"rollout; continue-as-new after {continue_after}"
+    )
+    for run in runs:
+        print(f"  run {run.run_id}: {run.events:>6} events ({run.status})")
+    print("CPU seconds per rollout, by process:")
+    for name, used in sorted(figures.cpu_seconds.items(), key=lambda item: -item[1]):
+        print(f"  {name:<16}{used:>8.1f} s  {used / max(rollouts, 1) * 1000:>7.1f} ms/rollout")
+    used = sum(figures.cpu_seconds.values())
+    print(f"  {'all':<16}{used:>8.1f} s  {used / max(rollouts, 1) * 1000:>7.1f} ms/rollout")
+
+
+def main(steps: int, continue_after: int, sample: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="darl-training-bench-") as home:
+        stack = DevStack(Path(home), PORTS, ui=False, model="digits", agent_service=AGENT_SERVICE)
+        print(f"starting the dev stack in {home} (Temporal on {PORTS.temporal})...")
+        stack.start()
+        try:
+            figures = asyncio.run(measure(stack, steps, continue_after, sample))
+        finally:
+            stack.stop()
+    report(figures, continue_after)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--continue-as-new-after", type=int, default=1000)
+    parser.add_argument("--history-sample", type=int, default=20, help="rollouts to inspect")
+    args = parser.parse_args()
+    main(args.steps, args.continue_as_new_after, args.history_sample)
+    # The Temporal SDK's runtime can crash at interpreter exit (sdk-python #300): leave now.
+    sys.stdout.flush()
+    os._exit(0)

@@ -1,0 +1,19 @@
+"""The accounting invariant of a training run, shared by its workflow and integration tests:
+every rollout the run started ended in exactly one counter (or is still out)."""
+
+from __future__ import annotations
+
+from workflows.training_contracts import Counters
+
+
+def assert_accounted(c: Counters, inflight: int = 0) -> None:
+    ended = (
+        c.rollouts_trained
+        + c.rollouts_in_dropped_groups
+        + c.rollouts_failed
+        + c.rollouts_cancelled
+        + c.rollouts_validated
+        + c.rollouts_left_over
+    )
+    assert ended + inflight == c.rollouts_started, c
+    assert c.unknown_reports == 0, c

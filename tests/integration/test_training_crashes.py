@@ -1,0 +1,169 @@
+"""Crashes mid-training lose no step and apply none twice: a trainer worker killed with SIGKILL
+inside train_step is replaced and the step retried from the last checkpoint; a Temporal dev
+server killed mid-run and restarted on its database lets the run finish where it was."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from deploy.devstack import register_search_attributes, wait_for_port
+from deploy.processes import ManagedProcess
+from tests.conftest import BIN
+from tests.integration.stack import Stack
+from tests.integration.training_stack import (
+    activity_attempts,
+    check_finished_run,
+    start_training,
+    start_training_stack,
+    training_config,
+    training_result,
+    wait_for_progress,
+)
+from workflows import search_attributes as sa
+from workflows.temporal_connection import TemporalSettings, connect
+from workflows.training_contracts import TrainingPhase, TrainingSummary
+from workflows.training_workflow import TRAIN_STEP
+
+pytestmark = pytest.mark.integration
+
+RUN_TIMEOUT = 150
+
+
+@pytest.fixture
+def training_stack(dev_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[Stack]:
+    stack = start_training_stack(tmp_path, dev_env.client)
+    yield stack
+    stack.stop()
+
+
+async def test_a_trainer_killed_in_train_step_loses_and_repeats_no_step(
+    training_stack: Stack,
+) -> None:
+    stack = training_stack
+    steps = 3
+    # Enough PPO epochs that a step takes seconds on one CPU thread: wide enough to hit.
+    config = training_config(
+        stack, f"crash-{uuid.uuid4().hex[:8]}", steps, backend_settings={"ppo_epochs": 600}
+    )
+    handle = await start_training(stack.client, config, stack.trainer_queue)
+    await wait_for_progress(
+        stack, handle, lambda p: p.phase == TrainingPhase.TRAINING and p.step == 1, timeout=90
+    )
+    stack.processes["trainer"].kill()  # SIGKILL mid-step: no checkpoint, no goodbye
+    await asyncio.to_thread(stack.start_trainer_worker, "trainer-2")
+    summary = await training_result(stack, handle, RUN_TIMEOUT)
+
+    check_finished_run(summary, config)
+    # Step 2 was trained twice: its first attempt died with the worker (its heartbeat
+    # stopped) and the retry trained it again from step 1's checkpoint.
+    attempts = await activity_attempts(handle, TRAIN_STEP)
+    assert len(attempts) == steps
+    assert attempts[1] > 1, attempts
+    log = (stack.root / "logs" / "trainer-2.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
+
+
+# --- a Temporal dev server of the test's own, killed and restarted on its database ---------
+
+
+def free_port() -> int:
+    # The dev server must come back on the same port, so the test picks it (a small race
+    # with other programs binding ports, acceptable on a test machine).
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class DevServer:
+    """`temporal server start-dev` on a SQLite file (WAL, as the dev stack runs it)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.settings = TemporalSettings(address=f"127.0.0.1:{self.port}")
+        self.process: ManagedProcess | None = None
+
+    def start(self) -> None:
+        argv = [
+            str(BIN / "temporal"),
+            "server",
+            "start-dev",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--db-filename",
+            str(self.root / "temporal.db"),
+            "--sqlite-pragma",
+            "journal_mode=wal",
+            "--sqlite-pragma",
+            "synchronous=normal",
+            "--log-level",
+            "warn",
+            "--headless",
+            *sa.dev_server_flags(),
+        ]
+        self.process = ManagedProcess("temporal", argv, self.root / "logs" / "temporal.log")
+        self.process.start()
+        wait_for_port("127.0.0.1", self.port, 60, self.process)
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+
+@pytest.fixture
+def dev_server(tmp_path: Path) -> Iterator[DevServer]:
+    server = DevServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_a_restarted_temporal_server_resumes_the_run(
+    dev_server: DevServer, tmp_path: Path
+) -> None:
+    await register_search_attributes(dev_server.settings)
+    client = await connect(dev_server.settings)
+    stack = await asyncio.to_thread(start_training_stack, tmp_path / "stack", client)
+    try:
+        steps = 4
+        config = training_config(stack, f"restart-{uuid.uuid4().hex[:8]}", steps)
+        handle = await start_training(client, config, stack.trainer_queue)
+        await wait_for_progress(
+            stack, handle, lambda p: p.step >= 1 and p.inflight_rollouts > 0, timeout=90
+        )
+        dev_server.kill()  # SIGKILL: whatever reached the database is all there is
+        await asyncio.sleep(3)
+        dev_server.start()
+        client = await reconnect(dev_server.settings)
+        handle = client.get_workflow_handle(handle.id, result_type=TrainingSummary)
+        summary = await training_result(stack, handle, RUN_TIMEOUT)
+
+        check_finished_run(summary, config)
+        # Every component rode out the outage (none exited and was missed).
+        for process in stack.processes.values():
+            assert process.running(), f"{process.name}: {process.log_tail()}"
+    finally:
+        await asyncio.to_thread(stack.stop)
+
+
+async def reconnect(settings: TemporalSettings) -> Client:
+    async with asyncio.timeout(60):
+        while True:
+            try:
+                return await connect(settings)
+            except RuntimeError:
+                await asyncio.sleep(0.5)
