@@ -64,7 +64,11 @@ def stack_cpu(stack: DevStack) -> dict[str, float]:
 
 
 async def rollout_history_lengths(client: Client, run_id: str, sample: int) -> list[int]:
-    query = f'WorkflowType = "RolloutWorkflow" AND DarlRun = "{run_id}"'
+    # Trained rollouts' histories (the newest rollouts of a run are the cancelled ones).
+    query = (
+        f'WorkflowType = "RolloutWorkflow" AND DarlRun = "{run_id}" '
+        'AND DarlStatus = "succeeded" AND DarlMode = "train"'
+    )
     lengths = []
     async for execution in client.list_workflows(query, limit=sample):
         handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)

@@ -12,8 +12,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated
 
+import httpx
 import typer
 import uvloop
+from temporalio.client import Client
+from temporalio.worker import Worker
 
 from deploy.devstack import SECRETS_FILE, DevPorts, DevStack
 from deploy.serving import serve_app, write_ready_file
@@ -75,6 +78,28 @@ def _run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> No
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def run_worker(
+    build: Callable[[Client, httpx.AsyncClient], Worker],
+    temporal: TemporalSettings,
+    task_queue: str,
+    ready_file: Path | None,
+) -> None:
+    """Run a Temporal worker (with one pooled HTTP client) until SIGINT/SIGTERM."""
+
+    async def main(stop: asyncio.Event) -> None:
+        client = await connect(temporal)
+        async with (
+            httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as http_client,
+            build(client, http_client),
+        ):
+            if ready_file is not None:
+                write_ready_file(ready_file, {"task_queue": task_queue})
+            log.info("worker polling %s", task_queue)
+            await stop.wait()
+
+    _run_until_signalled(main)
 
 
 @app.command("policy-server")
@@ -199,8 +224,6 @@ def worker(
 ) -> None:
     """Run a rollout worker (RolloutWorkflow and the agent activities)."""
     _setup_logging()
-    import httpx
-
     from activities.worker import RolloutWorkerSettings, build_worker
 
     settings = RolloutWorkerSettings(
@@ -214,18 +237,12 @@ def worker(
     )
     configure_tracing("darl-rollout-worker")
 
-    async def main(stop: asyncio.Event) -> None:
-        client = await connect(TemporalSettings.from_env(temporal_address, namespace))
-        async with (
-            httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as http_client,
-            build_worker(client, settings, http_client),
-        ):
-            if ready_file is not None:
-                write_ready_file(ready_file, {"task_queue": settings.task_queue})
-            log.info("rollout worker polling %s", settings.task_queue)
-            await stop.wait()
-
-    _run_until_signalled(main)
+    run_worker(
+        lambda client, http: build_worker(client, settings, http),
+        TemporalSettings.from_env(temporal_address, namespace),
+        settings.task_queue,
+        ready_file,
+    )
 
 
 @app.command()

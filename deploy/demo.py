@@ -82,7 +82,7 @@ def report(
     if records:
         console.print(
             f"reward {statistics.fmean(r.reward_mean for r in first):.3f} (first 3 steps) -> "
-            f"{statistics.fmean(r.reward_mean for r in last):.3f} (last 3); exact copies "
+            f"{statistics.fmean(r.reward_mean for r in last):.3f} (last 3); exact answers "
             f"{statistics.fmean(r.success_rate for r in first):.0%} -> "
             f"{statistics.fmean(r.success_rate for r in last):.0%}"
         )
@@ -97,7 +97,8 @@ def report(
         f"{c.rollouts_trained} trained, {c.rollouts_in_dropped_groups} in dropped groups "
         f"({c.groups_dropped_equal} all-equal, {c.groups_dropped_stale} stale, "
         f"{c.groups_dropped_small} short), {c.rollouts_failed} failed, "
-        f"{c.rollouts_cancelled} cancelled at the end, {c.rollouts_validated} validation"
+        f"{c.rollouts_cancelled} cancelled and {c.rollouts_left_over} left over at the end, "
+        f"{c.rollouts_validated} validation"
     )
     plot = plot_rewards(run_dir, summary.run_id)
     console.print(f"reward curve: {plot}", soft_wrap=True)

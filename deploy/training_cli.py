@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from deploy.progress import follow, status_line, step_line, web_ui_link
-from deploy.serving import serve_app, write_ready_file
+from deploy.serving import serve_app
 from workflows.contracts import TRAINER_TASK_QUEUE
 from workflows.temporal_connection import TemporalSettings, connect
 from workflows.training_contracts import (
@@ -221,11 +221,10 @@ def trainer_worker(
     ready_file: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
     """Run the trainer worker (TrainingWorkflow, train_step, weight sync)."""
-    import httpx
     import torch
 
     from activities.trainer_worker import TrainerWorkerSettings, build_trainer_worker
-    from deploy.cli import _run_until_signalled, _secret, _setup_logging
+    from deploy.cli import _secret, _setup_logging, run_worker
     from deploy.telemetry import configure_tracing
 
     _setup_logging()
@@ -238,18 +237,12 @@ def trainer_worker(
     )
     configure_tracing("darl-trainer-worker")
 
-    async def main(stop_event: asyncio.Event) -> None:
-        client = await connect(TemporalSettings.from_env(temporal_address, namespace))
-        async with (
-            httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as http_client,
-            build_trainer_worker(client, settings, http_client),
-        ):
-            if ready_file is not None:
-                write_ready_file(ready_file, {"task_queue": settings.task_queue})
-            log.info("trainer worker polling %s", settings.task_queue)
-            await stop_event.wait()
-
-    _run_until_signalled(main)
+    run_worker(
+        lambda client, http: build_trainer_worker(client, settings, http),
+        TemporalSettings.from_env(temporal_address, namespace),
+        settings.task_queue,
+        ready_file,
+    )
 
 
 def register(app: typer.Typer) -> None:
