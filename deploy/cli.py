@@ -3,28 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
-import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated
 
-import httpx
 import typer
-import uvloop
-from temporalio.client import Client
-from temporalio.worker import Worker
 
-from deploy.devstack import SECRETS_FILE, DevPorts, DevStack
-from deploy.serving import serve_app, write_ready_file
+from deploy.cli_support import (
+    run_client,
+    run_until_signalled,
+    run_worker,
+    secret,
+    setup_logging,
+)
+from deploy.devstack import DevPorts, DevStack
+from deploy.serving import serve_app
 from deploy.telemetry import configure_tracing
 from workflows.temporal_connection import TemporalSettings, connect
 
 app = typer.Typer(no_args_is_help=True, help="DARL: durable agentic RL on Temporal.")
-log = logging.getLogger("darl")
 
 Home = Annotated[Path, typer.Option(envvar="DARL_HOME", help="DARL's state directory.")]
 TemporalAddress = Annotated[str, typer.Option(envvar="TEMPORAL_ADDRESS")]
@@ -33,73 +32,6 @@ ReadyFile = Annotated[
     Path | None, typer.Option(help="Write the bound address here once serving (JSON).")
 ]
 Host = Annotated[str, typer.Option(help="Interface to bind; loopback unless you mean it.")]
-
-
-def _setup_logging() -> None:
-    logging.basicConfig(
-        level=os.environ.get("DARL_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    # One line per HTTP request is noise at INFO.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-
-
-def _secret(name: str, home: Path) -> str:
-    """From the environment, else from the dev stack's secrets file."""
-    value = os.environ.get(name)
-    if value:
-        return value
-    path = home / SECRETS_FILE
-    if path.exists():
-        return json.loads(path.read_text())[name]
-    raise typer.BadParameter(f"set {name} (or run `darl dev` once to create {path})")
-
-
-def _run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
-    """Run `main(stop)`; SIGINT/SIGTERM set `stop`. Exits with os._exit after flushing, which
-    sidesteps a crash at interpreter exit seen with the Temporal SDK's runtime."""
-
-    async def runner() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await main(stop)
-
-    code = 0
-    try:
-        # uvloop: the event loop's own overhead is a large part of the gateway's cost per call.
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as loop_runner:
-            loop_runner.run(runner())
-    except Exception:
-        log.exception("stopped by an error")
-        code = 1
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def run_worker(
-    build: Callable[[Client, httpx.AsyncClient], Worker],
-    temporal: TemporalSettings,
-    task_queue: str,
-    ready_file: Path | None,
-) -> None:
-    """Run a Temporal worker (with one pooled HTTP client) until SIGINT/SIGTERM."""
-
-    async def main(stop: asyncio.Event) -> None:
-        client = await connect(temporal)
-        async with (
-            httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as http_client,
-            build(client, http_client),
-        ):
-            if ready_file is not None:
-                write_ready_file(ready_file, {"task_queue": task_queue})
-            log.info("worker polling %s", task_queue)
-            await stop.wait()
-
-    _run_until_signalled(main)
 
 
 @app.command("policy-server")
@@ -122,7 +54,7 @@ def policy_server(
     ready_file: ReadyFile = None,
 ) -> None:
     """Serve the tiny reference model with an OpenAI-compatible API (vLLM's fields)."""
-    _setup_logging()
+    setup_logging()
     import torch
 
     from trainer.policy_server import PolicyServer, create_policy_app
@@ -149,7 +81,7 @@ def policy_server(
         finally:
             await asyncio.to_thread(server.engine.stop)
 
-    _run_until_signalled(main)
+    run_until_signalled(main)
 
 
 @app.command()
@@ -175,14 +107,14 @@ def gateway(
     ready_file: ReadyFile = None,
 ) -> None:
     """Run the capturing OpenAI-compatible gateway."""
-    _setup_logging()
+    setup_logging()
     from gateway.app import GatewaySettings, create_app
     from gateway.proxy import ProxySettings
     from gateway.store import DirectoryTrajectoryStore
 
     settings = GatewaySettings(
-        token_secret=_secret("DARL_TOKEN_SECRET", home).encode(),
-        admin_key=_secret("DARL_ADMIN_KEY", home),
+        token_secret=secret("DARL_TOKEN_SECRET", home).encode(),
+        admin_key=secret("DARL_ADMIN_KEY", home),
         upstreams=tuple(upstream),
         proxy=ProxySettings(
             model=model,
@@ -203,7 +135,7 @@ def gateway(
             create_app(settings, store, client), host, port, stop, ready_file, "gateway"
         )
 
-    _run_until_signalled(main)
+    run_until_signalled(main)
 
 
 @app.command()
@@ -223,14 +155,14 @@ def worker(
     ready_file: ReadyFile = None,
 ) -> None:
     """Run a rollout worker (RolloutWorkflow and the agent activities)."""
-    _setup_logging()
+    setup_logging()
     from activities.worker import RolloutWorkerSettings, build_worker
 
     settings = RolloutWorkerSettings(
         gateway_url=gateway_url,
         gateway_admin_url=gateway_admin_url,
-        token_secret=_secret("DARL_TOKEN_SECRET", home).encode(),
-        admin_key=_secret("DARL_ADMIN_KEY", home),
+        token_secret=secret("DARL_TOKEN_SECRET", home).encode(),
+        admin_key=secret("DARL_ADMIN_KEY", home),
         agents_dir=agents_dir.resolve(),
         task_queue=task_queue,
         max_concurrent_agents=max_concurrent_agents,
@@ -260,7 +192,7 @@ def dev(
     ] = None,
 ) -> None:
     """Start the embedded stack and keep it up until Ctrl-C."""
-    _setup_logging()
+    setup_logging()
     stack = DevStack(
         home,
         DevPorts(temporal_port, ui_port, gateway_port, policy_port, agent_port),
@@ -305,7 +237,7 @@ def demo(
     agent_port: int = 8300,
 ) -> None:
     """Start the stack, train the tiny digits model with RL while you watch, stop."""
-    _setup_logging()
+    setup_logging()
     logging.getLogger().setLevel(logging.WARNING)
     from deploy.demo import AGENT_SERVICE, run_demo
 
@@ -352,7 +284,7 @@ def rollout(
             result = await handle.result()
             typer.echo(result.model_dump_json(indent=2))
 
-    asyncio.run(main())
+    run_client(main)
 
 
 def main() -> None:

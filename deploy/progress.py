@@ -50,7 +50,8 @@ async def follow(
     # The handle was made with result_type=TrainingSummary.
     result = asyncio.ensure_future(handle.result())
     with console.status("starting...") as status:
-        while not result.done():
+        while True:
+            finished = result.done()
             try:
                 records = await handle.query("metrics", result_type=list[StepRecord])
                 progress = await handle.query("status", result_type=TrainingProgress)
@@ -58,16 +59,21 @@ async def follow(
                 # A query can time out while a worker restarts; the run goes on.
                 status.update(f"waiting for the trainer worker ({err.message})")
             else:
-                for record in records:
-                    if record.step not in shown:
-                        console.print(step_line(record))
-                    elif record != shown[record.step] and record.val_reward_mean is not None:
-                        console.print(
-                            f"{'':>5} validation of step {record.step}: reward "
-                            f"{record.val_reward_mean:.3f}, success "
-                            f"{record.val_success_rate or 0:.0%}"
-                        )
-                    shown[record.step] = record
+                _print_new(console, records, shown)
                 status.update(status_line(progress))
+            if finished:
+                # One last look after the end: the last steps may have landed since.
+                return result.result()
             await asyncio.wait({result}, timeout=interval)
-    return result.result()
+
+
+def _print_new(console: Console, records: list[StepRecord], shown: dict[int, StepRecord]) -> None:
+    for record in records:
+        if record.step not in shown:
+            console.print(step_line(record))
+        elif record != shown[record.step] and record.val_reward_mean is not None:
+            console.print(
+                f"{'':>5} validation of step {record.step}: reward "
+                f"{record.val_reward_mean:.3f}, success {record.val_success_rate or 0:.0%}"
+            )
+        shown[record.step] = record

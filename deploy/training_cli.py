@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +13,13 @@ import yaml
 from pydantic import ValidationError
 from rich.console import Console
 
+from deploy.cli_support import (
+    run_client,
+    run_until_signalled,
+    run_worker,
+    secret,
+    setup_logging,
+)
 from deploy.progress import follow, status_line, step_line, web_ui_link
 from deploy.serving import serve_app
 from workflows.contracts import TRAINER_TASK_QUEUE
@@ -26,8 +32,6 @@ from workflows.training_contracts import (
     TrainingSummary,
     training_workflow_id,
 )
-
-log = logging.getLogger("darl")
 
 Run = Annotated[str, typer.Argument(help="The run id (its workflow is train/<run id>).")]
 TemporalAddress = Annotated[str, typer.Option(envvar="TEMPORAL_ADDRESS")]
@@ -107,7 +111,7 @@ def train(
             summary = await follow(handle, Console())
             typer.echo(summary.model_dump_json(indent=2))
 
-    asyncio.run(main())
+    run_client(main)
 
 
 def status(
@@ -129,7 +133,7 @@ def status(
         for record in records[-10:]:
             typer.echo(step_line(record))
 
-    asyncio.run(main())
+    run_client(main)
 
 
 def _signal(run: str, name: str, address: str, namespace: str, arg: object = None) -> None:
@@ -141,7 +145,7 @@ def _signal(run: str, name: str, address: str, namespace: str, arg: object = Non
             await handle.signal(name, arg)
         typer.echo(f"sent {name} to {handle.id}")
 
-    asyncio.run(main())
+    run_client(main)
 
 
 def pause(
@@ -194,9 +198,8 @@ def agent_service(
     ready_file: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
     """Host an agent HTTP service (e.g. examples.digits.agent_service:app)."""
-    from deploy.cli import _run_until_signalled, _setup_logging
 
-    _setup_logging()
+    setup_logging()
     module_name, _, attribute = target.partition(":")
     if not attribute:
         raise typer.BadParameter("expected module:attribute")
@@ -205,7 +208,7 @@ def agent_service(
     async def main(stop: asyncio.Event) -> None:
         await serve_app(asgi, host, port, stop, ready_file, "agent-service")
 
-    _run_until_signalled(main)
+    run_until_signalled(main)
 
 
 def trainer_worker(
@@ -224,15 +227,14 @@ def trainer_worker(
     import torch
 
     from activities.trainer_worker import TrainerWorkerSettings, build_trainer_worker
-    from deploy.cli import _secret, _setup_logging, run_worker
     from deploy.telemetry import configure_tracing
 
-    _setup_logging()
+    setup_logging()
     torch.set_num_threads(threads)
     settings = TrainerWorkerSettings(
         store_dir=store_dir.resolve(),
         runs_dir=runs_dir.resolve(),
-        admin_key=_secret("DARL_ADMIN_KEY", home),
+        admin_key=secret("DARL_ADMIN_KEY", home),
         task_queue=task_queue,
     )
     configure_tracing("darl-trainer-worker")

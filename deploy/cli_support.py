@@ -1,0 +1,109 @@
+"""What the `darl` commands share: logging, secrets, running a long-lived component until
+SIGINT/SIGTERM, running a Temporal worker, and leaving a short client command cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import httpx
+import typer
+import uvloop
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from deploy.devstack import SECRETS_FILE
+from deploy.serving import write_ready_file
+from workflows.temporal_connection import TemporalSettings, connect
+
+log = logging.getLogger("darl")
+
+
+def setup_logging() -> None:
+    logging.basicConfig(
+        level=os.environ.get("DARL_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # One line per HTTP request is noise at INFO.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def secret(name: str, home: Path) -> str:
+    """From the environment, else from the dev stack's secrets file."""
+    value = os.environ.get(name)
+    if value:
+        return value
+    path = home / SECRETS_FILE
+    if path.exists():
+        return json.loads(path.read_text())[name]
+    raise typer.BadParameter(f"set {name} (or run `darl dev` once to create {path})")
+
+
+def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run `main(stop)`; SIGINT/SIGTERM set `stop`. Exits with os._exit after flushing, which
+    sidesteps a crash at interpreter exit seen with the Temporal SDK's runtime."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    code = 0
+    try:
+        # uvloop: the event loop's own overhead is a large part of the gateway's cost per call.
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as loop_runner:
+            loop_runner.run(runner())
+    except Exception:
+        log.exception("stopped by an error")
+        code = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run_worker(
+    build: Callable[[Client, httpx.AsyncClient], Worker],
+    temporal: TemporalSettings,
+    task_queue: str,
+    ready_file: Path | None,
+) -> None:
+    """Run a Temporal worker (with one pooled HTTP client) until SIGINT/SIGTERM."""
+
+    async def main(stop: asyncio.Event) -> None:
+        client = await connect(temporal)
+        async with (
+            httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as http_client,
+            build(client, http_client),
+        ):
+            if ready_file is not None:
+                write_ready_file(ready_file, {"task_queue": task_queue})
+            log.info("worker polling %s", task_queue)
+            await stop.wait()
+
+    run_until_signalled(main)
+
+
+def run_client(main: Callable[[], Awaitable[None]]) -> None:
+    """Run a short client command, then leave with os._exit after flushing: the Temporal
+    SDK's runtime can abort the interpreter's finalization (SIGABRT) after the work is done.
+    A server's refusal (no such workflow) is a one-line error, exit status 1."""
+    from temporalio.service import RPCError
+
+    code = 0
+    try:
+        asyncio.run(main())
+    except RPCError as err:
+        typer.echo(f"error: {err.message}", err=True)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
