@@ -16,6 +16,7 @@ from activities.agent_contract import ContractIssuer
 from activities.rollout_activities import GatewayNotifier, RolloutActivities
 from activities.runners.base import AgentRunner
 from activities.runners.http import HttpAgentRunner
+from activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
 from activities.runners.local import LocalProcessRunner
 from workflows.contracts import ROLLOUT_TASK_QUEUE
 from workflows.rollout_workflow import RolloutWorkflow
@@ -32,6 +33,8 @@ class RolloutWorkerSettings:
     gateway_admin_url: str | None = None
     task_queue: str = ROLLOUT_TASK_QUEUE
     max_concurrent_agents: int = 256
+    # Runs `kubernetes` agents as Jobs when set.
+    kubernetes: KubernetesSettings | None = None
 
 
 def build_worker(
@@ -47,6 +50,8 @@ def build_worker(
             LocalProcessRunner.kind: LocalProcessRunner(settings.agents_dir),
             HttpAgentRunner.kind: HttpAgentRunner(http_client),
         }
+        if settings.kubernetes is not None:
+            runners[KubernetesJobRunner.kind] = KubernetesJobRunner(settings.kubernetes)
     notifier = None
     if settings.admin_key:
         notifier = GatewayNotifier(

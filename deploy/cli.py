@@ -149,6 +149,15 @@ def worker(
     agents_dir: Path = Path(".darl/agents"),
     task_queue: str = "darl-rollouts",
     max_concurrent_agents: int = 256,
+    k8s_namespace: Annotated[
+        str | None,
+        typer.Option(envvar="DARL_K8S_NAMESPACE", help="Run kubernetes agents as Jobs here."),
+    ] = None,
+    k8s_api_url: Annotated[
+        str | None,
+        typer.Option(envvar="DARL_K8S_API_URL", help="The API server (default: kubeconfig)."),
+    ] = None,
+    k8s_jobs_per_minute: Annotated[float, typer.Option(envvar="DARL_K8S_JOBS_PER_MINUTE")] = 120.0,
     temporal_address: TemporalAddress = "127.0.0.1:7233",
     namespace: Namespace = "default",
     home: Home = Path(".darl"),
@@ -156,6 +165,7 @@ def worker(
 ) -> None:
     """Run a rollout worker (RolloutWorkflow and the agent activities)."""
     setup_logging()
+    from activities.runners.kubernetes import KubernetesSettings
     from activities.worker import RolloutWorkerSettings, build_worker
 
     settings = RolloutWorkerSettings(
@@ -166,6 +176,11 @@ def worker(
         agents_dir=agents_dir.resolve(),
         task_queue=task_queue,
         max_concurrent_agents=max_concurrent_agents,
+        kubernetes=None
+        if k8s_namespace is None
+        else KubernetesSettings(
+            namespace=k8s_namespace, api_url=k8s_api_url, jobs_per_minute=k8s_jobs_per_minute
+        ),
     )
     configure_tracing("darl-rollout-worker")
 

@@ -71,7 +71,34 @@ class HttpAgentSpec(Contract):
     env_map: dict[str, str] = Field(default_factory=dict)
 
 
-AgentSpec = Annotated[LocalAgentSpec | HttpAgentSpec, Field(discriminator="kind")]
+class KubernetesAgentSpec(Contract):
+    """An agent run as a Kubernetes Job, one per attempt.
+
+    `job_template` is a Job manifest (YAML, Jinja placeholders over `task`, `rollout_id`,
+    `attempt`, `run_id`, `mode`) on the worker's disk; without one, `image` and `command`
+    make a one-container Job. DARL fills in the name, labels, the agent contract in the
+    environment (the token from a Secret owned by the Job) and enforces what makes an attempt
+    durable and contained: `backoffLimit: 0`, `restartPolicy: Never`, the rollout timeout as
+    `activeDeadlineSeconds`, no service account token, non-root.
+    """
+
+    kind: Literal["kubernetes"] = "kubernetes"
+    job_template: str | None = None
+    image: str | None = None
+    command: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    env_map: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_way_to_start(self) -> KubernetesAgentSpec:
+        if (self.job_template is None) == (self.image is None):
+            raise ValueError("give exactly one of 'job_template' and 'image'")
+        return self
+
+
+AgentSpec = Annotated[
+    LocalAgentSpec | HttpAgentSpec | KubernetesAgentSpec, Field(discriminator="kind")
+]
 
 
 class RewardSpec(Contract):

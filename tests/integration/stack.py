@@ -99,7 +99,7 @@ class Stack:
         )
         self.gateway_url = info["url"]
 
-    def start_worker(self, name: str = "worker") -> None:
+    def start_worker(self, name: str = "worker", *extra: str) -> None:
         self._start(
             name,
             [
@@ -110,6 +110,7 @@ class Stack:
                 str(self.agents_dir),
                 "--task-queue",
                 self.task_queue,
+                *extra,
             ],
         )
 

@@ -1,0 +1,114 @@
+"""The Jobs the Kubernetes runner generates: names, labels, the agent contract in the
+environment (the token only through the Secret), and the fields DARL enforces over a
+template that asks for more. Every generated Job validates against the Kubernetes schema."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+from temporalio.exceptions import ApplicationError
+
+from activities.agent_contract import ContractIssuer
+from activities.runners.kubernetes import (
+    JobRateLimiter,
+    KubernetesJobRunner,
+    KubernetesSettings,
+    job_name,
+)
+from tests.k8s_schema import validate
+from workflows.contracts import KubernetesAgentSpec, RolloutSpec, RolloutTimeouts
+
+TEMPLATE = Path(__file__).parents[1] / "k8s_fixtures" / "loose-job.yaml"
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def spec(agent: KubernetesAgentSpec, rollout_id: str = "run.e0.t3.1") -> RolloutSpec:
+    return RolloutSpec(
+        run_id="run",
+        rollout_id=rollout_id,
+        group_id="run.e0.t3",
+        task={"id": "t3", "question": "2+2", "answer": "4"},
+        agent=agent,
+        timeouts=RolloutTimeouts(agent_seconds=90),
+    )
+
+
+def manifest(rollout: RolloutSpec, attempt: int = 1) -> dict:
+    runner = KubernetesJobRunner(KubernetesSettings(namespace="agents"))
+    contract = ContractIssuer("http://darl-gateway.darl.svc:8100", b"secret").issue(
+        rollout, attempt, None, rollout.agent.env_map
+    )
+    return runner.job_manifest(rollout, attempt, contract)
+
+
+@pytest.mark.parametrize(
+    "rollout_id", ["r", "run.e0.t3.1", "A_Very.Long-Rollout_id." * 8, "x" * 200]
+)
+def test_job_names_are_dns_labels_unique_per_rollout_and_attempt(rollout_id: str):
+    name = job_name(rollout_id, 3)
+    assert DNS_LABEL.match(name) and len(name) <= 63
+    assert name == job_name(rollout_id, 3) != job_name(rollout_id, 4)
+    assert name != job_name(rollout_id + "x", 3)
+
+
+def test_a_template_is_rendered_and_tightened():
+    job = manifest(spec(KubernetesAgentSpec(job_template=str(TEMPLATE))), attempt=2)
+    validate(job)
+    meta, job_spec = job["metadata"], job["spec"]
+    assert meta["name"] == job_name("run.e0.t3.1", 2) and meta["namespace"] == "agents"
+    assert meta["labels"]["team"] == "rl" and meta["labels"]["task"] == "t3"
+    assert meta["labels"]["darl.dev/attempt"] == "2"
+    assert meta["annotations"]["darl.dev/rollout-id"] == "run.e0.t3.1"
+    assert job_spec["backoffLimit"] == 0 and job_spec["activeDeadlineSeconds"] == 90
+    assert job_spec["ttlSecondsAfterFinished"] > 0
+    pod = job_spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    box = pod["containers"][0]["securityContext"]
+    assert box["privileged"] is False and box["allowPrivilegeEscalation"] is False
+    assert box["runAsUser"] != 0
+    assert box["capabilities"] == {"drop": ["ALL"]}
+    assert job_spec["template"]["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "darl"
+    assert pod["containers"][0]["command"] == ["sh", "-c", "echo task t3"]
+
+
+def test_the_token_reaches_the_agent_only_through_the_secret():
+    job = manifest(spec(KubernetesAgentSpec(job_template=str(TEMPLATE))))
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    for name in ("OPENAI_API_KEY", "AGL_KEY"):
+        assert "value" not in env[name]
+        assert env[name]["valueFrom"]["secretKeyRef"]["name"] == job["metadata"]["name"]
+    assert env["KEEP_ME"]["value"] == "1"
+    assert env["DARL_ROLLOUT_ID"]["value"] == "run.e0.t3.1"
+    assert env["OPENAI_BASE_URL"]["value"].startswith("http://darl-gateway.darl.svc:8100/")
+    assert not {"DARL_TOKEN_SECRET", "DARL_ADMIN_KEY"} & set(env)
+
+
+def test_an_image_alone_makes_a_one_container_job():
+    agent = KubernetesAgentSpec(image="registry.example/agent:1", command=["python", "-m", "a"])
+    job = manifest(spec(agent))
+    validate(job)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.example/agent:1"
+
+
+def test_a_template_that_does_not_render_is_a_spec_error(tmp_path: Path):
+    broken = tmp_path / "job.yaml"
+    broken.write_text(TEMPLATE.read_text().replace("task.id", "task.missing"))
+    with pytest.raises(ApplicationError) as raised:
+        manifest(spec(KubernetesAgentSpec(job_template=str(broken))))
+    assert raised.value.type == "AgentSpecError" and raised.value.non_retryable
+    with pytest.raises(ApplicationError, match=r"does not exist|No such file"):
+        manifest(spec(KubernetesAgentSpec(job_template=str(tmp_path / "none.yaml"))))
+
+
+async def test_the_rate_limit_holds_the_next_creation():
+    limiter = JobRateLimiter(per_minute=2)
+    await limiter.acquire()
+    await limiter.acquire()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(limiter.acquire(), timeout=0.5)
