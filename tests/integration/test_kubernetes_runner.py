@@ -1,0 +1,267 @@
+"""The Kubernetes Job runner with the real kr8s client over real HTTP, against the Kubernetes
+API emulator of tests/k8s_emulator.py (an emulator, not Kubernetes: no kube-apiserver can run
+here). The emulator's Pods run their command as local processes, or act out a failure chosen
+by their image."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+
+from activities.agent_contract import ContractIssuer
+from activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings, job_name
+from tests.integration.stack import Stack
+from tests.k8s_emulator import KubernetesEmulator
+from tests.k8s_schema import validate
+from workflows.contracts import (
+    AgentExit,
+    AgentHandle,
+    AwaitRequest,
+    KubernetesAgentSpec,
+    LaunchRequest,
+    RewardSpec,
+    RolloutSpec,
+    RolloutTimeouts,
+)
+from workflows.rollout_status import RolloutStatus
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).parents[2]
+NAMESPACE = "darl-agents"
+ISSUER = ContractIssuer("http://127.0.0.1:9", b"secret")
+TIMEOUT = 60
+
+
+@pytest.fixture
+async def emulator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[KubernetesEmulator]:
+    # kr8s reads a kubeconfig even when given a URL: never a real cluster's here.
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    async with KubernetesEmulator(tmp_path / "emulator") as emu:
+        yield emu
+
+
+def runner_for(emu: KubernetesEmulator, **settings: object) -> KubernetesJobRunner:
+    return KubernetesJobRunner(KubernetesSettings(namespace=NAMESPACE, api_url=emu.url, **settings))
+
+
+def rollout(image: str, command: list[str] | None = None, seconds: float = 60) -> RolloutSpec:
+    return RolloutSpec(
+        run_id="k8s",
+        rollout_id=f"k8s.{image.rsplit('/', 1)[-1]}.{uuid.uuid4().hex[:8]}",
+        task={"id": "t1"},
+        agent=KubernetesAgentSpec(image=image, command=command),
+        timeouts=RolloutTimeouts(agent_seconds=seconds, heartbeat_seconds=3),
+    )
+
+
+async def launch(runner: KubernetesJobRunner, spec: RolloutSpec, attempt: int = 1) -> AgentHandle:
+    contract = ISSUER.issue(spec, attempt, None, {})
+    return await runner.launch(LaunchRequest(spec=spec, attempt=attempt), contract)
+
+
+async def wait(runner: KubernetesJobRunner, spec: RolloutSpec, handle: AgentHandle) -> AgentExit:
+    contract = ISSUER.issue(spec, handle.attempt, None, {})
+    request = AwaitRequest(spec=spec, attempt=handle.attempt, handle=handle)
+    beats: list[object] = []
+    return await asyncio.wait_for(runner.wait(request, contract, beats.append), TIMEOUT)
+
+
+async def test_an_agent_job_runs_to_its_exit_with_the_contract(emulator: KubernetesEmulator):
+    runner = runner_for(emulator)
+    spec = rollout(
+        "emulator/run",
+        ["sh", "-c", 'echo "rollout=$DARL_ROLLOUT_ID key=$OPENAI_API_KEY"; exit 0'],
+    )
+    handle = await launch(runner, spec)
+    job = next(j for j in emulator.objects("jobs", NAMESPACE))
+    validate(job)
+    agent_exit = await wait(runner, spec, handle)
+    assert agent_exit.exit_code == 0 and not agent_exit.timed_out
+    token = ISSUER.issue(spec, 1, None, {}).token.split(".")[0]
+    assert f"rollout={spec.rollout_id}" in agent_exit.log_tail
+    assert f"key={token}" in agent_exit.log_tail  # the token came from the Secret
+    (secret,) = [s for s in emulator.objects("secrets", NAMESPACE)]
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+
+
+async def test_a_failing_agent_is_a_result_with_its_exit_code(emulator: KubernetesEmulator):
+    runner = runner_for(emulator)
+    spec = rollout("emulator/run", ["sh", "-c", "echo broken >&2; exit 3"])
+    agent_exit = await wait(runner, spec, await launch(runner, spec))
+    assert agent_exit.exit_code == 3 and "broken" in agent_exit.log_tail
+
+
+async def test_a_new_worker_reattaches_to_the_job_and_never_makes_a_second(
+    emulator: KubernetesEmulator,
+):
+    spec = rollout("emulator/run", ["sh", "-c", "sleep 1; echo done"])
+    first = await launch(runner_for(emulator), spec)
+    # The worker crashed; its replacement retries the launch and awaits the same Job.
+    replacement = runner_for(emulator)
+    again = await launch(replacement, spec)
+    assert again.data["job"] == first.data["job"] and again.data["uid"] == first.data["uid"]
+    emulator.break_watches()  # a broken watch is re-listed, not lost
+    agent_exit = await wait(replacement, spec, first)
+    assert agent_exit.exit_code == 0 and "done" in agent_exit.log_tail
+    assert emulator.jobs_created(job_name(spec.rollout_id, 1), NAMESPACE) == 1
+
+
+@pytest.mark.parametrize(
+    ("image", "why"),
+    [
+        ("emulator/image-pull-error", "cannot be pulled"),
+        ("emulator/unschedulable", "cannot be scheduled"),
+        ("emulator/evicted", "evicted"),
+    ],
+)
+async def test_infra_failures_end_the_attempt_for_a_retry(
+    emulator: KubernetesEmulator, image: str, why: str
+):
+    runner = runner_for(emulator, unschedulable_seconds=0)
+    spec = rollout(image, ["sleep", "30"])
+    handle = await launch(runner, spec)
+    with pytest.raises(ApplicationError) as raised:
+        await wait(runner, spec, handle)
+    assert raised.value.type == "AgentLostError" and why in str(raised.value)
+    # The failed Job is deleted, so the next attempt starts clean.
+    async with asyncio.timeout(TIMEOUT):
+        while emulator.objects("jobs", NAMESPACE):
+            await asyncio.sleep(0.1)
+
+
+async def test_an_oom_killed_agent_is_reported_as_such(emulator: KubernetesEmulator):
+    runner = runner_for(emulator)
+    spec = rollout("emulator/oom", ["sleep", "30"])
+    agent_exit = await wait(runner, spec, await launch(runner, spec))
+    assert agent_exit.oom_killed and agent_exit.exit_code == 137
+
+
+async def test_the_deadline_ends_the_job_as_a_timeout(emulator: KubernetesEmulator):
+    runner = runner_for(emulator)
+    spec = rollout("emulator/sleep", seconds=1)
+    agent_exit = await wait(runner, spec, await launch(runner, spec))
+    assert agent_exit.timed_out and agent_exit.exit_code is None
+
+
+async def test_cancelling_deletes_the_job_with_its_pod_and_secret(emulator: KubernetesEmulator):
+    runner = runner_for(emulator)
+    marker = "darl-k8s-cancel-test"
+    spec = rollout(
+        "emulator/run", [sys.executable, "-c", f"import time; time.sleep(60)  # {marker}"]
+    )
+    handle = await launch(runner, spec)
+    async with asyncio.timeout(TIMEOUT):
+        while not _processes_with(marker):
+            await asyncio.sleep(0.1)
+    await runner.kill(handle)
+    async with asyncio.timeout(TIMEOUT):
+        while (
+            emulator.objects("jobs", NAMESPACE)
+            or emulator.objects("pods", NAMESPACE)
+            or emulator.objects("secrets", NAMESPACE)
+            or _processes_with(marker)
+        ):
+            await asyncio.sleep(0.1)
+    await runner.kill(handle)  # idempotent
+
+
+async def test_a_stopped_attempt_refuses_a_late_launch(emulator: KubernetesEmulator):
+    runner = runner_for(emulator)
+    spec = rollout("emulator/sleep")
+    await runner.stop(LaunchRequest(spec=spec, attempt=1))
+    with pytest.raises(ApplicationError) as raised:
+        await launch(runner, spec)
+    assert raised.value.type == "AgentStopped"
+    assert not emulator.objects("jobs", NAMESPACE)
+
+
+async def test_the_rate_limit_holds_job_creation(emulator: KubernetesEmulator):
+    runner = runner_for(emulator, jobs_per_minute=2)
+    specs = [rollout("emulator/sleep") for _ in range(3)]
+    await launch(runner, specs[0])
+    await launch(runner, specs[1])
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(launch(runner, specs[2]), timeout=1.5)
+    assert len(emulator.objects("jobs", NAMESPACE)) == 2
+
+
+def _processes_with(marker: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if marker in " ".join(process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+async def test_a_rollout_runs_its_agent_as_a_job_end_to_end(
+    emulator: KubernetesEmulator, dev_env: WorkflowEnvironment, tmp_path: Path
+):
+    """RolloutWorkflow on the dev server, a worker with the Kubernetes runner, the emulator's
+    Pod running the example OpenAI-SDK agent, the real gateway and policy server: everything
+    but the cluster is real."""
+    template = tmp_path / "arithmetic-job.yaml"
+    template.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"labels": {"task": "{{ task.id }}"}},
+                "spec": {
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "agent",
+                                    "image": "emulator/run",
+                                    "command": [sys.executable, "-m", "examples.arithmetic.agent"],
+                                    "workingDir": str(ROOT),
+                                }
+                            ]
+                        }
+                    }
+                },
+            }
+        )
+    )
+    stack = Stack(tmp_path / "stack", dev_env.client)
+    try:
+        await asyncio.to_thread(stack.start_policy_server)
+        await asyncio.to_thread(stack.start_gateway)
+        await asyncio.to_thread(
+            stack.start_worker,
+            "worker",
+            "--k8s-namespace",
+            NAMESPACE,
+            "--k8s-api-url",
+            emulator.url,
+        )
+        spec = RolloutSpec(
+            run_id="k8s-e2e",
+            rollout_id=f"k8s-e2e-{uuid.uuid4().hex[:8]}",
+            task={"id": "t07", "question": "What is 3 + 4?", "answer": "7"},
+            agent=KubernetesAgentSpec(job_template=str(template)),
+            reward=RewardSpec(function="numeric_match"),
+            timeouts=RolloutTimeouts(agent_seconds=120, heartbeat_seconds=10),
+        )
+        handle = await stack.start_rollout(spec)
+        result = await asyncio.wait_for(handle.result(), 180)
+    finally:
+        await asyncio.to_thread(stack.stop)
+    assert result.status == RolloutStatus.SUCCEEDED, result.error
+    assert result.calls == 1 and result.reward in (0.0, 1.0)
+    job = job_name(spec.rollout_id, 1)
+    assert emulator.jobs_created(job, NAMESPACE) == 1
+    records = stack.store().read_sync(spec.rollout_id)
+    assert [r.call_id for r in records] == result.call_ids
