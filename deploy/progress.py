@@ -37,8 +37,8 @@ def status_line(progress: TrainingProgress) -> str:
     )
 
 
-def web_ui_link(ui_url: str, workflow_id: str) -> str:
-    return f"{ui_url}/namespaces/default/workflows/{quote(workflow_id, safe='')}"
+def web_ui_link(ui_url: str, workflow_id: str, namespace: str = "default") -> str:
+    return f"{ui_url}/namespaces/{namespace}/workflows/{quote(workflow_id, safe='')}"
 
 
 async def follow(

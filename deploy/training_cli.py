@@ -106,7 +106,7 @@ def train(
             result_type=TrainingSummary,
         )
         typer.echo(f"started {handle.id}")
-        typer.echo(f"Web UI: {web_ui_link(ui_url, handle.id)}")
+        typer.echo(f"Web UI: {web_ui_link(ui_url, handle.id, namespace)}")
         if follow_run:
             summary = await follow(handle, Console())
             typer.echo(summary.model_dump_json(indent=2))

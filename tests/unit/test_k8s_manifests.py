@@ -1,0 +1,504 @@
+"""The Kubernetes manifests in deploy/k8s: every object they build is valid for the pinned
+Kubernetes version (tests/k8s_schema.py), the security properties hold (non-root, no privilege,
+least-privilege RBAC, agents fenced in by a NetworkPolicy), and the pieces agree with each other
+and with the `darl` command line. The kustomizations are built here without kustomize, for
+the few features they use."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pytest
+import typer
+import typer.main
+import yaml
+
+from tests.k8s_schema import InvalidObject, validate
+from workflows import search_attributes
+from workflows.training_contracts import TrainingConfig
+
+REPO = Path(__file__).parents[2]
+K8S = REPO / "deploy" / "k8s"
+BASE = K8S / "base"
+EXAMPLE = K8S / "examples" / "arithmetic"
+JOB_TEMPLATE = EXAMPLE / "job-template.yaml"
+TEMPORAL_DEV = K8S / "examples" / "temporal-dev"
+KUSTOMIZATIONS = [BASE, EXAMPLE, TEMPORAL_DEV]
+UID = 10001
+GATEWAY_PORT = 8100
+
+# --- a small `kustomize build` ------------------------------------------------------------
+
+
+def build(directory: Path) -> list[dict]:
+    """What `kustomize build directory` gives for the fields DARL's kustomizations use, with
+    generated names left without their hash suffix. Secrets come from the `.example` of
+    their env file (the real one is the user's and not in git)."""
+    kustomization = _load_kustomization(directory, "Kustomization")
+    objects: list[dict] = []
+    for entry in kustomization.get("resources", []):
+        path = directory / entry
+        if path.is_dir():
+            objects += build(path)
+        else:
+            objects += [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    _apply(kustomization, directory, objects)
+    return objects
+
+
+def _load_kustomization(directory: Path, kind: str) -> dict:
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == kind, directory
+    known = {"apiVersion", "kind", "resources", "components", "images", "patches"}
+    known |= {"configMapGenerator", "secretGenerator"}
+    assert set(kustomization) <= known, f"{directory}: teach build() {set(kustomization) - known}"
+    return kustomization
+
+
+def _apply(kustomization: dict, directory: Path, objects: list[dict]) -> None:
+    for kind, key in (("ConfigMap", "configMapGenerator"), ("Secret", "secretGenerator")):
+        for generator in kustomization.get(key, []):
+            _generate(kind, generator, directory, objects)
+    for entry in kustomization.get("components", []):
+        component = directory / entry
+        _apply(_load_kustomization(component, "Component"), component, objects)
+    for patch in kustomization.get("patches", []):
+        targets = [o for o in objects if _matches(o, patch["target"])]
+        assert targets, f"{directory}: a patch matches nothing: {patch['target']}"
+        for target in targets:
+            _json_patch(target, yaml.safe_load(patch["patch"]))
+    for image in kustomization.get("images", []):
+        for _, pod in _pods(objects):
+            for container in pod["containers"]:
+                if re.split(r"[:@]", container["image"])[0] == image["name"]:
+                    container["image"] = f"{image['newName']}:{image['newTag']}"
+
+
+def _generate(kind: str, generator: dict, directory: Path, objects: list[dict]) -> None:
+    data: dict[str, str] = {}
+    for source in generator.get("files", []):
+        key, _, file = source.rpartition("=") if "=" in source else (Path(source).name, "", source)
+        data[key] = (directory / file).read_text()
+    for source in generator.get("envs", []):
+        path = directory / source
+        example = path.with_name(path.name + ".example")
+        data |= _env_file(example if example.exists() else path)
+    metadata = {"name": generator["name"], "namespace": generator.get("namespace", "default")}
+    obj: dict[str, Any] = {"apiVersion": "v1", "kind": kind, "metadata": metadata}
+    if kind == "Secret":
+        obj["type"] = generator.get("type", "Opaque")
+        obj["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+    else:
+        obj["data"] = data
+    same = [o for o in objects if o["kind"] == kind and o["metadata"] == metadata]
+    behavior = generator.get("behavior", "create")
+    assert bool(same) == (behavior != "create"), f"{kind} {metadata}: behavior {behavior}"
+    for old in same:
+        objects.remove(old)
+    objects.append(obj)
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    """kustomize's env file: KEY=VALUE lines; blank lines and # comments skipped."""
+    pairs = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, sep, value = line.partition("=")
+            assert sep and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key), f"{path}: {line!r}"
+            pairs[key] = value
+    return pairs
+
+
+def _matches(obj: dict, target: dict) -> bool:
+    fields = {"kind": obj["kind"], **{k: obj["metadata"].get(k) for k in ("name", "namespace")}}
+    return all(fields.get(key) == value for key, value in target.items())
+
+
+def _json_patch(obj: dict, operations: list[dict]) -> None:
+    """RFC 6902 remove/replace/add, failing like kustomize on a path that is not there."""
+    for operation in operations:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in operation["path"][1:].split("/")]
+        node: Any = obj
+        for part in parts[:-1]:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        last: Any = int(parts[-1]) if isinstance(node, list) else parts[-1]
+        if operation["op"] == "remove":
+            del node[last]
+        elif operation["op"] == "replace":
+            _ = node[last]  # replace needs the path to be there, as in kustomize
+            node[last] = copy.deepcopy(operation["value"])
+        elif operation["op"] == "add":
+            node[last] = copy.deepcopy(operation["value"])
+        else:
+            raise AssertionError(f"teach _json_patch {operation['op']}")
+
+
+def _pods(objects: list[dict]) -> list[tuple[str, dict]]:
+    """(name, Pod spec) of every workload."""
+    workloads = ("Deployment", "StatefulSet", "DaemonSet", "Job")
+    return [
+        (o["metadata"]["name"], o["spec"]["template"]["spec"])
+        for o in objects
+        if o["kind"] in workloads
+    ]
+
+
+# --- helpers over the built objects -------------------------------------------------------
+
+
+def find(objects: list[dict], kind: str, name: str) -> dict:
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} found"
+    return found[0]
+
+
+def container(objects: list[dict], deployment: str) -> dict:
+    (only,) = find(objects, "Deployment", deployment)["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def flags(box: dict) -> dict[str, str]:
+    """`--name=value` arguments as a dict (the manifests write every flag that way)."""
+    return dict(arg[2:].split("=", 1) for arg in box["args"][1:])
+
+
+def render_job_template(task: dict) -> dict:
+    """The example's template rendered as the runner renders it, then named as it names it."""
+    templates = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+    text = templates.from_string(JOB_TEMPLATE.read_text()).render(
+        task=task, rollout_id="arith.e0.t3.1", attempt=1, run_id="arith", mode="train"
+    )
+    job = yaml.safe_load(text)
+    job["metadata"] |= {"name": "darl-arith-e0-t3-1-0123abcd-a1", "namespace": "darl-agents"}
+    return job
+
+
+BUILT = {directory.relative_to(K8S).as_posix(): build(directory) for directory in KUSTOMIZATIONS}
+ALL_OBJECTS = [
+    pytest.param(obj, id=f"{where}:{obj['kind']}/{obj['metadata']['name']}")
+    for where, objects in BUILT.items()
+    for obj in objects
+]
+TASKS = [
+    {"id": "t00", "question": "What is 3 + 4?", "answer": "7"},
+    {"id": 7, "question": "a number as the id", "answer": "1"},
+    {"id": 'it\'s "quoted"\nand: {braces} # no comment', "question": "?", "answer": "0"},
+]
+
+
+# --- validity -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("obj", ALL_OBJECTS)
+def test_every_object_is_valid_kubernetes(obj: dict):
+    validate(obj)
+
+
+@pytest.mark.parametrize("task", TASKS, ids=["text-id", "number-id", "hostile-id"])
+def test_the_job_template_renders_to_a_valid_job_for_any_task(task: dict):
+    job = render_job_template(task)
+    validate(job)
+    assert job["metadata"]["annotations"]["darl.dev/task-id"] == str(task["id"])
+
+
+def test_every_yaml_file_is_built_or_checked():
+    """No manifest lies beside the kustomizations unvalidated."""
+    reached = {EXAMPLE / "train.yaml", JOB_TEMPLATE}
+    for directory in [*KUSTOMIZATIONS, *K8S.glob("components/*")]:
+        kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+        reached |= {directory / "kustomization.yaml"}
+        reached |= {directory / r for r in kustomization.get("resources", [])}
+    assert {p.resolve() for p in K8S.rglob("*.yaml")} <= {p.resolve() for p in reached}
+
+
+def test_the_validator_refuses_what_the_api_server_would():
+    good = find(BUILT["base"], "Deployment", "darl-gateway")
+    broken = copy.deepcopy(good)
+    broken["spec"]["template"]["spec"]["containers"][0]["securityContex"] = {}
+    broken["metadata"]["labels"]["app.kubernetes.io/name"] = "not a label value"
+    broken["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "2 cores"
+    with pytest.raises(InvalidObject, match=r"containers\[0\]: Additional properties"):
+        validate(broken)
+    del broken["spec"]["template"]["spec"]["containers"][0]["securityContex"]
+    with pytest.raises(InvalidObject) as caught:
+        validate(broken)
+    assert len(caught.value.problems) == 2, caught.value
+    with pytest.raises(InvalidObject, match="Couldn't find schema"):
+        validate({**good, "apiVersion": "apps/v1beta1"})
+    with pytest.raises(InvalidObject, match="not a DNS-1123 label"):
+        validate(render_job_template(TASKS[0]) | {"metadata": {"name": "x" * 64}})
+
+
+# --- security -----------------------------------------------------------------------------
+
+
+SECURED_PODS = [
+    pytest.param(pod, id=f"{where}:{name}")
+    for where, objects in BUILT.items()
+    for name, pod in _pods(objects)
+] + [pytest.param(render_job_template(TASKS[0])["spec"]["template"]["spec"], id="job-template")]
+
+
+@pytest.mark.parametrize("pod", SECURED_PODS)
+def test_every_container_runs_unprivileged(pod: dict):
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    assert all("hostPath" not in volume for volume in pod.get("volumes", []))
+    pod_context = pod.get("securityContext", {})
+    for box in [*pod.get("initContainers", []), *pod["containers"]]:
+        context = pod_context | box.get("securityContext", {})
+        assert context.get("runAsNonRoot") is True, box["name"]
+        assert context.get("runAsUser") == UID, box["name"]
+        assert context.get("seccompProfile") == {"type": "RuntimeDefault"}, box["name"]
+        assert context.get("allowPrivilegeEscalation") is False, box["name"]
+        assert context.get("readOnlyRootFilesystem") is True, box["name"]
+        assert context.get("capabilities") == {"drop": ["ALL"]}, box["name"]
+        assert not context.get("privileged"), box["name"]
+        for bound in ("requests", "limits"):
+            assert {"cpu", "memory"} <= set(box["resources"][bound]), (box["name"], bound)
+
+
+def test_only_the_rollout_worker_holds_an_api_token():
+    for name, pod in _pods(BUILT["base"]):
+        if name == "darl-rollout-worker":
+            assert pod["serviceAccountName"] == "darl-rollout-worker"
+            assert pod["automountServiceAccountToken"] is True
+        else:
+            assert pod["automountServiceAccountToken"] is False, name
+    account = find(BUILT["base"], "ServiceAccount", "darl-rollout-worker")
+    assert account["automountServiceAccountToken"] is False
+
+
+def test_the_rollout_worker_may_do_exactly_what_the_job_runner_needs():
+    objects = BUILT["base"]
+    assert not [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    (role,) = [o for o in objects if o["kind"] == "Role"]
+    assert role["metadata"]["namespace"] == "darl-agents"
+    grants = {
+        (group, resource): sorted(rule["verbs"])
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert grants == {
+        ("batch", "jobs"): sorted(["create", "get", "list", "watch", "delete"]),
+        ("", "pods"): sorted(["get", "list", "watch"]),
+        ("", "pods/log"): ["get"],
+        ("", "secrets"): sorted(["create", "get", "delete"]),
+    }
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert binding["metadata"]["namespace"] == "darl-agents"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "darl-rollout-worker", "namespace": "darl"}
+    ]
+
+
+def test_agents_reach_only_the_gateway_and_dns():
+    policies = {
+        o["metadata"]["name"]: o["spec"]
+        for o in BUILT["base"]
+        if o["kind"] == "NetworkPolicy" and o["metadata"]["namespace"] == "darl-agents"
+    }
+    agents = policies.pop("darl-agents")
+    assert agents["podSelector"] == {"matchLabels": {"app.kubernetes.io/managed-by": "darl"}}
+    assert sorted(agents["policyTypes"]) == ["Egress", "Ingress"]
+    assert agents["ingress"] == []
+    gateway_pods = find(BUILT["base"], "Deployment", "darl-gateway")["spec"]["selector"]
+    assert agents["egress"] == [
+        {
+            "to": [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "darl"}},
+                    "podSelector": gateway_pods,
+                }
+            ],
+            "ports": [{"protocol": "TCP", "port": GATEWAY_PORT}],
+        },
+        {
+            "to": [
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+                    },
+                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                }
+            ],
+            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+        },
+    ]
+    # Everything else in the namespace: no traffic at all.
+    assert policies == {"default-deny": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}}
+    for namespace in (o for o in BUILT["base"] if o["kind"] == "Namespace"):
+        assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_the_trainer_gets_a_gpu_unless_the_cpu_component_takes_it_away():
+    gpu = find(BUILT["base"], "Deployment", "darl-trainer-worker")["spec"]["template"]["spec"]
+    assert gpu["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert gpu["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in gpu[
+        "tolerations"
+    ]
+    cpu = find(BUILT["examples/arithmetic"], "Deployment", "darl-trainer-worker")
+    pod = cpu["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+    assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["limits"]
+
+
+# --- the pieces agree ---------------------------------------------------------------------
+
+
+def _darl_commands() -> dict[str, Any]:
+    from deploy.cli import app
+    from deploy.training_cli import register
+
+    full = typer.Typer()
+    full.registered_commands = list(app.registered_commands)
+    register(full)
+    return typer.main.get_command(full).commands
+
+
+@pytest.mark.parametrize("where", list(BUILT))
+def test_containers_use_real_darl_flags_and_variables(where: str):
+    commands = _darl_commands()
+    for obj in BUILT[where]:
+        if obj["kind"] != "Deployment":
+            continue
+        box = obj["spec"]["template"]["spec"]["containers"][0]
+        if "command" in box:  # not `darl` (the dev Temporal)
+            continue
+        command = commands[box["args"][0]]
+        options = {opt[2:] for param in command.params for opt in param.opts}
+        assert set(flags(box)) <= options, (box["name"], set(flags(box)) - options)
+        variables = {param.envvar for param in command.params}
+        darl_env = {e["name"] for e in box.get("env", []) if e["name"].startswith("DARL_K8S")}
+        assert darl_env <= variables, (box["name"], darl_env - variables)
+
+
+def test_the_gateway_is_where_everyone_looks_for_it():
+    objects = BUILT["base"]
+    gateway = container(objects, "darl-gateway")
+    assert flags(gateway)["host"] == "0.0.0.0"
+    assert flags(gateway)["port"] == str(GATEWAY_PORT)
+    assert gateway["ports"] == [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}]
+    assert gateway["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    service = find(objects, "Service", "darl-gateway")["spec"]
+    assert service["ports"] == [
+        {"name": "http", "port": GATEWAY_PORT, "targetPort": "http", "protocol": "TCP"}
+    ]
+    deployment = find(objects, "Deployment", "darl-gateway")
+    assert service["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    url = f"http://darl-gateway.darl.svc:{GATEWAY_PORT}"
+    assert flags(container(objects, "darl-rollout-worker"))["gateway-url"] == url
+    policy = find(objects, "Service", "darl-policy-server")["spec"]["ports"][0]["port"]
+    assert flags(gateway)["upstream"] == f"http://darl-policy-server.darl.svc:{policy}"
+
+
+def _mounts(objects: list[dict], deployment: str) -> dict[str, tuple[str, bool]]:
+    """claim name -> (mount path, read-only) for a Deployment's volume claims."""
+    pod = find(objects, "Deployment", deployment)["spec"]["template"]["spec"]
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in pod["volumes"]
+        if "persistentVolumeClaim" in v
+    }
+    return {
+        claims[m["name"]]: (m["mountPath"], m.get("readOnly", False))
+        for m in pod["containers"][0]["volumeMounts"]
+        if m["name"] in claims
+    }
+
+
+def test_the_gateway_writes_the_store_the_trainer_reads():
+    objects = BUILT["base"]
+    claim = find(objects, "PersistentVolumeClaim", "darl-trajectories")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert _mounts(objects, "darl-gateway")["darl-trajectories"] == ("/data/trajectories", False)
+    trainer = _mounts(objects, "darl-trainer-worker")
+    assert trainer["darl-trajectories"] == ("/data/trajectories", True)
+    assert flags(container(objects, "darl-gateway"))["store-dir"] == "/data/trajectories"
+    assert flags(container(objects, "darl-trainer-worker"))["store-dir"] == "/data/trajectories"
+    # Checkpoints travel by path: the policy server sees the runs volume where the trainer does.
+    assert trainer["darl-runs"] == ("/data/runs", False)
+    assert _mounts(objects, "darl-policy-server")["darl-runs"][0] == "/data/runs"
+
+
+def test_every_reference_to_a_config_map_or_secret_resolves():
+    for where, objects in BUILT.items():
+        present = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+        for _, pod in _pods(objects):
+            for box in pod["containers"]:
+                for source in box.get("envFrom", []):
+                    for kind, ref in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
+                        if ref in source and not source[ref].get("optional"):
+                            assert (kind, source[ref]["name"]) in present, (where, source)
+                for env in box.get("env", []):
+                    ref = env.get("valueFrom", {}).get("secretKeyRef")
+                    if ref:
+                        secret = present[("Secret", ref["name"])]
+                        assert ref["key"] in secret["data"], (where, ref)
+    keys = find(BUILT["base"], "Secret", "darl-keys")["data"]
+    assert set(keys) == {"DARL_TOKEN_SECRET", "DARL_ADMIN_KEY"}
+
+
+def test_the_example_training_config_fits_the_cluster():
+    config = TrainingConfig.model_validate(yaml.safe_load((EXAMPLE / "train.yaml").read_text()))
+    objects = BUILT["examples/arithmetic"]
+    worker = find(objects, "Deployment", "darl-rollout-worker")["spec"]["template"]["spec"]
+    (mount,) = [m for m in worker["containers"][0]["volumeMounts"] if m["name"] == "job-templates"]
+    (volume,) = [v for v in worker["volumes"] if v["name"] == "job-templates"]
+    templates = find(objects, "ConfigMap", volume["configMap"]["name"])["data"]
+    template = Path(config.rollout.agent.job_template)
+    assert template.parent == Path(mount["mountPath"])
+    assert templates[template.name] == JOB_TEMPLATE.read_text()
+    policy = flags(container(objects, "darl-policy-server"))
+    assert config.backend.model_dir == policy["model-dir"]
+    assert config.weight_sync.policy_servers == [
+        f"http://darl-policy-server.darl.svc:{policy['port']}"
+    ]
+    assert config.weight_sync.gateway_admin_url == f"http://darl-gateway.darl.svc:{GATEWAY_PORT}"
+    # The image holds the repository under /app.
+    assert (REPO / Path(config.dataset.path).relative_to("/app")).is_file()
+
+
+@pytest.mark.parametrize("dockerfile", [K8S / "Dockerfile", EXAMPLE / "Dockerfile"])
+def test_images_run_as_the_numeric_non_root_user(dockerfile: Path):
+    text = dockerfile.read_text()
+    assert re.findall(r"^USER (.+)$", text, re.M)[-1] == f"{UID}:{UID}"
+    for sources in re.findall(r"^COPY (.+) \S+$", text, re.M):
+        for source in sources.split():
+            assert (REPO / source).exists(), f"{dockerfile}: COPY {source}"
+
+
+def _search_attribute_types() -> dict[str, str]:
+    return dict(flag.split("=") for flag in search_attributes.dev_server_flags()[1::2])
+
+
+def test_the_dev_temporal_is_what_darl_settings_point_at():
+    settings = find(BUILT["base"], "ConfigMap", "darl-settings")["data"]
+    objects = BUILT["examples/temporal-dev"]
+    args = container(objects, "temporal-dev")["args"]
+    registered = dict(a.split("=", 2)[1:] for a in args if a.startswith("--search-attribute="))
+    assert registered == _search_attribute_types()
+    assert f"--namespace={settings['TEMPORAL_NAMESPACE']}" in args
+    host, port = settings["TEMPORAL_ADDRESS"].rsplit(":", 1)
+    service, namespace, _ = host.split(".")
+    frontend = find(objects, "Service", service)
+    assert frontend["metadata"]["namespace"] == namespace
+    assert frontend["spec"]["ports"][0]["port"] == int(port)
+
+
+def test_the_temporal_guide_creates_every_search_attribute():
+    guide = (K8S / "temporal.md").read_text()
+    for name, kind in _search_attribute_types().items():
+        assert f"--name {name} --type {kind}" in guide, name
