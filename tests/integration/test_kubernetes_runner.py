@@ -205,12 +205,17 @@ def _processes_with(marker: str) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.parametrize("kill_worker", [False, True])
 async def test_a_rollout_runs_its_agent_as_a_job_end_to_end(
-    emulator: KubernetesEmulator, dev_env: WorkflowEnvironment, tmp_path: Path
+    emulator: KubernetesEmulator, dev_env: WorkflowEnvironment, tmp_path: Path, kill_worker: bool
 ):
     """RolloutWorkflow on the dev server, a worker with the Kubernetes runner, the emulator's
     Pod running the example OpenAI-SDK agent, the real gateway and policy server: everything
-    but the cluster is real."""
+    but the cluster is real. With `kill_worker`, the worker is SIGKILLed while the Job runs and
+    its replacement re-attaches to the same Job (one Job, one attempt)."""
+    agent = [sys.executable, "-m", "examples.arithmetic.agent"]
+    if kill_worker:
+        agent = ["sh", "-c", "sleep 4; exec " + " ".join(agent)]
     template = tmp_path / "arithmetic-job.yaml"
     template.write_text(
         yaml.safe_dump(
@@ -225,7 +230,7 @@ async def test_a_rollout_runs_its_agent_as_a_job_end_to_end(
                                 {
                                     "name": "agent",
                                     "image": "emulator/run",
-                                    "command": [sys.executable, "-m", "examples.arithmetic.agent"],
+                                    "command": agent,
                                     "workingDir": str(ROOT),
                                 }
                             ]
@@ -239,14 +244,8 @@ async def test_a_rollout_runs_its_agent_as_a_job_end_to_end(
     try:
         await asyncio.to_thread(stack.start_policy_server)
         await asyncio.to_thread(stack.start_gateway)
-        await asyncio.to_thread(
-            stack.start_worker,
-            "worker",
-            "--k8s-namespace",
-            NAMESPACE,
-            "--k8s-api-url",
-            emulator.url,
-        )
+        k8s = ("--k8s-namespace", NAMESPACE, "--k8s-api-url", emulator.url)
+        await asyncio.to_thread(stack.start_worker, "worker", *k8s)
         spec = RolloutSpec(
             run_id="k8s-e2e",
             rollout_id=f"k8s-e2e-{uuid.uuid4().hex[:8]}",
@@ -256,10 +255,20 @@ async def test_a_rollout_runs_its_agent_as_a_job_end_to_end(
             timeouts=RolloutTimeouts(agent_seconds=120, heartbeat_seconds=10),
         )
         handle = await stack.start_rollout(spec)
+        if kill_worker:
+            async with asyncio.timeout(TIMEOUT):
+                while not any(
+                    p.get("status", {}).get("phase") == "Running"
+                    for p in emulator.objects("pods", NAMESPACE)
+                ):
+                    await asyncio.sleep(0.1)
+            stack.processes.pop("worker").kill()
+            await asyncio.to_thread(stack.start_worker, "worker-2", *k8s)
         result = await asyncio.wait_for(handle.result(), 180)
     finally:
         await asyncio.to_thread(stack.stop)
     assert result.status == RolloutStatus.SUCCEEDED, result.error
+    assert result.attempts == 1
     assert result.calls == 1 and result.reward in (0.0, 1.0)
     job = job_name(spec.rollout_id, 1)
     assert emulator.jobs_created(job, NAMESPACE) == 1
