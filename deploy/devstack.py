@@ -17,6 +17,7 @@ from pathlib import Path
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.runners.local import stop_leftover_agents
@@ -66,9 +67,23 @@ def wait_for_port(host: str, port: int, timeout: float, process: ManagedProcess)
     raise ProcessFailedError(f"{process.name} not listening on {port}:\n{process.log_tail()}")
 
 
+async def connect_when_ready(settings: TemporalSettings, timeout: float = 60.0) -> Client:
+    """A dev server listens a moment before its frontend is healthy ("Frontend is not healthy
+    yet"): retry the connection until it answers, at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await connect(settings)
+        except RuntimeError:
+            # The SDK reports a failed connect as a RuntimeError, whatever the cause.
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.25)
+
+
 async def register_search_attributes(settings: TemporalSettings) -> None:
     """Idempotent: DARL's search attributes exist in the namespace afterwards."""
-    client = await connect(settings)
+    client = await connect_when_ready(settings)
     wanted = {key.name: IndexedValueType.ValueType(key.indexed_value_type.value) for key in sa.ALL}
     try:
         await client.operator_service.add_search_attributes(

@@ -11,10 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from deploy.devstack import register_search_attributes, wait_for_port
+from deploy.devstack import connect_when_ready, register_search_attributes, wait_for_port
 from deploy.processes import ManagedProcess
 from tests.conftest import BIN
 from tests.integration.stack import Stack
@@ -148,7 +147,7 @@ async def test_a_restarted_temporal_server_resumes_the_run(
         dev_server.kill()  # SIGKILL: whatever reached the database is all there is
         await asyncio.sleep(3)
         dev_server.start()
-        client = await reconnect(dev_server.settings)
+        client = await connect_when_ready(dev_server.settings)
         handle = client.get_workflow_handle(handle.id, result_type=TrainingSummary)
         summary = await training_result(stack, handle, RUN_TIMEOUT)
 
@@ -158,12 +157,3 @@ async def test_a_restarted_temporal_server_resumes_the_run(
             assert process.running(), f"{process.name}: {process.log_tail()}"
     finally:
         await asyncio.to_thread(stack.stop)
-
-
-async def reconnect(settings: TemporalSettings) -> Client:
-    async with asyncio.timeout(60):
-        while True:
-            try:
-                return await connect(settings)
-            except RuntimeError:
-                await asyncio.sleep(0.5)
