@@ -129,6 +129,8 @@ class TrainingConfig(Contract):
     reconcile_after_seconds: float = Field(default=300.0, gt=0)
     # Seconds to wait for in-flight rollouts when stopping before they are cancelled.
     stop_grace_seconds: float = Field(default=0.0, ge=0)
+    # How long the end of a run waits for its cancelled rollouts to report.
+    cancel_wait_seconds: float = Field(default=600.0, ge=0)
     # A trainer worker that dies mid-step is noticed after this long and the step retried.
     train_heartbeat_seconds: float = Field(default=60.0, gt=0)
     # Set by continue-as-new (the run's state handed to the next run); leave it out.
@@ -286,6 +288,8 @@ class TrainingSummary(Contract):
     stopped: bool
     reason: str
     counters: Counters
+    # Rollouts still out when the run ended (they did not report within cancel_wait_seconds).
+    inflight_at_end: int = 0
     last: StepRecord | None = None
     run_dir: str | None = None
 

@@ -217,7 +217,7 @@ class TrainingWorkflow:
                 start_to_close_timeout=timedelta(minutes=5),
                 retry_policy=QUICK,
             )
-            await self._wait_for_rollouts(120)
+            await self._wait_out_cancelled()
         self._book.close()
         await self._flush_records()
         self._phase = TrainingPhase.FINISHED
@@ -231,9 +231,17 @@ class TrainingWorkflow:
             stopped=state.stop_requested,
             reason=reason,
             counters=state.counters,
+            inflight_at_end=self._book.inflight(),
             last=state.recent_steps[-1] if state.recent_steps else None,
             run_dir=self._config.run_dir,
         )
+
+    async def _wait_out_cancelled(self) -> None:
+        """Every cancelled rollout reports (or is found closed by a lookup) before the run
+        ends, within `cancel_wait_seconds`; what is still out then is in the summary."""
+        deadline = workflow.time() + self._config.cancel_wait_seconds
+        while self._book.inflight() and workflow.time() < deadline:
+            await self._wait_for_rollouts(min(60.0, max(deadline - workflow.time(), 1.0)))
 
     async def _wait_for_rollouts(self, seconds: float) -> None:
         await self._wait_for(lambda: not self._book.inflight(), seconds)
