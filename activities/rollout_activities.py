@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Mapping
+from typing import TypeVar
 
 import httpx
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -44,8 +45,12 @@ def current_traceparent() -> str | None:
     return carrier.get("traceparent")
 
 
-async def _heartbeating(work: Awaitable[None], interval: float) -> None:
-    """Finish `work` (shielded from a second cancellation), heartbeating meanwhile."""
+T = TypeVar("T")
+
+
+async def heartbeating(work: Awaitable[T], interval: float) -> T:
+    """Finish `work` (shielded from a second cancellation), heartbeating meanwhile; its
+    result is the result."""
     task = asyncio.ensure_future(work)
     while True:
         done, _ = await asyncio.wait({task}, timeout=interval)
@@ -135,8 +140,8 @@ class RolloutActivities:
             # Killing can take the kill grace and closing a retry or two: keep heartbeating, or
             # the server would time the activity out before the agent is really gone.
             interval = heartbeat_interval(request.spec.timeouts.heartbeat_seconds)
-            await _heartbeating(runner.kill(request.handle), interval)
-            await _heartbeating(
+            await heartbeating(runner.kill(request.handle), interval)
+            await heartbeating(
                 self._close_quietly(request.spec.rollout_id, request.attempt), interval
             )
             raise

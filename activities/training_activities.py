@@ -17,7 +17,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.rollout_activities import _heartbeating
+from activities.rollout_activities import heartbeating
 from gateway.store import DirectoryTrajectoryStore
 from trainer import run_files
 from trainer.aggregation import AggregationSettings, RolloutSample, aggregate
@@ -198,7 +198,7 @@ class TrainerActivities:
             )
 
         try:
-            return await _heartbeating(asyncio.to_thread(train), heartbeat_every())
+            return await heartbeating(asyncio.to_thread(train), heartbeat_every())
         except (ValueError, TrainerBackendError) as err:
             # A batch no step can use, a step out of order: retrying cannot fix either.
             raise config_error(f"step {request.step}: {err}") from err
@@ -230,7 +230,7 @@ class TrainerActivities:
             ReferencePolicyServer(url.rstrip("/"), self._http) for url in settings.policy_servers
         ]
         try:
-            outcome = await _heartbeating(
+            outcome = await heartbeating(
                 sync_weights(
                     gateway,
                     servers,
@@ -296,7 +296,7 @@ class TrainerActivities:
                         search_attributes=sa.rollout_attributes(spec, RolloutStatus.PENDING.value),
                     )
 
-        await _heartbeating(asyncio.gather(*(start(s) for s in request.specs)), heartbeat_every())
+        await heartbeating(asyncio.gather(*(start(s) for s in request.specs)), heartbeat_every())
 
     @activity.defn(name=CANCEL_ROLLOUTS)
     async def cancel_rollouts(self, rollout_ids: list[str]) -> None:
