@@ -227,7 +227,7 @@ class TrainerActivities:
             settings.gateway_admin_url.rstrip("/"), self._admin_key, self._http
         )
         servers = [
-            ReferencePolicyServer(url.rstrip("/"), self._http) for url in settings.policy_servers
+            ReferencePolicyServer(s.url.rstrip("/"), self._http) for s in settings.policy_servers
         ]
         try:
             outcome = await heartbeating(

@@ -19,6 +19,7 @@ from trainer.run_files import plot_rewards, read_metrics
 from workflows.contracts import TRAINER_TASK_QUEUE
 from workflows.temporal_connection import connect
 from workflows.training_contracts import (
+    PolicyServerSpec,
     StepRecord,
     TrainingConfig,
     TrainingSummary,
@@ -34,7 +35,10 @@ def demo_config(stack: DevStack, run_id: str, steps: int | None) -> TrainingConf
     updates: dict = {
         "backend": config.backend.model_copy(update={"model_dir": str(stack.model_dir)}),
         "weight_sync": config.weight_sync.model_copy(
-            update={"gateway_admin_url": stack.gateway_url, "policy_servers": [stack.policy_url]}
+            update={
+                "gateway_admin_url": stack.gateway_url,
+                "policy_servers": [PolicyServerSpec(url=stack.policy_url)],
+            }
         ),
         "rollout": config.rollout.model_copy(
             update={

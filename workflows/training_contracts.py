@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from workflows.contracts import (
     ROLLOUT_ID_PATTERN,
@@ -63,18 +63,53 @@ class ValidationSpec(Contract):
     tasks: int = Field(default=32, ge=1, le=10_000)
 
 
+class PolicyServerSpec(Contract):
+    """One policy server the gateway forwards to and the trainer syncs weights into.
+
+    `reference`: DARL's CPU server (reloads a checkpoint in place). `vllm`: a vLLM OpenAI
+    server started with `VLLM_SERVER_DEV_MODE=1`; without `launcher_url` its weights are
+    reloaded in place (`/collective_rpc reload_weights`, right on GPU); with `launcher_url`
+    (`darl vllm-server`) the launcher restarts it on the new weights, as CPU builds need."""
+
+    kind: Literal["reference", "vllm"] = "reference"
+    url: str
+    launcher_url: str | None = None
+
+    @property
+    def restarts_to_load(self) -> bool:
+        return self.launcher_url is not None
+
+
 class WeightSyncSettings(Contract):
     """How new weights reach the policy servers after each step (DESIGN "Weight sync").
 
     `inflight` `drain` lets calls in flight finish (at most `drain_timeout_seconds`) before
     the weights change; `keep` pauses their decoding on the policy server instead and
-    continues it on the new weights after the resume."""
+    continues it on the new weights after the resume (not possible on a server that restarts
+    to load). A policy server given as a plain URL is a `reference` one."""
 
     gateway_admin_url: str
-    policy_servers: list[str] = Field(min_length=1)
+    policy_servers: list[PolicyServerSpec] = Field(min_length=1)
     inflight: Literal["drain", "keep"] = "drain"
     drain_timeout_seconds: float = Field(default=60.0, ge=0, le=3600)
     pause_mode: Literal["hold", "reject"] = "hold"
+
+    @field_validator("policy_servers", mode="before")
+    @classmethod
+    def _plain_urls_are_reference_servers(cls, servers: Any) -> Any:
+        if not isinstance(servers, list):
+            return servers
+        return [{"url": s} if isinstance(s, str) else s for s in servers]
+
+    @model_validator(mode="after")
+    def _keep_needs_servers_that_load_in_place(self) -> WeightSyncSettings:
+        restarting = [s.url for s in self.policy_servers if s.restarts_to_load]
+        if self.inflight == "keep" and restarting:
+            raise ValueError(
+                f"inflight 'keep' cannot hold calls across a restart; {restarting} restart "
+                "to load weights (use inflight 'drain')"
+            )
+        return self
 
 
 class AggregationSpec(Contract):
@@ -87,7 +122,7 @@ class BackendSpec(Contract):
     """The trainer backend and its settings, in the backend's own keys (for the reference
     backend, verl's names: `lr`, `clip_ratio_low`, `ppo_epochs`, ...)."""
 
-    name: Literal["reference"] = "reference"
+    name: Literal["reference", "verl"] = "reference"
     model_dir: str
     settings: dict[str, Any] = Field(default_factory=dict)
 

@@ -463,9 +463,10 @@ def test_the_example_training_config_fits_the_cluster():
     assert templates[template.name] == JOB_TEMPLATE.read_text()
     policy = flags(container(objects, "darl-policy-server"))
     assert config.backend.model_dir == policy["model-dir"]
-    assert config.weight_sync.policy_servers == [
+    assert [s.url for s in config.weight_sync.policy_servers] == [
         f"http://darl-policy-server.darl.svc:{policy['port']}"
     ]
+    assert {s.kind for s in config.weight_sync.policy_servers} == {"reference"}
     assert config.weight_sync.gateway_admin_url == f"http://darl-gateway.darl.svc:{GATEWAY_PORT}"
     # The image holds the repository under /app.
     assert (REPO / Path(config.dataset.path).relative_to("/app")).is_file()

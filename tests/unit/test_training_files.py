@@ -10,10 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import typer
+from pydantic import ValidationError
 
 from deploy.training_cli import load_config
 from trainer.datasets import DatasetError, TaskTables, load_tasks
 from trainer.run_files import REWARD_PLOT, plot_rewards, read_metrics, write_step
+from workflows.training_contracts import PolicyServerSpec, WeightSyncSettings
 
 ROWS = [{"id": i, "prompt": f"{i}=", "answer": str(i)} for i in range(10)]
 DEMO_CONFIG = Path(__file__).parents[2] / "examples" / "digits" / "train.yaml"
@@ -82,3 +84,25 @@ def test_a_bad_config_names_the_field(tmp_path: Path):
     path.write_text("- just a list\n")
     with pytest.raises(typer.BadParameter, match="mapping"):
         load_config(path)
+
+
+def test_policy_servers_are_urls_or_specs_and_keep_refuses_servers_that_restart():
+    plain = WeightSyncSettings(gateway_admin_url="http://g", policy_servers=["http://p"])
+    assert plain.policy_servers == [PolicyServerSpec(kind="reference", url="http://p")]
+    # The same through JSON, as `temporal workflow start --input-file` sends it.
+    assert WeightSyncSettings.model_validate_json(plain.model_dump_json()) == plain
+    vllm = {"kind": "vllm", "url": "http://v", "launcher_url": "http://l"}
+    mixed = WeightSyncSettings(gateway_admin_url="http://g", policy_servers=["http://p", vllm])
+    assert [s.restarts_to_load for s in mixed.policy_servers] == [False, True]
+    with pytest.raises(ValidationError, match="restart to load weights"):
+        WeightSyncSettings(gateway_admin_url="http://g", policy_servers=[vllm], inflight="keep")
+    in_place = WeightSyncSettings(
+        gateway_admin_url="http://g",
+        policy_servers=[{"kind": "vllm", "url": "http://v"}],
+        inflight="keep",
+    )
+    assert not in_place.policy_servers[0].restarts_to_load
+    with pytest.raises(ValidationError, match="kind"):
+        WeightSyncSettings(
+            gateway_admin_url="http://g", policy_servers=[{"kind": "sglang", "url": "http://s"}]
+        )
