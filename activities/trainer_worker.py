@@ -5,6 +5,9 @@ directory for checkpoints and metrics, and the admin key to pause and resume the
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +29,12 @@ class TrainerWorkerSettings:
     task_queue: str = TRAINER_TASK_QUEUE
 
 
-def build_trainer_worker(
+@contextlib.asynccontextmanager
+async def build_trainer_worker(
     client: Client, settings: TrainerWorkerSettings, http_client: httpx.AsyncClient
-) -> Worker:
+) -> AsyncIterator[Worker]:
+    """The worker, running while the context is open; on exit, after the worker has stopped,
+    the backends let go of what they hold (verl's Ray workers)."""
     activities = TrainerActivities(
         client,
         DirectoryTrajectoryStore(settings.store_dir),
@@ -36,7 +42,7 @@ def build_trainer_worker(
         settings.admin_key,
         http_client,
     )
-    return Worker(
+    worker = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=[TrainingWorkflow],
@@ -44,3 +50,8 @@ def build_trainer_worker(
         # A step holds the model in memory and the CPU; steps wait for each other anyway.
         max_concurrent_activities=16,
     )
+    try:
+        async with worker:
+            yield worker
+    finally:
+        await asyncio.to_thread(activities.close)

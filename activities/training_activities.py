@@ -21,7 +21,8 @@ from activities.rollout_activities import heartbeating
 from gateway.store import DirectoryTrajectoryStore
 from trainer import run_files
 from trainer.aggregation import AggregationSettings, RolloutSample, aggregate
-from trainer.backend import StepKnobs, TrainerBackendError
+from trainer.backend import StepKnobs, TrainerBackend, TrainerBackendError
+from trainer.backends import make_backend
 from trainer.datasets import DatasetError, TaskTables
 from trainer.policy_control import (
     GatewayControl,
@@ -29,7 +30,6 @@ from trainer.policy_control import (
     WeightSyncError,
     sync_weights,
 )
-from trainer.reference_backend import ReferenceBackend, ReferenceTrainerSettings
 from workflows import search_attributes as sa
 from workflows.contracts import RolloutResult, rollout_workflow_id
 from workflows.rollout_status import RolloutStatus
@@ -121,7 +121,7 @@ class TrainerActivities:
         self._admin_key = admin_key
         self._http = http
         self._tables = TaskTables()
-        self._backends: dict[str, ReferenceBackend] = {}
+        self._backends: dict[str, TrainerBackend] = {}
         # One step at a time per process: steps of one run never overlap in memory.
         self._train_lock = threading.Lock()
 
@@ -141,20 +141,24 @@ class TrainerActivities:
     def run_dir(self, run_id: str, run_dir: str | None) -> Path:
         return Path(run_dir) if run_dir else self._runs_dir / run_id
 
-    def _backend(self, run_id: str, run_dir: str | None, spec: BackendSpec) -> ReferenceBackend:
+    def _backend(self, run_id: str, run_dir: str | None, spec: BackendSpec) -> TrainerBackend:
         backend = self._backends.get(run_id)
         if backend is None:
+            checkpoints = self.run_dir(run_id, run_dir) / "checkpoints"
             try:
-                settings = ReferenceTrainerSettings(**spec.settings)
+                backend = make_backend(spec, checkpoints)
             except ValueError as err:
                 raise config_error(f"backend settings: {err}") from err
-            backend = ReferenceBackend(
-                initial_model_dir=Path(spec.model_dir),
-                checkpoint_dir=self.run_dir(run_id, run_dir) / "checkpoints",
-                settings=settings,
-            )
             self._backends[run_id] = backend
         return backend
+
+    def close(self) -> None:
+        """Release what the backends hold (verl's Ray workers)."""
+        while self._backends:
+            _, backend = self._backends.popitem()
+            close = getattr(backend, "close", None)
+            if close is not None:
+                close()
 
     # --- the policy ------------------------------------------------------------------------
 
@@ -179,13 +183,11 @@ class TrainerActivities:
         def train() -> TrainStepResult:
             with self._train_lock:
                 backend.initialize()
-                if backend.tokenizer is None:
-                    raise TrainerBackendError("the backend loaded no tokenizer")
                 settings = AggregationSettings(
                     mode=request.aggregation.mode,
                     max_prompt_length=request.aggregation.max_prompt_length,
                     max_response_length=request.aggregation.max_response_length,
-                    pad_token_id=backend.tokenizer.pad_token_id,
+                    pad_token_id=backend.pad_token_id,
                 )
                 batch, counters = aggregate(self._samples(request), settings)
                 done = backend.train_step(request.step, batch, StepKnobs(lr=request.learning_rate))

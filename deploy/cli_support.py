@@ -4,6 +4,7 @@ SIGINT/SIGTERM, running a Temporal worker, and leaving a short client command cl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -71,7 +72,7 @@ def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> Non
 
 
 def run_worker(
-    build: Callable[[Client, httpx.AsyncClient], Worker],
+    build: Callable[[Client, httpx.AsyncClient], contextlib.AbstractAsyncContextManager[Worker]],
     temporal: TemporalSettings,
     task_queue: str,
     ready_file: Path | None,

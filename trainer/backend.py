@@ -108,6 +108,11 @@ class TrainerBackend(Protocol):
         is saved or is latest + 1, BatchError for an unusable batch."""
         ...
 
+    @property
+    def pad_token_id(self) -> int:
+        """The id rows are padded with (the policy's tokenizer's pad token)."""
+        ...
+
     def policy_path(self, step: int) -> Path:
         """The HF model directory the policy server loads for `step`; CheckpointError if
         that step is not saved."""

@@ -93,6 +93,12 @@ class ReferenceBackend:
 
     # --- the TrainerBackend contract -----------------------------------------------------
 
+    @property
+    def pad_token_id(self) -> int:
+        if self.tokenizer is None:
+            raise CheckpointError("initialize() the backend before asking for its pad token")
+        return int(self.tokenizer.pad_token_id)
+
     def initialize(self) -> CheckpointInfo:
         self.store.remove_partial()
         if self.store.latest() < 0:

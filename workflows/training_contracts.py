@@ -118,6 +118,11 @@ class AggregationSpec(Contract):
     max_response_length: int = Field(default=256, ge=1)
 
 
+VERL_ROLLOUT_N = "actor_rollout_ref.rollout.n"
+# verl's settings that the run's own fields decide.
+VERL_KEYS_OF_THE_RUN = {VERL_ROLLOUT_N: "group_size", "data.train_batch_size": "batch_size"}
+
+
 class BackendSpec(Contract):
     """The trainer backend and its settings, in the backend's own keys (for the reference
     backend, verl's names: `lr`, `clip_ratio_low`, `ppo_epochs`, ...)."""
@@ -170,6 +175,29 @@ class TrainingConfig(Contract):
     train_heartbeat_seconds: float = Field(default=60.0, gt=0)
     # Set by continue-as-new (the run's state handed to the next run); leave it out.
     carried_state: TrainingState | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _verl_batch_shape_is_the_runs(cls, data: Any) -> Any:
+        """verl's `rollout.n` is `group_size` and its `data.train_batch_size` (prompts a step)
+        is `batch_size`: for the verl backend they are filled in when absent and refused when
+        different (verl counts `ppo_mini_batch_size` in prompts of `rollout.n` answers)."""
+        if not isinstance(data, dict):
+            return data
+        backend = data.get("backend")
+        if isinstance(backend, BackendSpec):
+            backend = backend.model_dump()
+        if not isinstance(backend, dict) or backend.get("name") != "verl":
+            return data
+        settings = dict(backend.get("settings") or {})
+        for verl_key, field in VERL_KEYS_OF_THE_RUN.items():
+            ours = data.get(field, cls.model_fields[field].default)
+            theirs = settings.setdefault(verl_key, ours)
+            if theirs != ours:
+                raise ValueError(
+                    f"backend setting {verl_key} ({theirs}) must equal {field} ({ours})"
+                )
+        return {**data, "backend": {**backend, "settings": settings}}
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingConfig:

@@ -188,7 +188,8 @@ def check_finished_run(summary: TrainingSummary, config: TrainingConfig) -> None
     assert summary.steps == steps, summary.reason
     assert summary.reason == f"completed {steps} steps"
     assert checkpoint_steps(run_dir) == list(range(steps + 1))
-    check_optimizer_updates(config)
+    if config.backend.name == "reference":
+        check_optimizer_updates(config)
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, steps + 1))
     c = summary.counters
     assert_accounted(c)

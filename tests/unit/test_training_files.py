@@ -10,15 +10,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import typer
+import yaml
 from pydantic import ValidationError
 
 from deploy.training_cli import load_config
 from trainer.datasets import DatasetError, TaskTables, load_tasks
 from trainer.run_files import REWARD_PLOT, plot_rewards, read_metrics, write_step
-from workflows.training_contracts import PolicyServerSpec, WeightSyncSettings
+from workflows.training_contracts import (
+    VERL_ROLLOUT_N,
+    PolicyServerSpec,
+    TrainingConfig,
+    WeightSyncSettings,
+)
 
 ROWS = [{"id": i, "prompt": f"{i}=", "answer": str(i)} for i in range(10)]
 DEMO_CONFIG = Path(__file__).parents[2] / "examples" / "digits" / "train.yaml"
+GSM8K_CONFIG = Path(__file__).parents[2] / "examples" / "gsm8k" / "train.yaml"
 
 
 def test_parquet_and_jsonl_give_the_same_rows(tmp_path: Path):
@@ -106,3 +113,21 @@ def test_policy_servers_are_urls_or_specs_and_keep_refuses_servers_that_restart(
         WeightSyncSettings(
             gateway_admin_url="http://g", policy_servers=[{"kind": "sglang", "url": "http://s"}]
         )
+
+
+def test_verl_rollout_n_is_the_group_size():
+    data = yaml.safe_load(GSM8K_CONFIG.read_text())
+    data["backend"]["settings"].pop(VERL_ROLLOUT_N)
+    data["group_size"] = 6
+    assert TrainingConfig.model_validate(data).backend.settings[VERL_ROLLOUT_N] == 6
+    data["backend"]["settings"][VERL_ROLLOUT_N] = 5
+    with pytest.raises(ValidationError, match="must equal group_size"):
+        TrainingConfig.model_validate(data)
+    data["backend"]["settings"][VERL_ROLLOUT_N] = 6
+    assert TrainingConfig.model_validate(data).backend.settings["data.train_batch_size"] == 256
+    data["backend"]["settings"]["data.train_batch_size"] = 128
+    with pytest.raises(ValidationError, match="must equal batch_size"):
+        TrainingConfig.model_validate(data)
+    # The reference backend's settings are its own: nothing is added to them.
+    demo = yaml.safe_load(DEMO_CONFIG.read_text())
+    assert VERL_ROLLOUT_N not in TrainingConfig.model_validate(demo).backend.settings
