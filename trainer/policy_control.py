@@ -4,15 +4,21 @@ load the new weights on every policy server, resume with the new policy version.
 `PolicyServerControl` is the one interface the trainer drives; DARL's reference server is one
 implementation, a vLLM server (its `/pause`, `/resume` and weight endpoints) is another. Every
 operation is idempotent, so a retried sync after a crash just does it again.
+`policy_server_control` makes the right one from a `PolicyServerSpec`.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import httpx
+
+from workflows.training_contracts import PolicyServerSpec
+
+log = logging.getLogger(__name__)
 
 PausePolicy = Literal["keep", "wait", "abort"]
 
@@ -33,6 +39,11 @@ def _checked(response: httpx.Response, what: str) -> httpx.Response:
 class PolicyServerControl(Protocol):
     url: str
 
+    @property
+    def keeps_inflight_across_load(self) -> bool:
+        """False for a server that restarts to load: calls in flight cannot survive it."""
+        ...
+
     async def pause(self, mode: PausePolicy) -> None: ...
 
     async def load_weights(self, path: str, version: int) -> None: ...
@@ -47,6 +58,10 @@ class ReferencePolicyServer:
 
     url: str
     client: httpx.AsyncClient
+
+    @property
+    def keeps_inflight_across_load(self) -> bool:
+        return True
 
     async def pause(self, mode: PausePolicy) -> None:
         _checked(
@@ -64,6 +79,76 @@ class ReferencePolicyServer:
 
     async def resume(self) -> None:
         _checked(await self.client.post(f"{self.url}/resume"), f"resuming {self.url}")
+
+
+@dataclass
+class VllmPolicyServer:
+    """A vLLM OpenAI server started with `VLLM_SERVER_DEV_MODE=1` (same endpoints in vLLM
+    0.24, verl 0.9.1's, and 0.32). Without `launcher_url` the weights are reloaded in place
+    (`/collective_rpc` `reload_weights`, then the prefix cache is reset, preempting frozen
+    calls so they recompute their KV cache on the new weights). With `launcher_url` (`darl
+    vllm-server`) the launcher restarts vLLM on the checkpoint, as its CPU build needs: no call
+    survives that, so `keep` is refused."""
+
+    url: str
+    client: httpx.AsyncClient
+    launcher_url: str | None = None
+    load_timeout_seconds: float = 600.0
+
+    @property
+    def keeps_inflight_across_load(self) -> bool:
+        return self.launcher_url is None
+
+    async def pause(self, mode: PausePolicy) -> None:
+        _checked(
+            await self.client.post(
+                f"{self.url}/pause", params={"mode": mode}, timeout=self.load_timeout_seconds
+            ),
+            f"pausing {self.url}",
+        )
+
+    async def load_weights(self, path: str, version: int) -> None:
+        if self.launcher_url is not None:
+            _checked(
+                await self.client.post(
+                    f"{self.launcher_url}/load_weights",
+                    json={"path": path, "version": version},
+                    timeout=self.load_timeout_seconds,
+                ),
+                f"restarting {self.url} on {path}",
+            )
+            return
+        _checked(
+            await self.client.post(
+                f"{self.url}/collective_rpc",
+                json={"method": "reload_weights", "kwargs": {"weights_path": path}},
+                timeout=self.load_timeout_seconds,
+            ),
+            f"reloading {path} on {self.url}",
+        )
+        reset = _checked(
+            await self.client.post(
+                f"{self.url}/reset_prefix_cache", params={"reset_running_requests": "true"}
+            ),
+            f"resetting the prefix cache of {self.url}",
+        )
+        if reset.json().get("success") is False:
+            log.warning("%s kept its prefix cache: blocks computed before the load", self.url)
+
+    async def resume(self) -> None:
+        _checked(await self.client.post(f"{self.url}/resume"), f"resuming {self.url}")
+
+
+def policy_server_control(spec: PolicyServerSpec, client: httpx.AsyncClient) -> PolicyServerControl:
+    """The control for one configured policy server (a WeightSyncError for a spec that makes
+    no sense: retrying will not fix it)."""
+    url = spec.url.rstrip("/")
+    if spec.kind == "vllm":
+        launcher = spec.launcher_url.rstrip("/") if spec.launcher_url else None
+        return VllmPolicyServer(url, client, launcher)
+    if spec.launcher_url is not None:
+        raise WeightSyncError(f"{spec.url}: a reference server has no launcher (kind 'vllm'?)")
+    return ReferencePolicyServer(url, client)
 
 
 @dataclass
@@ -122,7 +207,14 @@ async def sync_weights(
 ) -> SyncOutcome:
     """New calls wait at the gateway while the weights change. `drain`: calls in flight
     finish on the old weights first. `keep`: they are frozen on the servers and continue on
-    the new weights (each call records the version that served it when it ends)."""
+    the new weights (a call records the version the gateway admitted it under). `keep` with
+    a server that restarts to load raises WeightSyncError before anything is paused."""
+    restarting = [s.url for s in servers if not s.keeps_inflight_across_load]
+    if inflight == "keep" and restarting:
+        raise WeightSyncError(
+            f"inflight 'keep' cannot hold calls across a restart: {restarting} restart to load "
+            "weights (use 'drain')"
+        )
     started = time.monotonic()
     drained = await gateway.pause(pause_mode, drain_seconds if inflight == "drain" else None)
     if inflight == "keep":

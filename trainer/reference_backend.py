@@ -40,7 +40,8 @@ from trainer.tiny_model import load_model_dir
 
 log = logging.getLogger(__name__)
 
-OPTIMIZER_TENSORS = "optimizer.safetensors"
+# In a subdirectory: a policy server (vLLM) loads every *.safetensors of a model directory.
+OPTIMIZER_TENSORS = "optimizer/state.safetensors"
 OPTIMIZER_JSON = "optimizer.json"
 
 
@@ -320,6 +321,7 @@ class ReferenceBackend:
         tokenizer.save_pretrained(folder)
         if optimizer is not None:
             tensors, meta = _flatten_optimizer(model, optimizer)
+            (folder / OPTIMIZER_TENSORS).parent.mkdir(exist_ok=True)
             save_file(tensors, folder / OPTIMIZER_TENSORS)
             (folder / OPTIMIZER_JSON).write_text(json.dumps(meta, indent=2))
         self.store.write_outcome(folder, outcome)

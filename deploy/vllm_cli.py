@@ -1,0 +1,93 @@
+"""`darl vllm-server`: a real vLLM policy server behind DARL's launcher, which changes its
+weights by restarting it on a checkpoint directory (what vLLM's CPU build needs). Registered
+on the `darl` app by deploy/cli.py."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from deploy.cli_support import run_until_signalled, setup_logging
+from deploy.serving import serve_app
+
+Host = Annotated[str, typer.Option(help="Interface to bind; loopback unless you mean it.")]
+
+
+def vllm_server(
+    model_dir: Annotated[
+        Path, typer.Option(help="An HF model directory, e.g. a checkpoint's step-NNNNNN.")
+    ],
+    host: Host = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="The launcher's port (its API).")] = 8210,
+    vllm_port: Annotated[int, typer.Option(help="vLLM's port; 0: the kernel picks one.")] = 8200,
+    version: Annotated[int, typer.Option(help="The policy version of --model-dir.")] = 0,
+    served_model_name: str = "darl-tiny",
+    python: Annotated[
+        Path | None,
+        typer.Option(envvar="DARL_VLLM_PYTHON", help="vLLM's python (default: .venv-vllm)."),
+    ] = None,
+    enforce_eager: Annotated[
+        bool, typer.Option(help="No torch.compile: a restart takes half the time.")
+    ] = True,
+    kv_cache_gib: int = 1,
+    stream_interval: Annotated[
+        int, typer.Option(help="Tokens per streamed chunk (1 lags far behind on a CPU).")
+    ] = 16,
+    startup_timeout: float = 300.0,
+    log_file: Annotated[
+        Path | None, typer.Option(help="vLLM's own log (default: next to the ready file).")
+    ] = None,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="Write the launcher's address here once serving (JSON).")
+    ] = None,
+) -> None:
+    """Start vLLM on a model directory and serve the launcher API: `POST /load_weights`
+    {"path", "version"} restarts vLLM on that directory; `GET /status` says where it is."""
+    setup_logging()
+    from trainer.vllm_server import (
+        VllmLauncher,
+        VllmServerProcess,
+        VllmSettings,
+        create_launcher_app,
+        vllm_python,
+    )
+
+    settings = VllmSettings(
+        python=python or vllm_python(),
+        host=host,
+        served_model_name=served_model_name,
+        enforce_eager=enforce_eager,
+        kv_cache_gib=kv_cache_gib,
+        stream_interval=stream_interval,
+        startup_timeout_seconds=startup_timeout,
+    )
+    if log_file is None:
+        log_file = (ready_file.parent if ready_file else Path(".darl/logs")) / "vllm.log"
+    server = VllmServerProcess(model_dir, log_file, settings, port=vllm_port)
+
+    async def main(stop: asyncio.Event) -> None:
+        server.start()
+        try:
+            ready = asyncio.ensure_future(server.wait_ready())
+            stopping = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({ready, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            if not ready.done():  # signalled while vLLM was starting
+                ready.cancel()
+                return
+            typer.echo(f"vLLM ready at {ready.result()} (log {log_file})")
+            launcher = VllmLauncher(server, version)
+            await serve_app(
+                create_launcher_app(launcher), host, port, stop, ready_file, "vllm-server"
+            )
+        finally:
+            await asyncio.to_thread(server.stop)
+
+    run_until_signalled(main)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("vllm-server")(vllm_server)

@@ -1,0 +1,210 @@
+"""The gateway in front of a real vLLM (CPU build, .venv-vllm) serving a reference trainer
+checkpoint: agent rollouts, and calls the test makes as an agent, are recorded with the token
+ids and logprobs exactly as vLLM answered them, for chat (whole and streamed) and completions
+(whole and streamed). The gateway forces temperature 0 here, so asking vLLM the same thing
+directly must give the same answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from gateway.store import CallRecord
+from tests.integration.test_rollouts_e2e import example_spec
+from tests.vllm_fixtures import VllmStack, running_vllm_stack
+from workflows.rollout_status import RolloutStatus
+
+pytestmark = pytest.mark.integration
+
+RESULT_TIMEOUT = 240
+
+
+@pytest.fixture(scope="module")
+def vllm_stack(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VllmStack]:
+    yield from running_vllm_stack(dev_env.client, Path(tmp_path_factory.mktemp("vllm-gateway")))
+
+
+def post(stack: VllmStack, rollout_id: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(
+        f"{stack.gateway_url}/rollouts/{rollout_id}/v1/{path}",
+        json=body,
+        headers={"Authorization": f"Bearer {stack.token(rollout_id)}"},
+        timeout=60,
+    )
+
+
+def stream(
+    stack: VllmStack, rollout_id: str, path: str, body: dict[str, Any]
+) -> tuple[str, list[dict[str, Any]]]:
+    """The call id and the chunks the agent received."""
+    chunks = []
+    with httpx.stream(
+        "POST",
+        f"{stack.gateway_url}/rollouts/{rollout_id}/v1/{path}",
+        json={**body, "stream": True},
+        headers={"Authorization": f"Bearer {stack.token(rollout_id)}"},
+        timeout=60,
+    ) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:]))
+        return response.headers["x-darl-call-id"], chunks
+
+
+def stored(stack: VllmStack, rollout_id: str, call_id: str) -> CallRecord:
+    (record,) = stack.store().read_sync(rollout_id, call_ids=[call_id])
+    return record
+
+
+def choice_of(answer: dict[str, Any]) -> dict[str, Any]:
+    return answer["choices"][0]
+
+
+def prompt_ids_of(endpoint: str, answer: dict[str, Any]) -> list[int]:
+    if endpoint == "chat.completions":
+        return answer["prompt_token_ids"]
+    return choice_of(answer)["prompt_token_ids"]
+
+
+def assert_vllm_answers_the_same(stack: VllmStack, record: CallRecord) -> None:
+    """vLLM, asked directly what the gateway forwarded, gives the record's ids and logprobs."""
+    direct = stack.replay(record)
+    assert record.prompt_token_ids == prompt_ids_of(record.endpoint, direct)
+    assert record.completion_token_ids() == choice_of(direct)["token_ids"]
+    assert record.response["choices"][0]["logprobs"] == choice_of(direct)["logprobs"]
+    assert record.response["choices"][0]["finish_reason"] == choice_of(direct)["finish_reason"]
+
+
+async def test_agent_rollouts_record_what_vllm_answered(vllm_stack: VllmStack) -> None:
+    """Real OpenAI-SDK agents (one call whole; two calls streamed, the second carrying the
+    first's answer): the workflow's counts and the store's records match vLLM's answers."""
+    specs = [example_spec("examples.arithmetic.agent", i) for i in (0, 1)] + [
+        example_spec("examples.arithmetic.calculator_agent", i, {"AGENT_STREAM": "1"})
+        for i in (2, 3)
+    ]
+    handles = [await vllm_stack.start_rollout(s) for s in specs]
+    done = [await asyncio.wait_for(h.result(), RESULT_TIMEOUT) for h in handles]
+
+    assert [r.status for r in done] == [RolloutStatus.SUCCEEDED] * 4, [r.error for r in done]
+    assert [r.calls for r in done] == [1, 1, 2, 2]
+    for result in done:
+        records = vllm_stack.store().read_sync(result.rollout_id, call_ids=result.call_ids)
+        assert [r.streamed for r in records] == [result.calls == 2] * result.calls
+        assert {r.policy_version for r in records} == {0}
+        assert result.prompt_tokens == sum(len(r.prompt_token_ids) for r in records)
+        assert result.completion_tokens == sum(len(r.completion_token_ids()) for r in records)
+        for record in records:
+            assert record.request["temperature"] == 0.0
+            assert record.request["return_token_ids"] is True
+            logprobs = record.completion_logprobs()
+            assert logprobs is not None
+            assert len(logprobs) == len(record.completion_token_ids()) > 0
+            assert_vllm_answers_the_same(vllm_stack, record)
+
+
+async def test_a_chat_answer_is_recorded_as_vllm_sent_it(vllm_stack: VllmStack) -> None:
+    rollout_id = await vllm_stack.start_idle_rollout("vllm-chat")
+    models = httpx.get(
+        f"{vllm_stack.gateway_url}/rollouts/{rollout_id}/v1/models",
+        headers={"Authorization": f"Bearer {vllm_stack.token(rollout_id)}"},
+    )
+    assert [m["id"] for m in models.json()["data"]] == ["darl-tiny"]  # asked of vLLM
+    body = {
+        "model": "policy",
+        "messages": [{"role": "user", "content": "What is 2 + 3?"}],
+        "max_tokens": 16,
+        "top_logprobs": 3,
+    }
+    answer = post(vllm_stack, rollout_id, "chat/completions", body)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-darl-policy-version"] == "0"
+    record = stored(vllm_stack, rollout_id, answer.headers["x-darl-call-id"])
+    # The store holds vLLM's answer whole, exactly as the agent received it.
+    assert record.response == answer.json()
+    assert record.prompt_token_ids == answer.json()["prompt_token_ids"]
+    content = choice_of(answer.json())["logprobs"]["content"]
+    assert len(content) == len(record.completion_token_ids()) == 16
+    assert all(len(entry["top_logprobs"]) == 3 for entry in content)
+    assert record.completion_logprobs() == [entry["logprob"] for entry in content]
+    assert_vllm_answers_the_same(vllm_stack, record)
+    handle = vllm_stack.client.get_workflow_handle(f"rollout/{rollout_id}")
+    assert await vllm_stack.wait_for_calls(handle, 1) == 1
+    await handle.cancel()
+
+
+async def test_a_streamed_chat_is_recorded_as_vllm_streamed_it(vllm_stack: VllmStack) -> None:
+    rollout_id = await vllm_stack.start_idle_rollout("vllm-stream")
+    body = {
+        "model": "policy",
+        "messages": [{"role": "user", "content": "Count to five."}],
+        "max_tokens": 24,
+        "top_logprobs": 2,
+        "stream_options": {"include_usage": True},
+    }
+    call_id, chunks = stream(vllm_stack, rollout_id, "chat/completions", body)
+    # vLLM sends the prompt ids in the first chunk, each token's id and logprob entry in its
+    # own chunk, the finish reason with the last token, then the usage.
+    parts = [c for chunk in chunks for c in chunk["choices"]]
+    token_ids = [t for c in parts for t in c.get("token_ids") or []]
+    entries = [e for c in parts if c.get("logprobs") for e in c["logprobs"]["content"]]
+    text = "".join(c["delta"].get("content") or "" for c in parts)
+    finish = [c["finish_reason"] for c in parts if c["finish_reason"] is not None]
+    usage = [chunk["usage"] for chunk in chunks if chunk.get("usage")]
+
+    record = stored(vllm_stack, rollout_id, call_id)
+    assert record.streamed
+    assert record.prompt_token_ids == chunks[0]["prompt_token_ids"]
+    assert record.completion_token_ids() == token_ids
+    assert len(token_ids) == 24
+    recorded = choice_of(record.response)
+    assert recorded["logprobs"]["content"] == entries
+    assert recorded["message"]["content"] == text
+    assert [recorded["finish_reason"]] == finish == ["length"]
+    assert [record.response["usage"]] == usage
+    assert usage[0]["completion_tokens"] == 24
+    assert_vllm_answers_the_same(vllm_stack, record)
+    handle = vllm_stack.client.get_workflow_handle(f"rollout/{rollout_id}")
+    assert await vllm_stack.wait_for_calls(handle, 1) == 1
+    await handle.cancel()
+
+
+async def test_completions_are_recorded_as_vllm_answered(vllm_stack: VllmStack) -> None:
+    rollout_id = await vllm_stack.start_idle_rollout("vllm-completions")
+    body = {"model": "policy", "prompt": "2 + 2 =", "max_tokens": 12, "logprobs": 2}
+    answer = post(vllm_stack, rollout_id, "completions", body)
+    assert answer.status_code == 200, answer.text
+    whole = stored(vllm_stack, rollout_id, answer.headers["x-darl-call-id"])
+    assert whole.response == answer.json()
+    assert whole.prompt_token_ids == choice_of(answer.json())["prompt_token_ids"]
+    assert whole.completion_logprobs() == choice_of(answer.json())["logprobs"]["token_logprobs"]
+    assert len(whole.completion_token_ids()) == 12
+    assert_vllm_answers_the_same(vllm_stack, whole)
+
+    # A token-id prompt (the previous prompt and answer), streamed.
+    prompt = whole.prompt_token_ids + whole.completion_token_ids()
+    call_id, chunks = stream(
+        vllm_stack, rollout_id, "completions", {**body, "prompt": prompt, "max_tokens": 10}
+    )
+    parts = [c for chunk in chunks for c in chunk["choices"]]
+    streamed = stored(vllm_stack, rollout_id, call_id)
+    assert streamed.streamed
+    assert streamed.prompt_token_ids == parts[0]["prompt_token_ids"] == prompt
+    assert streamed.completion_token_ids() == [t for c in parts for t in c["token_ids"]]
+    logprobs = choice_of(streamed.response)["logprobs"]
+    for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        assert logprobs[key] == [x for c in parts for x in c["logprobs"][key]], key
+    assert choice_of(streamed.response)["text"] == "".join(c["text"] for c in parts)
+    assert_vllm_answers_the_same(vllm_stack, streamed)
+    handle = vllm_stack.client.get_workflow_handle(f"rollout/{rollout_id}")
+    assert await vllm_stack.wait_for_calls(handle, 2) == 2
+    await handle.cancel()
