@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from gateway.store import DirectoryTrajectoryStore
 from tests.integration.stack import Stack
 from tests.integration.training_stack import (
     check_finished_run,
+    served_versions,
     start_training,
     start_training_stack,
     training_config,
@@ -71,11 +71,4 @@ async def test_the_digits_model_learns(training_stack: Stack):
     assert t > 4, f"reward {first_mean:.3f} -> {last_mean:.3f}, Welch t = {t:.2f}"
 
     # On-policy: each trained rollout's calls were served by the policy of the step before.
-    store = DirectoryTrajectoryStore(stack.store_dir)
-    served = {
-        record.policy_version
-        for folder in stack.store_dir.iterdir()
-        if folder.name.startswith(config.run_id)
-        for record in store.read_sync(folder.name)
-    }
-    assert served == set(range(TEST.steps))
+    assert served_versions(stack, config.run_id) == set(range(TEST.steps))

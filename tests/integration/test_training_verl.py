@@ -19,10 +19,10 @@ import torch
 from safetensors.torch import load_file
 from temporalio.testing import WorkflowEnvironment
 
-from gateway.store import DirectoryTrajectoryStore
 from tests.integration.stack import Stack
 from tests.integration.training_stack import (
     check_finished_run,
+    served_versions,
     start_training,
     start_training_stack,
     training_config,
@@ -106,14 +106,7 @@ async def test_the_training_workflow_trains_with_verls_worker(training_stack: St
     async with httpx.AsyncClient(timeout=10) as http:
         served = (await http.get(f"{stack.policy_url}/version")).json()["policy_version"]
     assert served == STEPS
-    store = DirectoryTrajectoryStore(stack.store_dir)
-    versions = {
-        record.policy_version
-        for folder in stack.store_dir.iterdir()
-        if folder.name.startswith(run_id)
-        for record in store.read_sync(folder.name)
-    }
-    assert versions == set(range(STEPS))
+    assert served_versions(stack, run_id) == set(range(STEPS))
 
     # Stopping the trainer worker takes verl's Ray workers (and Ray) with it.
     trainer = stack.processes["trainer"]

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from gateway.store import DirectoryTrajectoryStore
 from tests.integration.training_stack import (
     AGENT_SERVICE,
     check_finished_run,
+    served_versions,
     start_training,
     training_config,
     training_result,
@@ -67,11 +67,4 @@ async def test_the_training_workflow_syncs_weights_into_vllm(vllm_training_stack
     assert status["restarts"] - restarts_before == STEPS + 1
 
     # On-policy: the calls each step trained on were served by the version before it.
-    store = DirectoryTrajectoryStore(stack.store_dir)
-    versions = {
-        record.policy_version
-        for folder in stack.store_dir.iterdir()
-        if folder.name.startswith(run_id)
-        for record in store.read_sync(folder.name)
-    }
-    assert versions == set(range(STEPS))
+    assert served_versions(stack, run_id) == set(range(STEPS))

@@ -17,6 +17,7 @@ from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
 from deploy.training_cli import load_config
+from gateway.store import DirectoryTrajectoryStore
 from tests.accounting import assert_accounted
 from tests.integration.stack import Stack
 from trainer.digits_task import make_tasks
@@ -87,6 +88,17 @@ def training_config(stack: Stack, run_id: str, steps: int, **overrides: Any) -> 
         **overrides,
     }
     return TrainingConfig.model_validate(data)
+
+
+def served_versions(stack: Stack, run_id: str) -> set[int]:
+    """The policy versions that served the calls of the run's rollouts (from the store)."""
+    store = DirectoryTrajectoryStore(stack.store_dir)
+    return {
+        record.policy_version
+        for folder in stack.store_dir.iterdir()
+        if folder.name.startswith(run_id)
+        for record in store.read_sync(folder.name)
+    }
 
 
 async def start_training(
