@@ -239,6 +239,7 @@ class TrainerActivities:
                     settings.inflight,
                     settings.drain_timeout_seconds,
                     settings.pause_mode,
+                    settings.register_upstreams,
                 ),
                 heartbeat_every(),
             )

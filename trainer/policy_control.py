@@ -179,6 +179,15 @@ class GatewayControl:
         )
         return bool(response.json().get("drained", True))
 
+    async def set_upstreams(self, urls: list[str]) -> None:
+        """The policy servers the gateway forwards to, replacing its list."""
+        _checked(
+            await self.client.put(
+                f"{self.url}/admin/upstreams", json={"upstreams": urls}, headers=self._headers()
+            ),
+            "registering the gateway's upstreams",
+        )
+
     async def resume(self, policy_version: int) -> None:
         _checked(
             await self.client.post(
@@ -204,11 +213,13 @@ async def sync_weights(
     inflight: Literal["drain", "keep"],
     drain_seconds: float,
     pause_mode: Literal["hold", "reject"] = "hold",
+    register_upstreams: bool = False,
 ) -> SyncOutcome:
     """New calls wait at the gateway while the weights change. `drain`: calls in flight
     finish on the old weights first. `keep`: they are frozen on the servers and continue on
     the new weights (a call records the version the gateway admitted it under). `keep` with
-    a server that restarts to load raises WeightSyncError before anything is paused."""
+    a server that restarts to load raises WeightSyncError before anything is paused. With
+    `register_upstreams`, the servers become the gateway's upstreams before it resumes."""
     restarting = [s.url for s in servers if not s.keeps_inflight_across_load]
     if inflight == "keep" and restarting:
         raise WeightSyncError(
@@ -225,6 +236,8 @@ async def sync_weights(
     if inflight == "keep":
         for server in servers:
             await server.resume()
+    if register_upstreams:
+        await gateway.set_upstreams([server.url for server in servers])
     await gateway.resume(version)
     return SyncOutcome(
         paused_seconds=time.monotonic() - started,

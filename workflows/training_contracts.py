@@ -86,13 +86,17 @@ class WeightSyncSettings(Contract):
     `inflight` `drain` lets calls in flight finish (at most `drain_timeout_seconds`) before
     the weights change; `keep` pauses their decoding on the policy server instead and
     continues it on the new weights after the resume (not possible on a server that restarts
-    to load). A policy server given as a plain URL is a `reference` one."""
+    to load). A policy server given as a plain URL is a `reference` one. With
+    `register_upstreams` each sync makes `policy_servers` the gateway's upstreams (so the
+    config is the one list of servers); turn it off when the gateway reaches them by other
+    addresses than the trainer does."""
 
     gateway_admin_url: str
     policy_servers: list[PolicyServerSpec] = Field(min_length=1)
     inflight: Literal["drain", "keep"] = "drain"
     drain_timeout_seconds: float = Field(default=60.0, ge=0, le=3600)
     pause_mode: Literal["hold", "reject"] = "hold"
+    register_upstreams: bool = True
 
     @field_validator("policy_servers", mode="before")
     @classmethod

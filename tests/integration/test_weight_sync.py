@@ -54,3 +54,27 @@ async def test_a_sync_moves_every_server_to_the_new_version(
     after = call(stack, rollout_id)
     assert after.headers["x-darl-policy-version"] == str(version)
     await stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
+
+
+async def test_a_sync_registers_the_policy_servers_as_the_gateways_upstreams(stack: Stack):
+    """The run's config is the one list of servers: the same server by another address (as a
+    new replica would be) becomes the gateway's upstream list, and calls reach it."""
+    rollout_id = await stack.start_idle_rollout("upstreams")
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    by_name = stack.policy_url.replace("127.0.0.1", "localhost")
+    async with httpx.AsyncClient(timeout=60) as http:
+        before = (await http.get(f"{stack.gateway_url}/admin/state", headers=admin)).json()
+        assert before["upstreams"] == [stack.policy_url]
+        gateway = GatewayControl(stack.gateway_url, ADMIN_KEY, http)
+        server = ReferencePolicyServer(by_name, http)
+        await sync_weights(
+            gateway, [server], str(stack.model_dir), 31, "drain", 60, register_upstreams=True
+        )
+        after = (await http.get(f"{stack.gateway_url}/admin/state", headers=admin)).json()
+        assert after["upstreams"] == [by_name] and not after["paused"]
+        answer = await asyncio.to_thread(call, stack, rollout_id)
+        # Back as it was, for the tests that follow on this stack.
+        await gateway.set_upstreams([stack.policy_url])
+    assert answer.status_code == 200
+    assert answer.headers["x-darl-policy-version"] == "31"
+    await stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
