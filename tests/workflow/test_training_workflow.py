@@ -228,6 +228,12 @@ async def test_validation_runs_every_k_steps_and_joins_the_step_record(
     assert_accounted(summary.counters)
 
 
+# Temporal's Java time-skipping test server now and then answers a workflow task completion
+# of this many-run chain with InvalidArgument "invalid history builder state for action" (a
+# server-side state error, logged by the SDK) and the chain then stalls until the timeout: seen
+# in 2 of about 8 full runs, never on the dev server. One rerun, on a fresh server; a second
+# failure fails the suite.
+@pytest.mark.flaky(reruns=1)
 async def test_continue_as_new_loses_no_rollout_across_runs(
     own_time_skipping_env: WorkflowEnvironment,
 ):
