@@ -156,9 +156,7 @@ class TrainerActivities:
         """Release what the backends hold (verl's Ray workers)."""
         while self._backends:
             _, backend = self._backends.popitem()
-            close = getattr(backend, "close", None)
-            if close is not None:
-                close()
+            backend.close()
 
     # --- the policy ------------------------------------------------------------------------
 

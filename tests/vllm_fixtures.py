@@ -83,24 +83,8 @@ class VllmStack(Stack):
         self.launcher_url = process.wait_ready(timeout=VLLM_READY_SECONDS)["url"]
         self.policy_url = self.vllm_status()["url"]
 
-    def start_gateway(self, port: int = 0, signal_interval: float = 1.0) -> None:
-        info = self._start(
-            "gateway",
-            [
-                "gateway",
-                "--port",
-                str(port),
-                "--upstream",
-                self.policy_url,
-                "--store-dir",
-                str(self.store_dir),
-                "--signal-interval",
-                str(signal_interval),
-                "--train-temperature",
-                str(self.train_temperature),
-            ],
-        )
-        self.gateway_url = info["url"]
+    def gateway_flags(self) -> list[str]:
+        return ["--train-temperature", str(self.train_temperature)]
 
     def vllm_status(self) -> dict[str, Any]:
         return httpx.get(f"{self.launcher_url}/status", timeout=10).json()

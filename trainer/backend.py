@@ -126,6 +126,10 @@ class TrainerBackend(Protocol):
         """All saved steps, ascending."""
         ...
 
+    def close(self) -> None:
+        """Let go of what the backend holds outside its process (verl's Ray workers)."""
+        ...
+
 
 class CheckpointStore:
     """The checkpoint directory: one `step-NNNNNN` folder per saved step, each published by

@@ -153,6 +153,9 @@ class ReferenceBackend:
     def checkpoint_steps(self) -> list[int]:
         return self.store.steps()
 
+    def close(self) -> None:
+        """Nothing to let go of: the model lives in this process."""
+
     # --- one step ------------------------------------------------------------------------
 
     def _update(

@@ -82,6 +82,10 @@ class Stack:
         )
         self.policy_url = info["url"]
 
+    def gateway_flags(self) -> list[str]:
+        """More `darl gateway` flags, for stacks that need them."""
+        return []
+
     def start_gateway(self, port: int = 0, signal_interval: float = 1.0) -> None:
         info = self._start(
             "gateway",
@@ -95,6 +99,7 @@ class Stack:
                 str(self.store_dir),
                 "--signal-interval",
                 str(signal_interval),
+                *self.gateway_flags(),
             ],
         )
         self.gateway_url = info["url"]
