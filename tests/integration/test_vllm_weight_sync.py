@@ -155,6 +155,9 @@ async def test_keep_freezes_a_call_in_flight_until_resume(vllm_stack: VllmStack)
     assert len(frozen.record.completion_logprobs() or []) == LONG_TOKENS
 
 
+# Catching a call inside vLLM's engine is timing on a shared 2-core CPU (see caught_in_flight):
+# a clean-clone run once saw all 3 tries end before the pause reached the engine. One rerun.
+@pytest.mark.flaky(reruns=1)
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
 async def test_abort_ends_a_call_in_flight_with_its_partial_tokens(
     vllm_stack: VllmStack, streamed: bool
