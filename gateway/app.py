@@ -3,15 +3,19 @@ event routes, the agent's result route, the admin API, health and metrics."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -28,12 +32,14 @@ from gateway.errors import (
     install_error_handlers,
 )
 from gateway.forwarding import Forwarder, RetrySettings
+from gateway.journal import ALIVE_INTERVAL_SECONDS, AdminState, GatewayJournal
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import ModelCallProxy, ProxySettings
 from gateway.rollouts import RolloutRegistry
 from gateway.store import TrajectoryStore
 from gateway.tracing import TokenTraceContext
 from gateway.traffic import PauseGate, UpstreamPool
+from gateway.versions import UpstreamVersions
 from workflows.contracts import AgentReport
 from workflows.rollout_token import TokenClaims
 
@@ -52,6 +58,12 @@ class GatewaySettings:
     # How often a rollout's captured calls go to its workflow (one batched signal).
     signal_interval_seconds: float = 1.0
     upstream_api_key: str | None = None
+    # The gateway's own durable state (admin state, outages); None keeps it in memory only.
+    journal_dir: Path | None = None
+    # This gateway's name among those sharing a journal (its outages are its own).
+    instance: str = "gateway"
+    # How long a call waits for a policy server that serves older weights than the run's.
+    stale_wait_seconds: float = 120.0
 
 
 async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
@@ -106,6 +118,12 @@ class UpstreamsRequest(BaseModel):
     upstreams: list[str] = Field(min_length=1)
 
 
+class CloseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    # When the attempt's agent started (epoch seconds): outages since then touched it.
+    started_at: float | None = None
+
+
 class AglEvent(BaseModel):
     model_config = ConfigDict(extra="allow")
     event_type: str
@@ -122,11 +140,22 @@ class Gateway:
         temporal: Client,
     ) -> None:
         self.settings = settings
+        self.store = store
+        self.journal = (
+            GatewayJournal(settings.journal_dir, settings.instance)
+            if settings.journal_dir is not None
+            else None
+        )
+        saved = self.journal.load_admin_state() if self.journal is not None else None
         self.forwarder = Forwarder(settings.retry, settings.upstream_api_key)
         self.metrics = GatewayMetrics()
-        self.gate = PauseGate(settings.paused_retry_after_seconds)
-        self.pool = UpstreamPool(settings.upstreams)
-        self.registry = RolloutRegistry(temporal)
+        self.gate = PauseGate(
+            settings.paused_retry_after_seconds,
+            *((saved.policy_version, saved.paused, saved.mode) if saved else ()),
+        )
+        self.pool = UpstreamPool(self._upstreams_at_start(saved))
+        self.versions = UpstreamVersions(self.forwarder)
+        self.registry = RolloutRegistry(temporal, store)
         self.delivery = EventDelivery(
             self.registry, store, self.metrics, settings.signal_interval_seconds
         )
@@ -139,18 +168,79 @@ class Gateway:
             self.registry,
             self.delivery,
             self.metrics,
+            self.versions,
+            settings.stale_wait_seconds,
         )
         self.metrics.inflight.set_function(lambda: sum(self.gate.inflight().values()))
         self.metrics.paused.set_function(lambda: float(self.gate.paused))
+        self.stopping = False
+        if saved is not None:
+            log.info(
+                "restored from the journal: policy version %d, %s, upstreams %s",
+                saved.policy_version,
+                f"paused ({saved.mode})" if saved.paused else "running",
+                self.pool.urls,
+            )
+
+    def _upstreams_at_start(self, saved: AdminState | None) -> list[str]:
+        """The upstreams the trainer last registered, unless this gateway was started with
+        other `--upstream`s than the ones they replaced (then the operator's flags win)."""
+        configured = sorted(u.rstrip("/") for u in self.settings.upstreams)
+        if saved is None or not saved.upstreams or list(saved.configured) != configured:
+            return configured
+        return list(saved.upstreams)
+
+    def save_state(self) -> None:
+        """Write the admin state to the journal: called after every admin change, before the
+        admin call is answered."""
+        if self.journal is None:
+            return
+        self.journal.save_admin_state(
+            AdminState(
+                policy_version=self.gate.policy_version,
+                paused=self.gate.paused,
+                mode=self.gate.mode,
+                upstreams=tuple(self.pool.urls),
+                configured=tuple(sorted(u.rstrip("/") for u in self.settings.upstreams)),
+            )
+        )
+
+    async def incidents(self, rollout_id: str, attempt: int, since: float | None) -> list[str]:
+        found = await self.store.incidents(rollout_id, attempt)
+        if self.journal is not None and since is not None:
+            found += [o.describe() for o in self.journal.outages_overlapping(since, time.time())]
+        return found
+
+    def begin_shutdown(self) -> None:
+        """SIGTERM: the server stops accepting; calls in flight finish (the server's grace);
+        calls held for a weight sync get 503 now, since no resume can reach a process that
+        no longer accepts connections. From now on agents cannot reach this gateway: the
+        journal's outage starts here."""
+        if self.gate.paused:
+            log.info("stopping while paused: %d held call(s) answered 503", self.gate.held)
+        self.gate.close_held()
+        self.stopping = True
+        if self.journal is not None:
+            self.journal.went_down()
+
+    async def keep_alive(self) -> None:
+        """Tell the journal this gateway is alive, every second, until it begins to stop."""
+        if self.journal is None:
+            return
+        while not self.stopping:
+            await asyncio.to_thread(self.journal.alive)
+            await asyncio.sleep(ALIVE_INTERVAL_SECONDS)
 
     def state(self) -> dict[str, Any]:
         return {
+            "instance": self.settings.instance,
             "paused": self.gate.paused,
             "mode": self.gate.mode,
             "policy_version": self.gate.policy_version,
             "inflight": self.gate.inflight(),
             "held": self.gate.held,
             "upstreams": self.pool.urls,
+            "stale_upstreams": sorted(self.versions.stale),
             "last_pause_seconds": self.gate.last_pause_seconds,
             "undelivered_events": self.delivery.pending(),
         }
@@ -225,19 +315,50 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await gateway.forwarder.start()
+        if gateway.journal is not None:
+            await asyncio.to_thread(gateway.journal.came_up)
+        alive = asyncio.create_task(gateway.keep_alive())
         try:
             yield
             await gateway.delivery.aclose()
         finally:
+            alive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await alive
+            if gateway.journal is not None and not gateway.stopping:
+                # Stopped without begin_shutdown (an app embedded in a test, say).
+                await asyncio.to_thread(gateway.journal.went_down)
             await gateway.forwarder.aclose()
 
     app = FastAPI(title="DARL gateway", lifespan=lifespan)
     app.state.gateway = gateway
     install_error_handlers(app)
 
+    async def noting_incidents(claims: TokenClaims, work: Awaitable[Response]) -> Response:
+        """An agent's request; a 5xx answer to it (of the gateway's or a policy server's
+        making) is an incident of its attempt."""
+        try:
+            response = await work
+        except GatewayError as err:
+            if err.status >= 500:
+                await gateway.proxy.note_incident(claims, f"{err.status} {err.message}")
+            raise
+        if response.status_code >= 500:
+            await gateway.proxy.note_incident(
+                claims,
+                f"{response.status_code} from the policy server: "
+                f"{getattr(response, 'body', b'')[:300]!r}",
+            )
+        return response
+
     async def proxy_call(request: Request, endpoint: Endpoint, claims: TokenClaims) -> Response:
         body = await read_json_object(request, settings.max_body_bytes)
-        return await gateway.proxy.handle(request, endpoint, claims, body)
+        return await noting_incidents(claims, gateway.proxy.handle(request, endpoint, claims, body))
+
+    async def report(claims: TokenClaims, agent_report: AgentReport) -> Response:
+        await gateway.registry.check_open(claims.rollout_id, claims.attempt)
+        await gateway.registry.signal_report(claims.rollout_id, agent_report)
+        return JSONResponse({"accepted": True})
 
     async def models_listing() -> dict[str, Any]:
         names = await gateway.proxy.models()
@@ -261,17 +382,15 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
         return await models_listing()
 
     @app.post("/rollouts/{rollout_id}/result")
-    async def result(request: Request, claims: RolloutClaims) -> dict[str, Any]:
+    async def result(request: Request, claims: RolloutClaims) -> Response:
         body = await read_json_object(request, settings.max_body_bytes)
         try:
-            report = AgentReport.model_validate({**body, "attempt": claims.attempt})
+            agent_report = AgentReport.model_validate({**body, "attempt": claims.attempt})
         except ValidationError as err:
             raise bad_request(
                 f"invalid result: {describe_errors(err.errors())}", "invalid_result"
             ) from err
-        await gateway.registry.check_open(claims.rollout_id, claims.attempt)
-        await gateway.registry.signal_report(claims.rollout_id, report)
-        return {"accepted": True}
+        return await noting_incidents(claims, report(claims, agent_report))
 
     # --- Agent Lightning v1.0 routes -----------------------------------------------------
 
@@ -290,21 +409,21 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
         return await models_listing()
 
     @app.post("/api/rollouts/{rollout_id}/attempt/{attempt}/events")
-    async def agl_events(request: Request, claims: AglClaims) -> dict[str, Any]:
+    async def agl_events(request: Request, claims: AglClaims) -> Response:
         body = await read_json_object(request, settings.max_body_bytes)
         try:
             event = AglEvent.model_validate(body)
             if event.event_type != "reward":
                 # Agent Lightning's other events (spans, logs) carry nothing DARL trains on.
-                return {"accepted": False, "reason": f"event type {event.event_type!r} ignored"}
-            report = AgentReport(attempt=claims.attempt, reward=event.data.get("value"))
+                return JSONResponse(
+                    {"accepted": False, "reason": f"event type {event.event_type!r} ignored"}
+                )
+            agent_report = AgentReport(attempt=claims.attempt, reward=event.data.get("value"))
         except ValidationError as err:
             raise bad_request(
                 f"invalid event: {describe_errors(err.errors())}", "invalid_event"
             ) from err
-        await gateway.registry.check_open(claims.rollout_id, claims.attempt)
-        await gateway.registry.signal_report(claims.rollout_id, report)
-        return {"accepted": True}
+        return await noting_incidents(claims, report(claims, agent_report))
 
     # --- admin ---------------------------------------------------------------------------
 
@@ -312,6 +431,7 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
     async def pause(request: Request) -> dict[str, Any]:
         body = await read_model(request, PauseRequest, settings.max_body_bytes)
         gateway.gate.pause(body.mode)
+        gateway.save_state()
         drained = None
         if body.drain_timeout_seconds is not None:
             drained = await gateway.gate.drain(body.drain_timeout_seconds)
@@ -322,6 +442,7 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
         body = await read_model(request, ResumeRequest, settings.max_body_bytes)
         was_paused = gateway.gate.paused
         gateway.gate.resume(body.policy_version)
+        gateway.save_state()
         if was_paused:
             gateway.metrics.pause_seconds.observe(gateway.gate.last_pause_seconds)
         return gateway.state()
@@ -334,16 +455,21 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
     async def set_upstreams(request: Request) -> dict[str, Any]:
         body = await read_model(request, UpstreamsRequest, settings.max_body_bytes)
         gateway.pool.set(body.upstreams)
+        gateway.save_state()
         return gateway.state()
 
     @app.post(
         "/admin/rollouts/{rollout_id}/attempts/{attempt}/close", dependencies=[Depends(_admin)]
     )
-    async def close_attempt(rollout_id: str, attempt: int) -> dict[str, Any]:
+    async def close_attempt(request: Request, rollout_id: str, attempt: int) -> dict[str, Any]:
         """The worker's word that the attempt's agent ended: refuse its calls from now on and
-        deliver its pending call events (503 if Temporal is unreachable: retry)."""
+        deliver its pending call events (503 if Temporal is unreachable: retry). The answer
+        says what DARL did to the attempt: its 5xx answers and the gateway's outages since
+        the agent started."""
+        body = await read_model(request, CloseRequest, settings.max_body_bytes)
         delivered = await gateway.delivery.close_attempt(rollout_id, attempt)
-        return {"closed": True, "delivered": delivered}
+        incidents = await gateway.incidents(rollout_id, attempt, body.started_at)
+        return {"closed": True, "delivered": delivered, "infra_incidents": incidents}
 
     # --- operations ----------------------------------------------------------------------
 

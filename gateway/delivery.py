@@ -96,6 +96,7 @@ class EventDelivery:
         left (in memory or, after a restart, only in the store). Raises GatewayError 503 when
         Temporal cannot be reached, so the caller retries."""
         self._registry.close_attempt(rollout_id, attempt)
+        await self._store.mark_closed(rollout_id, attempt)
         key = (rollout_id, attempt)
         box = self._outboxes.setdefault(key, _Outbox())
         if box.timer is not None:

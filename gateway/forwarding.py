@@ -109,12 +109,18 @@ class Forwarder:
         return self._session
 
     async def send(
-        self, url: str, body: dict[str, Any], deadline: float, stream: bool
+        self,
+        url: str,
+        body: dict[str, Any],
+        deadline: float,
+        stream: bool,
+        headers: Mapping[str, str] | None = None,
     ) -> UpstreamReply:
         """POST `body` to `url` until an answer that is not worth retrying, the last attempt,
         or the deadline (time.monotonic()). With `stream`, the reply is left open for the
         caller to read and close. Raises GatewayError 502/504 when nothing usable came."""
         payload = json.dumps(body).encode()
+        sent_headers = {**self._headers, **headers} if headers else self._headers
         failure: GatewayError | None = None
         for attempt in range(self._retry.max_attempts):
             remaining = deadline - time.monotonic()
@@ -123,7 +129,7 @@ class Forwarder:
             timeout = min(self._retry.attempt_timeout_seconds, remaining)
             hint = None
             try:
-                reply = await self._attempt(url, payload, timeout, stream, attempt)
+                reply = await self._attempt(url, payload, sent_headers, timeout, stream, attempt)
             except TimeoutError as err:
                 failure = GatewayError(
                     504,
@@ -163,7 +169,13 @@ class Forwarder:
         )
 
     async def _attempt(
-        self, url: str, payload: bytes, timeout: float, stream: bool, retries: int
+        self,
+        url: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        timeout: float,
+        stream: bool,
+        retries: int,
     ) -> UpstreamReply:
         connect = min(10.0, timeout)
         if stream:
@@ -171,7 +183,7 @@ class Forwarder:
         else:
             client_timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect)
         response = await self.session.post(
-            url, data=payload, headers=self._headers, timeout=client_timeout
+            url, data=payload, headers=headers, timeout=client_timeout
         )
         reply = UpstreamReply(response.status, response.headers, retries, _response=response)
         if stream:

@@ -3,6 +3,10 @@ training needs (token ids, logprobs, model, temperature), forward to the rollout
 write the full record to the trajectory store, queue its small event for the workflow (see
 `delivery`), and only then answer the agent. A streamed answer reaches the agent as it comes,
 except its final chunk, which is held back until the call is recorded.
+
+The version recorded on a call is the one the policy server proved for the weights that
+answered (see `versions`, rule 8); an answer from weights behind the run's version is
+neither recorded nor answered: the call waits for the server to catch up and is sent again.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.rollouts import RolloutRegistry, attempt_closed
 from gateway.store import CallRecord, TrajectoryStore
 from gateway.traffic import Admission, PauseGate, UpstreamPool
+from gateway.versions import UpstreamVersions, version_in
 from workflows.rollout_token import TokenClaims
 
 log = logging.getLogger(__name__)
@@ -126,6 +131,8 @@ class ModelCall:
     call_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     admission: Admission | None = None
     retries: int = 0
+    # The policy version the policy server proved for the weights that answered.
+    served_version: int | None = None
 
     @property
     def url(self) -> str:
@@ -139,10 +146,20 @@ class ModelCall:
             raise RuntimeError("the call was never admitted")
         return self.admission
 
+    def proven_version(self) -> int:
+        """The version to record: only ever the one the policy server proved (a call whose
+        answer came without one is never recorded; see `_behind`)."""
+        if self.served_version is None:
+            raise RuntimeError("recording a call whose weights' version is unknown")
+        return self.served_version
+
     def headers(self) -> dict[str, str]:
+        version = self.served_version
         return {
             "X-Darl-Call-Id": self.call_id,
-            "X-Darl-Policy-Version": str(self.admitted().policy_version),
+            "X-Darl-Policy-Version": str(
+                self.admitted().policy_version if version is None else version
+            ),
         }
 
 
@@ -157,8 +174,12 @@ class ModelCallProxy:
         registry: RolloutRegistry,
         delivery: EventDelivery,
         metrics: GatewayMetrics,
+        versions: UpstreamVersions,
+        stale_wait_seconds: float = 120.0,
     ) -> None:
         self.settings = settings
+        self.versions = versions
+        self.stale_wait_seconds = stale_wait_seconds
         self.delivery = delivery
         self.pool = pool
         self.gate = gate
@@ -235,8 +256,17 @@ class ModelCallProxy:
     # --- whole answers -------------------------------------------------------------------
 
     async def _whole(self, call: ModelCall) -> Response:
-        async with self.gate.admitted(call.upstream, call.time_left()) as call.admission:
-            reply = await self._send(call, stream=False)
+        while True:
+            await self._until_upstream_current(call)
+            async with self.gate.admitted(call.upstream, call.time_left()) as call.admission:
+                reply = await self._send(call, stream=False)
+                arrived = time.monotonic()
+                if reply.status == 200:
+                    call.served_version = version_in(reply.headers)
+                    if call.served_version is None:
+                        call.served_version = await self._version_after(call, arrived)
+            if reply.status != 200 or not self._behind(call):
+                break
         latency_ms = self._upstream_done(call)
         if reply.status != 200:
             return Response(reply.body, reply.status, media_type=reply.content_type)
@@ -258,20 +288,29 @@ class ModelCallProxy:
     # --- streamed answers ----------------------------------------------------------------
 
     async def _streamed(self, call: ModelCall) -> Response:
-        stack = AsyncExitStack()
-        try:
-            call.admission = await stack.enter_async_context(
-                self.gate.admitted(call.upstream, call.time_left())
-            )
-            reply = await self._send(call, stream=True)
-            stack.push_async_callback(reply.aclose)
-            if reply.status != 200:
-                content = await reply.read()
+        while True:
+            await self._until_upstream_current(call)
+            stack = AsyncExitStack()
+            try:
+                call.admission = await stack.enter_async_context(
+                    self.gate.admitted(call.upstream, call.time_left())
+                )
+                reply = await self._send(call, stream=True)
+                stack.push_async_callback(reply.aclose)
+                if reply.status != 200:
+                    content = await reply.read()
+                    await stack.aclose()
+                    return Response(content, reply.status, media_type=reply.content_type)
+                # A server that says at the start that its weights are behind: nothing has
+                # reached the agent yet, so the call waits and goes again.
+                call.served_version = version_in(reply.headers)
+                if call.served_version is not None and self._behind(call):
+                    await stack.aclose()
+                    continue
+            except BaseException:
                 await stack.aclose()
-                return Response(content, reply.status, media_type=reply.content_type)
-        except BaseException:
-            await stack.aclose()
-            raise
+                raise
+            break
         # The relay closes the stack when it ends; the background task covers an agent that
         # left before the first byte, when the relay never started.
         return StreamingResponse(
@@ -316,9 +355,23 @@ class ModelCallProxy:
         latency_ms = self._upstream_done(call)
         if failure is None and not assembler.finished:
             failure = "the policy server's stream ended before the answer did"
+        if failure is None:
+            # The weights may have changed under a long stream (an `inflight: keep` sync):
+            # what they were at its end is what finished it.
+            try:
+                call.served_version = await self._version_after(call, time.monotonic())
+            except GatewayError as err:
+                failure = err.message
+            else:
+                if self._behind(call):
+                    failure = (
+                        f"the policy server's weights (version {call.served_version}) are "
+                        f"behind the run's ({call.admitted().policy_version})"
+                    )
         if failure is not None:
             # The agent gets an error, never the end of an answer that was not recorded.
             log.warning("stream of %s not recorded: %s", call.claims.rollout_id, failure)
+            await self.note_incident(call.claims, f"stream not recorded: {failure}")
             yield _sse_error(f"call not recorded: {failure}", "upstream_error")
             return
         try:
@@ -326,6 +379,8 @@ class ModelCallProxy:
                 self._record(call, assembler.response(), latency_ms, streamed=True)
             )
         except GatewayError as err:
+            if err.status >= 500:
+                await self.note_incident(call.claims, f"stream not recorded: {err.message}")
             yield _sse_error(err.message, err.code or "server_error")
             return
         for event in held:
@@ -334,10 +389,53 @@ class ModelCallProxy:
     async def _send(self, call: ModelCall, stream: bool) -> UpstreamReply:
         reply = await unless_disconnected(
             call.request,
-            self.forwarder.send(call.url, call.forwarded, call.deadline, stream),
+            self.forwarder.send(
+                call.url,
+                call.forwarded,
+                call.deadline,
+                stream,
+                headers={"X-Darl-Call-Id": call.call_id},
+            ),
         )
         call.retries = reply.retries
         return reply
+
+    # --- which weights answered ----------------------------------------------------------
+
+    async def _version_after(self, call: ModelCall, arrived: float) -> int | None:
+        """The version the upstream reports when asked after the answer arrived."""
+        try:
+            return await unless_disconnected(
+                call.request, self.versions.version_after(call.upstream, arrived)
+            )
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise GatewayError(
+                502,
+                f"cannot read the policy version of policy server {call.upstream}: {err!r}",
+                type="server_error",
+                code="upstream_unversioned",
+            ) from err
+
+    def _behind(self, call: ModelCall) -> bool:
+        """Whether the answer came from weights older than the version the call was admitted
+        under (a policy server that restarted on older weights): it must not be recorded."""
+        return self.versions.note(
+            call.upstream, call.served_version, call.admitted().policy_version
+        )
+
+    async def _until_upstream_current(self, call: ModelCall) -> None:
+        if call.upstream in self.versions.stale:
+            seconds = max(0.0, min(self.stale_wait_seconds, call.time_left()))
+            await unless_disconnected(
+                call.request,
+                self.versions.wait_until_current(call.upstream, self.gate.policy_version, seconds),
+            )
+
+    async def note_incident(self, claims: TokenClaims, error: str) -> None:
+        """DARL failed this attempt's agent (a 5xx answer or a broken stream): remember it
+        durably, so the attempt's failure is not blamed on the agent (rule 7)."""
+        log.warning("rollout %s attempt %d: %s", claims.rollout_id, claims.attempt, error)
+        await self.store.record_incident(claims.rollout_id, claims.attempt, error)
 
     def _upstream_done(self, call: ModelCall) -> float:
         """Milliseconds from admission to the policy server's full answer (retries included)."""
@@ -375,7 +473,7 @@ class ModelCallProxy:
                 sequence=-1,
                 endpoint=call.endpoint,
                 upstream=admission.upstream,
-                policy_version=admission.policy_version,
+                policy_version=call.proven_version(),
                 created_at=time.time(),
                 latency_ms=latency_ms,
                 retry_count=call.retries,

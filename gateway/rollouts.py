@@ -2,9 +2,9 @@
 that put its model calls and the agent's report into its workflow.
 
 A call for a rollout the gateway has not seen asks Temporal once (describe); the worker tells
-the gateway when an attempt's agent ended (see `delivery`); a signal that finds the workflow
-closed marks the rollout closed. So a closed rollout's calls are refused before any policy
-server is called.
+the gateway when an attempt's agent ended (see `delivery`), which the store remembers for a
+gateway that starts later; a signal that finds the workflow closed marks the rollout closed.
+So a closed rollout's calls are refused before any policy server is called.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from gateway.errors import GatewayError
+from gateway.store import TrajectoryStore
 from workflows.contracts import AgentReport, ModelCallEvent, rollout_workflow_id
 from workflows.rollout_workflow import AGENT_RESULT_SIGNAL, MODEL_CALLS_SIGNAL
 
@@ -65,15 +66,25 @@ class _Bounded(OrderedDict):
 
 
 class RolloutRegistry:
-    def __init__(self, client: Client, remembered: int = 100_000) -> None:
+    def __init__(self, client: Client, store: TrajectoryStore, remembered: int = 100_000) -> None:
         self._client = client
+        self._store = store
         self._open: _Bounded = _Bounded(remembered)
         self._closed: _Bounded = _Bounded(remembered)
+        # Attempts whose closed mark in the store was looked at (and not found).
+        self._unmarked: _Bounded = _Bounded(remembered)
 
     async def check_open(self, rollout_id: str, attempt: int) -> None:
         """Raise 404/409 unless the rollout's workflow runs and this attempt has not ended."""
         if self.is_closed(rollout_id, attempt):
             raise attempt_closed(rollout_id, attempt)
+        key = (rollout_id, attempt)
+        if key not in self._unmarked:
+            # Closed before this gateway started (a restart): the store remembers.
+            if await self._store.is_closed(rollout_id, attempt):
+                self.close_attempt(rollout_id, attempt)
+                raise attempt_closed(rollout_id, attempt)
+            self._unmarked.put(key, True)
         if rollout_id in self._open:
             return
         handle = self._client.get_workflow_handle(rollout_workflow_id(rollout_id))
@@ -90,6 +101,7 @@ class RolloutRegistry:
 
     def close_attempt(self, rollout_id: str, attempt: int) -> None:
         self._closed.put((rollout_id, attempt), True)
+        self._unmarked.pop((rollout_id, attempt), None)
 
     def is_closed(self, rollout_id: str, attempt: int) -> bool:
         return self._closed.get(rollout_id) is True or (rollout_id, attempt) in self._closed

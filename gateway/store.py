@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -75,6 +76,20 @@ class TrajectoryStore(Protocol):
 
     def forget(self, rollout_id: str, attempt: int) -> None:
         """The attempt has ended: drop what is cached for appending to it."""
+
+    async def record_incident(self, rollout_id: str, attempt: int, what: str) -> None:
+        """Durably note that DARL's infrastructure failed the attempt's agent (a 5xx the
+        gateway answered it), for whichever gateway closes the attempt."""
+
+    async def incidents(self, rollout_id: str, attempt: int) -> list[str]:
+        """The attempt's recorded incidents, oldest first."""
+
+    async def mark_closed(self, rollout_id: str, attempt: int) -> None:
+        """Remember that the attempt's agent ended: its calls are refused from now on, also
+        by a gateway that starts later."""
+
+    async def is_closed(self, rollout_id: str, attempt: int) -> bool:
+        """Whether `mark_closed` was called for the attempt."""
 
 
 def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -186,6 +201,32 @@ class DirectoryTrajectoryStore:
 
     def _delivered_path(self, rollout_id: str, attempt: int) -> Path:
         return self.root / rollout_id / f"attempt-{attempt}.delivered"
+
+    async def record_incident(self, rollout_id: str, attempt: int, what: str) -> None:
+        line = json.dumps({"at": time.time(), "what": what}) + "\n"
+        self._write(self.root / rollout_id / f"attempt-{attempt}.incidents", line.encode())
+
+    async def incidents(self, rollout_id: str, attempt: int) -> list[str]:
+        path = self.root / rollout_id / f"attempt-{attempt}.incidents"
+        try:
+            lines = path.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        found = []
+        for line in lines:
+            try:
+                found.append(str(json.loads(line)["what"]))
+            except (ValueError, KeyError):
+                continue  # a torn last line: the incident's 5xx may never have been sent
+        return found
+
+    async def mark_closed(self, rollout_id: str, attempt: int) -> None:
+        path = self.root / rollout_id / f"attempt-{attempt}.closed"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+
+    async def is_closed(self, rollout_id: str, attempt: int) -> bool:
+        return (self.root / rollout_id / f"attempt-{attempt}.closed").exists()
 
     def forget(self, rollout_id: str, attempt: int) -> None:
         """Drop the cached tail of a finished attempt (the file stays)."""

@@ -50,22 +50,32 @@ class PauseGate:
     429 + Retry-After (`reject`). Counts in-flight calls per upstream so a pause can drain.
 
     Admission checks the pause flag and counts the call with no await in between, so no call
-    slips past a pause unseen by `drain`.
+    slips past a pause unseen by `drain`. A gate starts as the gateway's journal left it: a
+    gateway killed inside a weight sync comes back paused at the version it had.
     """
 
-    def __init__(self, retry_after_seconds: int = 1) -> None:
+    def __init__(
+        self,
+        retry_after_seconds: int = 1,
+        policy_version: int = 0,
+        paused: bool = False,
+        mode: PauseMode = "hold",
+    ) -> None:
         self.retry_after_seconds = retry_after_seconds
-        self.paused = False
-        self.mode: PauseMode = "hold"
-        self.policy_version = 0
-        self.paused_at: float | None = None
+        self.paused = paused
+        self.mode: PauseMode = mode
+        self.policy_version = policy_version
+        self.paused_at: float | None = time.monotonic() if paused else None
         self.last_pause_seconds = 0.0
         self._resumed = asyncio.Event()
-        self._resumed.set()
+        if not paused:
+            self._resumed.set()
         self._idle = asyncio.Event()
         self._idle.set()
         self._inflight: Counter[str] = Counter()
         self.held = 0
+        # Set once a shutdown's grace for held calls has run out: they are answered 503.
+        self._closed = False
 
     @asynccontextmanager
     async def admitted(self, upstream: str, hold_timeout: float) -> AsyncIterator[Admission]:
@@ -83,6 +93,14 @@ class PauseGate:
 
     async def _wait_until_open(self, hold_timeout: float) -> None:
         while self.paused:
+            if self._closed:
+                raise GatewayError(
+                    503,
+                    "the gateway is restarting while paused for a weight sync; retry",
+                    type="server_error",
+                    code="gateway_restarting",
+                    headers={"Retry-After": str(self.retry_after_seconds)},
+                )
             if self.mode == "reject":
                 raise GatewayError(
                     429,
@@ -137,3 +155,11 @@ class PauseGate:
 
     def inflight(self) -> dict[str, int]:
         return dict(self._inflight)
+
+    def close_held(self) -> None:
+        """A stopping gateway's last word to calls it holds: they cannot wait for a resume
+        that this process will not see, so each is answered 503 with Retry-After (a new call
+        reaches the gateway once it is back). Calls in flight are not touched."""
+        self._closed = True
+        # Wakes every held call; each finds the gate closed and gives up.
+        self._resumed.set()

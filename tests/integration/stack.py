@@ -50,6 +50,7 @@ class Stack:
         self.trainer_queue = f"darl-trainer-{uuid.uuid4().hex[:8]}"
         self.model = "tiny"
         self.agent_service_url = ""
+        self.policy_state_file = root / "policy-server-state.json"
 
     def env(self) -> dict[str, str]:
         return {
@@ -78,6 +79,8 @@ class Stack:
                 self.model,
                 "--response-log",
                 str(self.response_log),
+                "--state-file",
+                str(self.policy_state_file),
             ],
         )
         self.policy_url = info["url"]
@@ -214,6 +217,16 @@ class Stack:
             headers={"Authorization": f"Bearer {ADMIN_KEY}"},
             timeout=30,
         )
+
+    def load_policy_version(self, version: int) -> None:
+        """Label the policy server's weights `version` (reloading its model dir), as a weight
+        sync would: the gateway records the version the policy server proves."""
+        response = httpx.post(
+            f"{self.policy_url}/reload_weights",
+            json={"path": str(self.model_dir), "version": version},
+            timeout=60,
+        )
+        response.raise_for_status()
 
     def policy_responses(self) -> list[dict[str, Any]]:
         if not self.response_log.exists():

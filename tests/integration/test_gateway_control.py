@@ -43,6 +43,7 @@ async def test_reject_mode_answers_429_and_resume_sets_the_version(stack: Stack)
         try:
             refused = call(stack, rollout_id)
         finally:
+            stack.load_policy_version(7)
             state = admin.post("/admin/resume", json={"policy_version": 7}).json()
         assert refused.status_code == 429
         assert refused.headers["retry-after"] == "1"
@@ -69,6 +70,7 @@ async def test_hold_mode_holds_calls_until_resume(stack: Stack) -> None:
             assert not answers  # held, not refused
             assert admin.get("/admin/state").json()["held"] == 1
         finally:
+            stack.load_policy_version(8)
             admin.post("/admin/resume", json={"policy_version": 8})
         caller.join(timeout=30)
     assert [a.status_code for a in answers] == [200]
