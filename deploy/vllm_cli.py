@@ -5,6 +5,7 @@ on the `darl` app by deploy/cli.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -40,6 +41,16 @@ def vllm_server(
     log_file: Annotated[
         Path | None, typer.Option(help="vLLM's own log (default: next to the ready file).")
     ] = None,
+    state_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Record each load here; on start, serve the last one instead of --model-dir "
+            "(default: <home>/vllm-server-<port>.json)."
+        ),
+    ] = None,
+    home: Annotated[Path, typer.Option(envvar="DARL_HOME", help="DARL's state directory.")] = Path(
+        ".darl"
+    ),
     ready_file: Annotated[
         Path | None, typer.Option(help="Write the launcher's address here once serving (JSON).")
     ] = None,
@@ -52,8 +63,15 @@ def vllm_server(
         VllmServerProcess,
         VllmSettings,
         create_launcher_app,
+        read_launcher_state,
         vllm_python,
     )
+
+    state_file = state_file or home / f"vllm-server-{port}.json"
+    recorded = read_launcher_state(state_file)
+    if recorded is not None:
+        model_dir, version = recorded
+        typer.echo(f"restoring the last load: {model_dir} as version {version}")
 
     settings = VllmSettings(
         python=python or vllm_python(),
@@ -66,7 +84,7 @@ def vllm_server(
     )
     if log_file is None:
         log_file = (ready_file.parent if ready_file else Path(".darl/logs")) / "vllm.log"
-    server = VllmServerProcess(model_dir, log_file, settings, port=vllm_port)
+    server = VllmServerProcess(model_dir, log_file, settings, port=vllm_port, version=version)
 
     async def main(stop: asyncio.Event) -> None:
         server.start()
@@ -79,10 +97,16 @@ def vllm_server(
                 ready.cancel()
                 return
             typer.echo(f"vLLM ready at {ready.result()} (log {log_file})")
-            launcher = VllmLauncher(server, version)
-            await serve_app(
-                create_launcher_app(launcher), host, port, stop, ready_file, "vllm-server"
-            )
+            launcher = VllmLauncher(server, state_file)
+            watching = asyncio.create_task(launcher.watch())
+            try:
+                await serve_app(
+                    create_launcher_app(launcher), host, port, stop, ready_file, "vllm-server"
+                )
+            finally:
+                watching.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watching
         finally:
             await asyncio.to_thread(server.stop)
 

@@ -134,6 +134,13 @@ class VllmPolicyServer:
         )
         if reset.json().get("success") is False:
             log.warning("%s kept its prefix cache: blocks computed before the load", self.url)
+        # vLLM's own weight version, which the gateway reads to prove which weights answered.
+        _checked(
+            await self.client.post(
+                f"{self.url}/update_weight_version", json={"new_version": str(version)}
+            ),
+            f"labelling the weights of {self.url} as version {version}",
+        )
 
     async def resume(self) -> None:
         _checked(await self.client.post(f"{self.url}/resume"), f"resuming {self.url}")

@@ -1,6 +1,9 @@
 """DARL's reference policy server: the tiny model behind an OpenAI-compatible API with vLLM's
 fields and control endpoints (`/pause?mode=keep|wait|abort`, `/resume`, `/is_paused`), plus
-`/reload_weights` from a checkpoint directory with the policy version it then reports.
+`/reload_weights` from a checkpoint directory with the policy version it then reports: on
+every answer (`X-Darl-Policy-Version`, the weights that finished it) and at `/version`. With a
+state file it records each load and restores the last one when it starts again, so a
+restarted server serves the weights it had, never its initial ones under a later label.
 
 It exists so the whole loop runs on a laptop and in CI; it is not a production server.
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from dataclasses import replace
@@ -45,6 +49,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "darl-tiny"
 CLIENT_CLOSED = 499
+VERSION_HEADER = "X-Darl-Policy-Version"
+CALL_ID_HEADER = "X-Darl-Call-Id"
 
 
 async def _client_gone(request: Request) -> None:
@@ -68,6 +74,13 @@ def _read_checkpoint(path: Path) -> dict[str, Any]:
     return load_file(file)
 
 
+def _load_into(model: Any, state: dict[str, Any]) -> None:
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Tied embeddings: a saved checkpoint has no separate lm_head.
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise ValueError(f"checkpoint does not fit: missing {missing}, unexpected {unexpected}")
+
+
 def _error(status: int, message: str) -> JSONResponse:
     kind = "BadRequestError" if status < 500 else "InternalServerError"
     return JSONResponse(
@@ -83,7 +96,10 @@ class ReloadRequest(BaseModel):
 
 
 class PolicyServer:
-    """Owns the model, the engine, the served policy version and the call log."""
+    """Owns the model, the engine, the served policy version and the call log.
+
+    `state_file` records the checkpoint and version of every load; a server started with an
+    existing one loads that checkpoint first (its model dir only gives the architecture)."""
 
     def __init__(
         self,
@@ -92,12 +108,17 @@ class PolicyServer:
         max_batch: int = 32,
         seed: int = 0,
         response_log: Path | None = None,
+        state_file: Path | None = None,
     ) -> None:
         model, tokenizer = load_model_dir(model_dir)
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self.engine = GenerationEngine(model, tokenizer, max_batch=max_batch, seed=seed)
         self.policy_version = 0
+        self.state_file = state_file
+        restored = self._restore(model)
+        self.engine = GenerationEngine(model, tokenizer, max_batch=max_batch, seed=seed)
+        if restored is not None:
+            log.info("restored policy version %d from %s", self.policy_version, restored)
         self.response_log = response_log
         self.registry = CollectorRegistry()
         self.requests = Counter(
@@ -130,6 +151,30 @@ class PolicyServer:
             raise BadRequest(f"prompt token ids must lie in [0, {vocab})")
         return list(req.prompt)
 
+    def _restore(self, model: Any) -> Path | None:
+        """Load the checkpoint the state file names, if any; returns its path."""
+        if self.state_file is None or not self.state_file.exists():
+            return None
+        record = json.loads(self.state_file.read_text())
+        path, version = Path(record["path"]), int(record["version"])
+        try:
+            _load_into(model, _read_checkpoint(path))
+        except (BadRequest, ValueError, RuntimeError) as err:
+            raise RuntimeError(
+                f"cannot restore version {version} from {path}, as {self.state_file} records "
+                f"({err}); delete {self.state_file} to start from the model dir's weights"
+            ) from err
+        self.policy_version = version
+        return path
+
+    def _record_load(self, path: Path, version: int) -> None:
+        if self.state_file is None:
+            return
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+        tmp.write_text(json.dumps({"path": str(path.resolve()), "version": version}))
+        os.replace(tmp, self.state_file)
+
     async def generate(
         self,
         request: Request,
@@ -155,9 +200,15 @@ class PolicyServer:
             self.engine.submit(seq)
         choices = [ChoiceState(index=i) for i in range(n)]
         endpoint = shape.kind
+        call_id = request.headers.get(CALL_ID_HEADER)
         if stream:
-            body = self._stream(shape, sequences, choices, events, include_usage)
-            return StreamingResponse(body, media_type="text/event-stream")
+            body = self._stream(shape, sequences, choices, events, include_usage, call_id)
+            # The version as the stream starts; the gateway asks /version again at its end.
+            return StreamingResponse(
+                body,
+                media_type="text/event-stream",
+                headers={VERSION_HEADER: str(self.policy_version)},
+            )
         collecting = asyncio.ensure_future(self._drain(choices, events, n))
         gone = asyncio.ensure_future(_client_gone(request))
         try:
@@ -172,8 +223,10 @@ class PolicyServer:
         collecting.result()
         self.requests.labels(endpoint, "200").inc()
         response = shape.whole(choices)
-        self._log(endpoint, shape, choices)
-        return JSONResponse(response)
+        # Read once: the version of the weights that produced the last token.
+        version = self.policy_version
+        self._log(endpoint, shape, choices, call_id, version)
+        return JSONResponse(response, headers={VERSION_HEADER: str(version)})
 
     async def _drain(self, choices: list[ChoiceState], events: asyncio.Queue, n: int) -> None:
         async for _ in self._collect(choices, events, n):
@@ -206,6 +259,7 @@ class PolicyServer:
         choices: list[ChoiceState],
         events: asyncio.Queue,
         include_usage: bool,
+        call_id: str | None,
     ) -> AsyncIterator[bytes]:
         def sse(obj: dict[str, Any]) -> bytes:
             return f"data: {json.dumps(obj)}\n\n".encode()
@@ -230,20 +284,30 @@ class PolicyServer:
                 yield sse(shape.usage_chunk(choices))
             yield b"data: [DONE]\n\n"
             self.requests.labels(shape.kind, "200").inc()
-            self._log(shape.kind, shape, choices)
+            self._log(shape.kind, shape, choices, call_id, self.policy_version)
         finally:
             for seq in sequences:
                 seq.cancelled = True
 
-    def _log(self, endpoint: str, shape: ResponseShape, choices: list[ChoiceState]) -> None:
+    def _log(
+        self,
+        endpoint: str,
+        shape: ResponseShape,
+        choices: list[ChoiceState],
+        call_id: str | None,
+        version: int,
+    ) -> None:
+        """One line per answer: what it was and which weights produced it (the ground truth
+        a test checks the gateway's records against)."""
         if self.response_log is None:
             return
         line = {
             "id": shape.id,
+            "call_id": call_id,
             "endpoint": endpoint,
             "prompt_token_ids": shape.prompt_ids,
             "token_ids": [c.token_ids for c in choices],
-            "policy_version": self.policy_version,
+            "policy_version": version,
         }
         with self.response_log.open("a") as f:
             f.write(json.dumps(line) + "\n")
@@ -258,12 +322,7 @@ class PolicyServer:
 
         def load() -> None:
             try:
-                missing, unexpected = self.engine.model.load_state_dict(state, strict=False)
-                # Tied embeddings: a saved checkpoint has no separate lm_head.
-                if unexpected or set(missing) - {"lm_head.weight"}:
-                    raise ValueError(
-                        f"checkpoint does not fit: missing {missing}, unexpected {unexpected}"
-                    )
+                _load_into(self.engine.model, state)
                 self.policy_version = version
                 done.set_result(None)
             except (ValueError, RuntimeError) as err:
@@ -271,6 +330,7 @@ class PolicyServer:
 
         self.engine.run_between_steps(load)
         await asyncio.wrap_future(done)
+        await asyncio.to_thread(self._record_load, path, version)
 
 
 def create_policy_app(server: PolicyServer) -> FastAPI:

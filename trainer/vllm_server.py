@@ -2,6 +2,11 @@
 app that owns one and changes its weights by restarting it on a new model directory: vLLM's
 CPU build answers wrongly after an in-place `reload_weights` (oneDNN repacks its linears).
 
+Each start labels vLLM's own weight version with DARL's policy version (the gateway reads it
+at `/weight_info` to prove which weights answered, rule 8). The launcher records every load in
+its state file, restarts on that checkpoint when it starts again, and restarts vLLM on it when
+vLLM dies, so a vLLM under the launcher never serves its initial weights under a later label.
+
 vLLM runs from a venv of its own (`make vllm` makes `.venv-vllm`; `DARL_VLLM_PYTHON` names
 another python), since its torch, transformers and FastAPI pins are not DARL's.
 """
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -35,6 +41,19 @@ DEFAULT_VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin"
 SERVED_MODEL_NAME = "darl-tiny"
 
 _PR_SET_PDEATHSIG = 1
+
+
+async def label_weight_version(client: httpx.AsyncClient, url: str, version: int) -> None:
+    """Set vLLM's weight version (vLLM's `/update_weight_version`, dev mode) to DARL's policy
+    version; raises VllmServerError if vLLM refuses."""
+    response = await client.post(
+        f"{url}/update_weight_version", json={"new_version": str(version)}, timeout=30.0
+    )
+    if response.status_code != 200:
+        raise VllmServerError(
+            f"vLLM at {url} refused to label its weights {version}: "
+            f"{response.status_code} {response.text[:300]}"
+        )
 
 
 class VllmServerError(RuntimeError):
@@ -113,11 +132,14 @@ class VllmServerProcess:
         log_path: Path,
         settings: VllmSettings | None = None,
         port: int = 0,
+        version: int = 0,
     ) -> None:
         self.model_dir = model_dir.resolve()
         self.log_path = log_path
         self.settings = settings or VllmSettings()
         self.port = port
+        # The policy version of `model_dir`'s weights: vLLM's weight version once ready.
+        self.version = version
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -191,9 +213,10 @@ class VllmServerProcess:
         return self._proc is not None and self._proc.poll() is None
 
     async def wait_ready(self, timeout: float | None = None) -> str:
-        """Wait until `/health` answers 200 and return the server's URL. Raises
-        VllmServerError (with the log tail) as soon as the server exits, or after `timeout`;
-        either way its whole process group is stopped first: nothing half-started is left."""
+        """Wait until `/health` answers 200, label vLLM's weight version with `version`, and
+        return the server's URL. Raises VllmServerError (with the log tail) as soon as the
+        server exits, or after `timeout`; either way its whole process group is stopped
+        first: nothing half-started is left."""
         limit = self.settings.startup_timeout_seconds if timeout is None else timeout
         deadline = time.monotonic() + limit
         failure = f"vLLM not ready within {limit:g}s"
@@ -208,6 +231,7 @@ class VllmServerProcess:
                 if self.port:
                     try:
                         if (await client.get(f"{self.url}/health")).status_code == 200:
+                            await label_weight_version(client, self.url, self.version)
                             return self.url
                     except httpx.TransportError:
                         pass  # not listening yet
@@ -257,9 +281,11 @@ class VllmServerProcess:
             time.sleep(0.05)
         return proc.returncode
 
-    async def restart(self, model_dir: Path) -> str:
-        """Stop the server and start it again on `model_dir` (same port); returns its URL."""
+    async def restart(self, model_dir: Path, version: int) -> str:
+        """Stop the server and start it again on `model_dir`, the weights of `version` (same
+        port); returns its URL."""
         self.model_dir = await asyncio.to_thread(check_model_dir, model_dir)
+        self.version = version
         await asyncio.to_thread(self.stop)
         self.start()
         return await self.wait_ready()
@@ -281,18 +307,32 @@ class LoadWeightsRequest(BaseModel):
     version: int = Field(ge=0)
 
 
+def read_launcher_state(path: Path) -> tuple[Path, int] | None:
+    """The checkpoint and version a launcher last loaded, from its state file."""
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    return Path(record["path"]), int(record["version"])
+
+
 class VllmLauncher:
     """Owns a vLLM server and the policy version it serves. `load_weights` restarts the server
     on another model directory; the same path and version again is a no-op. One load at a
-    time: a second waits for the first."""
+    time: a second waits for the first. With `state_file`, every load is recorded there."""
 
-    def __init__(self, server: VllmServerProcess, version: int = 0) -> None:
+    def __init__(self, server: VllmServerProcess, state_file: Path | None = None) -> None:
         self.server = server
-        self.version = version
+        self.state_file = state_file
         self.restarts = 0
+        self.revivals = 0
         self.loading = False
         self.last_load_seconds: float | None = None
         self._lock = asyncio.Lock()
+
+    @property
+    def version(self) -> int:
+        return self.server.version
 
     async def load_weights(self, path: Path, version: int) -> dict[str, Any]:
         path = await asyncio.to_thread(check_model_dir, path)
@@ -303,14 +343,46 @@ class VllmLauncher:
             started = time.monotonic()
             self.loading = True
             try:
-                await self.server.restart(path)
+                await self.server.restart(path, version)
             finally:
                 self.loading = False
-            self.version = version
+            self._record()
             self.restarts += 1
             self.last_load_seconds = time.monotonic() - started
             log.info("vLLM serves %s as version %d", path, version)
             return {**self.status(), "restarted": True}
+
+    def _record(self) -> None:
+        if self.state_file is None:
+            return
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+        record = {"path": str(self.server.model_dir), "version": self.version}
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.state_file)
+
+    async def watch(self, interval: float = 1.0) -> None:
+        """Until cancelled: a vLLM that died on its own is started again on the weights it
+        had (same path, same version label), never on others."""
+        while True:
+            await asyncio.sleep(interval)
+            async with self._lock:
+                if self.server.running():
+                    continue
+                log.warning(
+                    "vLLM exited (%s); starting it again on %s as version %d",
+                    self.server.log_tail(300).strip().splitlines()[-1:],
+                    self.server.model_dir,
+                    self.version,
+                )
+                self.loading = True
+                try:
+                    await self.server.restart(self.server.model_dir, self.version)
+                    self.revivals += 1
+                except VllmServerError as err:
+                    log.error("vLLM did not come back: %s", err)
+                finally:
+                    self.loading = False
 
     def status(self) -> dict[str, Any]:
         return {
@@ -321,6 +393,7 @@ class VllmLauncher:
             "running": self.server.running(),
             "loading": self.loading,
             "restarts": self.restarts,
+            "revivals": self.revivals,
             "last_load_seconds": self.last_load_seconds,
         }
 

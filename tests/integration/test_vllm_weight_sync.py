@@ -259,7 +259,9 @@ async def test_a_keep_sync_in_place_carries_a_call_across_the_reload(
 ) -> None:
     """The GPU path: `/collective_rpc reload_weights` while a call is frozen; the reset of the
     prefix cache preempts it (it computes its cache again on the loaded weights), it finishes
-    whole after the sync and keeps the version it was admitted under."""
+    whole after the sync and records the version of the weights that finished it (vLLM's
+    weight version, read by the gateway after the stream ended), not the one it was admitted
+    under."""
     before = vllm_stack.vllm_status()
     weights = before["model_dir"]
 
@@ -292,7 +294,7 @@ async def test_a_keep_sync_in_place_carries_a_call_across_the_reload(
     ids = streamed_ids(chunks)
     assert len(ids) == LONG_TOKENS and finish_reasons(chunks) == ["length"]
     assert record.completion_token_ids() == ids
-    assert record.policy_version == version  # admitted before the sync
+    assert record.policy_version == version + 1  # admitted before the sync, finished after
     new = stored(vllm_stack, record.rollout_id, after.headers["x-darl-call-id"])
     assert new.policy_version == version + 1
     assert max_logprob_gap(new, Path(weights)) < LOGPROB_TOLERANCE
