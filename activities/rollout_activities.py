@@ -8,6 +8,7 @@ delivers the attempt's last call events before the workflow scores it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Mapping
@@ -16,7 +17,9 @@ from typing import TypeVar
 import httpx
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from temporalio import activity
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities import rewards
 from activities.agent_contract import AgentContract, ContractIssuer, TaskPathError
@@ -28,9 +31,16 @@ from workflows.contracts import (
     AwaitRequest,
     LaunchRequest,
     RewardRequest,
+    RolloutResult,
     RolloutSpec,
 )
-from workflows.rollout_workflow import AWAIT_AGENT, COMPUTE_REWARD, LAUNCH_AGENT, STOP_AGENT
+from workflows.rollout_workflow import (
+    AWAIT_AGENT,
+    COMPUTE_REWARD,
+    LAUNCH_AGENT,
+    ROLLOUT_ALREADY_RAN_ERROR,
+    STOP_AGENT,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,21 +80,29 @@ class GatewayNotifier:
         self._headers = {"Authorization": f"Bearer {admin_key}"}
         self._client = client
 
-    async def close_attempt(self, rollout_id: str, attempt: int, give_up_after: float) -> None:
-        """Retries while the gateway is unreachable or answers 5xx; raises ApplicationError
+    async def close_attempt(
+        self, rollout_id: str, attempt: int, give_up_after: float, started_at: float | None = None
+    ) -> list[str]:
+        """Close the attempt; returns what DARL's infrastructure did to it while its agent ran
+        (since `started_at`, epoch seconds): the gateway's 5xx answers and outages.
+
+        Retries while the gateway is unreachable or answers 5xx; raises ApplicationError
         (retryable: the activity tries again) once `give_up_after` seconds have passed, and a
         non-retryable one if the gateway refuses (a wrong admin key)."""
         url = f"{self._admin_url}/admin/rollouts/{rollout_id}/attempts/{attempt}/close"
+        body = {} if started_at is None else {"started_at": started_at}
         deadline = time.monotonic() + give_up_after
         delay = 0.5
         while True:
             try:
-                response = await self._client.post(url, headers=self._headers, timeout=30.0)
+                response = await self._client.post(
+                    url, json=body, headers=self._headers, timeout=30.0
+                )
             except httpx.TransportError as err:
                 problem = repr(err)
             else:
                 if response.status_code < 400:
-                    return
+                    return list(response.json().get("infra_incidents") or [])
                 if response.status_code < 500:
                     raise ApplicationError(
                         f"gateway refused to close {rollout_id}/{attempt}: "
@@ -103,15 +121,63 @@ class GatewayNotifier:
             delay = min(delay * 2, 5.0)
 
 
+@functools.cache
+def _warn_no_visibility() -> None:
+    log.warning(
+        "this Temporal server has no visibility API (the time-skipping test server?): a "
+        "rollout id started again cannot be told from a first start here"
+    )
+
+
+async def refuse_a_second_run(client: Client, rollout_id: str) -> None:
+    """Rule 7: a rollout id has one result. An execution of a rollout's workflow id that finds
+    an earlier one (the temporal CLI starts a closed workflow id again by default) raises a
+    non-retryable RolloutAlreadyRan carrying the earlier result, which the workflow returns,
+    instead of re-attaching to the earlier agent's leftovers. Visibility is eventually
+    consistent on some servers: a start within a second of the earlier end may not see it."""
+    info = activity.info()
+    try:
+        executions = [e async for e in client.list_workflows(f'WorkflowId = "{info.workflow_id}"')]
+    except RPCError as err:
+        if err.status != RPCStatusCode.UNIMPLEMENTED:
+            raise
+        # Temporal's time-skipping test server has no visibility API: nothing to look in.
+        _warn_no_visibility()
+        return
+    for execution in executions:
+        if execution.run_id == info.workflow_run_id:
+            continue
+        if execution.status == WorkflowExecutionStatus.COMPLETED:
+            handle = client.get_workflow_handle(
+                info.workflow_id, run_id=execution.run_id, result_type=RolloutResult
+            )
+            result = await handle.result(follow_runs=False)
+            raise ApplicationError(
+                f"rollout {rollout_id} already ran (run {execution.run_id}): {result.status}",
+                result.model_dump(mode="json"),
+                type=ROLLOUT_ALREADY_RAN_ERROR,
+                non_retryable=True,
+            )
+        ended = execution.status.name.lower() if execution.status else "unknown"
+        raise ApplicationError(
+            f"rollout {rollout_id} already ran as run {execution.run_id}, which ended {ended} "
+            "without a result; a rollout id runs once: start it under a new rollout id",
+            type=ROLLOUT_ALREADY_RAN_ERROR,
+            non_retryable=True,
+        )
+
+
 class RolloutActivities:
     def __init__(
         self,
         runners: Mapping[str, AgentRunner],
         issuer: ContractIssuer,
+        client: Client,
         notifier: GatewayNotifier | None = None,
     ) -> None:
         self._runners = dict(runners)
         self._issuer = issuer
+        self._client = client
         self._notifier = notifier
 
     def activities(self) -> list:
@@ -121,6 +187,8 @@ class RolloutActivities:
     async def launch_agent(self, request: LaunchRequest) -> AgentHandle:
         """Idempotent per (rollout, attempt): a retry returns the agent already started."""
         runner = self._runner(request.spec)
+        if request.attempt == 1:
+            await refuse_a_second_run(self._client, request.spec.rollout_id)
         contract = self._contract(request.spec, request.attempt, current_traceparent())
         return await runner.launch(request, contract)
 
@@ -129,6 +197,9 @@ class RolloutActivities:
         """Heartbeats while the agent runs; a retry after a worker crash re-attaches to it.
         Cancellation kills the agent before the cancellation completes."""
         runner = self._runner(request.spec)
+        if request.attempt == 1 and request.handle.kind == "http":
+            # An agent HTTP service has no launch: its attempt starts here.
+            await refuse_a_second_run(self._client, request.spec.rollout_id)
         contract = self._contract(request.spec, request.attempt, current_traceparent())
         try:
             agent_exit = await runner.wait(request, contract, activity.heartbeat)
@@ -151,9 +222,14 @@ class RolloutActivities:
                 await self._close_quietly(request.spec.rollout_id, request.attempt)
             raise
         if self._notifier is not None:
-            await self._notifier.close_attempt(
-                request.spec.rollout_id, request.attempt, CLOSE_GIVE_UP_SECONDS
+            incidents = await self._notifier.close_attempt(
+                request.spec.rollout_id,
+                request.attempt,
+                CLOSE_GIVE_UP_SECONDS,
+                started_at=request.handle.started_at,
             )
+            if incidents:
+                agent_exit = agent_exit.model_copy(update={"infra_incidents": incidents})
         return agent_exit
 
     @activity.defn(name=STOP_AGENT)

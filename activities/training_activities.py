@@ -17,6 +17,8 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities import rewards
+from activities.agent_contract import TaskPathError, task_field
 from activities.rollout_activities import heartbeating
 from gateway.store import DirectoryTrajectoryStore
 from trainer import run_files
@@ -31,10 +33,11 @@ from trainer.policy_control import (
     sync_weights,
 )
 from workflows import search_attributes as sa
-from workflows.contracts import RolloutResult, rollout_workflow_id
+from workflows.contracts import HttpAgentSpec, RolloutResult, rollout_workflow_id
 from workflows.rollout_status import RolloutStatus
 from workflows.training_contracts import (
     BackendSpec,
+    DatasetSpec,
     InitializeRequest,
     ReadTasksRequest,
     ReadValTasksRequest,
@@ -45,12 +48,15 @@ from workflows.training_contracts import (
     SyncResult,
     TaskBatch,
     TaskRow,
+    TrainingConfig,
     TrainStepRequest,
     TrainStepResult,
+    training_workflow_id,
 )
 from workflows.training_workflow import (
     CANCEL_ROLLOUTS,
     CHECK_ROLLOUTS,
+    CHECK_RUN,
     INITIALIZE_POLICY,
     READ_TASKS,
     READ_VAL_TASKS,
@@ -78,6 +84,27 @@ def heartbeat_every() -> float:
 
 def config_error(message: str) -> ApplicationError:
     return ApplicationError(message, type=TRAINING_CONFIG_ERROR, non_retryable=True)
+
+
+def unreachable(message: str) -> ApplicationError:
+    """Something the run needs does not answer yet: retried a while (AT_START), then fatal."""
+    return ApplicationError(message, type="Unreachable")
+
+
+def rows_missing(rows: list[dict], path: str, what: str, dataset: str) -> ApplicationError | None:
+    """A config error naming the rows of `dataset` that have no field `path`, if any."""
+    missing = []
+    for index, row in enumerate(rows):
+        try:
+            task_field(row, path)
+        except TaskPathError:
+            missing.append(index)
+    if not missing:
+        return None
+    return config_error(
+        f"dataset {dataset}: {len(missing)} of {len(rows)} rows have no field {path!r} "
+        f"({what}); the first is row {missing[0]}"
+    )
 
 
 async def lookup_rollouts(client: Client, rollout_ids: list[str]) -> list[RolloutLookup]:
@@ -127,6 +154,7 @@ class TrainerActivities:
 
     def activities(self) -> list:
         return [
+            self.check_run,
             self.initialize_policy,
             self.read_tasks,
             self.read_val_tasks,
@@ -158,16 +186,105 @@ class TrainerActivities:
             _, backend = self._backends.popitem()
             backend.close()
 
-    # --- the policy ------------------------------------------------------------------------
+    # --- the start of a run ------------------------------------------------------------------
+
+    @activity.defn(name=CHECK_RUN)
+    async def check_run(self, config: TrainingConfig) -> None:
+        """Fail the run at its start, saying why, when it cannot work (rule 9): a run id that
+        already trained, data that cannot be read or lacks what the reward or the agent reads,
+        a reward function that does not load (TrainingConfigError, not retried); an agent
+        service, policy server or gateway that does not answer (retried about a minute)."""
+        await heartbeating(self._refuse_a_second_run(config), heartbeat_every())
+        await heartbeating(asyncio.to_thread(self._check_data, config), heartbeat_every())
+        await heartbeating(self._check_services(config), heartbeat_every())
+
+    async def _refuse_a_second_run(self, config: TrainingConfig) -> None:
+        """A run id trains once: an earlier execution of its workflow id, or checkpoints past
+        step 0 in its run directory, are an earlier run's (its rollout ids would be reused)."""
+        info = activity.info()
+        query = f'WorkflowId = "{training_workflow_id(config.run_id)}"'
+        async for execution in self._client.list_workflows(query):
+            if execution.run_id != info.workflow_run_id:
+                ended = execution.status.name.lower() if execution.status else "unknown"
+                raise config_error(
+                    f"run {config.run_id!r} already ran (workflow {execution.id}, run "
+                    f"{execution.run_id}, {ended}); a run id trains once: start it with "
+                    "another run_id"
+                )
+        checkpoints = self.run_dir(config.run_id, config.run_dir) / "checkpoints"
+        steps = sorted(
+            int(p.name.removeprefix("step-"))
+            for p in await asyncio.to_thread(lambda: list(checkpoints.glob("step-*")))
+            if p.name.removeprefix("step-").isdigit()
+        )
+        if steps and steps[-1] > 0:
+            raise config_error(
+                f"{checkpoints} already holds checkpoints up to step {steps[-1]} of an earlier "
+                "run: start this one with another run_id (or run_dir)"
+            )
+
+    def _check_data(self, config: TrainingConfig) -> None:
+        rows = self._rows(config.dataset)
+        if config.validation.every_steps and config.validation.path:
+            self._rows(DatasetSpec(path=config.validation.path))
+        reward = config.rollout.reward
+        if reward.function is not None:
+            try:
+                rewards.resolve(reward)
+            except rewards.RewardFunctionError as err:
+                raise config_error(str(err)) from err
+            if reward.function in rewards.BUILTIN:
+                missing = rows_missing(
+                    rows,
+                    reward.answer_key,
+                    f"the reference answer {reward.function} reads",
+                    config.dataset.path,
+                )
+                if missing is not None:
+                    raise missing
+        for name, path in config.rollout.agent.env_map.items():
+            missing = rows_missing(rows, path, f"env_map {name}", config.dataset.path)
+            if missing is not None:
+                raise missing
+
+    def _rows(self, dataset: DatasetSpec) -> list[dict]:
+        try:
+            return self._tables.get(dataset.path).rows
+        except DatasetError as err:
+            raise config_error(str(err)) from err
+
+    async def _check_services(self, config: TrainingConfig) -> None:
+        agent = config.rollout.agent
+        if isinstance(agent, HttpAgentSpec):
+            # Any HTTP answer (a 405 to a GET) says the service is up.
+            await self._reachable(agent.url, "agent service")
+        for server in config.weight_sync.policy_servers:
+            await self._reachable(server.launcher_url or server.url, "policy server")
+        sync = config.weight_sync
+        url = f"{sync.gateway_admin_url.rstrip('/')}/admin/state"
+        response = await self._reachable(url, "gateway", self._admin_key)
+        if response.status_code in (401, 403):
+            raise config_error(
+                f"the gateway at {sync.gateway_admin_url} refuses the trainer worker's admin "
+                f"key ({response.status_code}): give both the same DARL_ADMIN_KEY"
+            )
+
+    async def _reachable(self, url: str, what: str, key: str | None = None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        try:
+            return await self._http.get(url, headers=headers, timeout=10.0)
+        except httpx.TransportError as err:
+            raise unreachable(f"the {what} at {url} does not answer: {err!r}") from err
 
     @activity.defn(name=INITIALIZE_POLICY)
     async def initialize_policy(self, request: InitializeRequest) -> TrainStepResult:
-        """Step 0 from the initial model, or the latest checkpoint of an earlier run."""
+        """Step 0 from the initial model (a run whose checkpoints went further was refused by
+        check_run; a retry after a crash finds step 0 saved)."""
         backend = self._backend(request.run_id, request.run_dir, request.backend)
         model_dir = Path(request.backend.model_dir)
         if not await asyncio.to_thread(model_dir.is_dir):
             raise config_error(f"model_dir {model_dir} is not a model directory")
-        info = await asyncio.to_thread(backend.initialize)
+        info = await heartbeating(asyncio.to_thread(backend.initialize), heartbeat_every())
         return TrainStepResult(
             step=info.step, policy_path=str(backend.policy_path(info.step)), metrics={}, seconds=0
         )
@@ -250,6 +367,9 @@ class TrainerActivities:
     @activity.defn(name=READ_TASKS)
     async def read_tasks(self, request: ReadTasksRequest) -> TaskBatch:
         """The next `count` tasks from the cursor, across epoch ends, until `epochs` run out."""
+        return await heartbeating(asyncio.to_thread(self._read_tasks, request), heartbeat_every())
+
+    def _read_tasks(self, request: ReadTasksRequest) -> TaskBatch:
         try:
             table = self._tables.get(request.dataset.path)
         except DatasetError as err:
@@ -268,6 +388,11 @@ class TrainerActivities:
 
     @activity.defn(name=READ_VAL_TASKS)
     async def read_val_tasks(self, request: ReadValTasksRequest) -> list[TaskRow]:
+        return await heartbeating(
+            asyncio.to_thread(self._read_val_tasks, request), heartbeat_every()
+        )
+
+    def _read_val_tasks(self, request: ReadValTasksRequest) -> list[TaskRow]:
         path = request.validation.path or request.dataset.path
         try:
             table = self._tables.get(path)
@@ -309,16 +434,20 @@ class TrainerActivities:
                 if err.status not in (RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION):
                     raise
 
-        await asyncio.gather(*(cancel(r) for r in rollout_ids))
+        await heartbeating(asyncio.gather(*(cancel(r) for r in rollout_ids)), heartbeat_every())
 
     @activity.defn(name=CHECK_ROLLOUTS)
     async def check_rollouts(self, rollout_ids: list[str]) -> list[RolloutLookup]:
-        return await lookup_rollouts(self._client, rollout_ids)
+        return await heartbeating(lookup_rollouts(self._client, rollout_ids), heartbeat_every())
 
     # --- the run's files ---------------------------------------------------------------------
 
     @activity.defn(name=RECORD_STEP)
     async def record_step(self, request: RecordStepRequest) -> None:
         run_dir = self.run_dir(request.run_id, request.run_dir)
-        await asyncio.to_thread(run_files.write_step, run_dir, request.record.model_dump())
-        await asyncio.to_thread(run_files.plot_rewards, run_dir, request.run_id)
+
+        def write() -> None:
+            run_files.write_step(run_dir, request.record.model_dump())
+            run_files.plot_rewards(run_dir, request.run_id)
+
+        await heartbeating(asyncio.to_thread(write), heartbeat_every())

@@ -58,7 +58,7 @@ def build_worker(
             settings.gateway_admin_url or settings.gateway_url, settings.admin_key, http_client
         )
     activities = RolloutActivities(
-        runners, ContractIssuer(settings.gateway_url, settings.token_secret), notifier
+        runners, ContractIssuer(settings.gateway_url, settings.token_secret), client, notifier
     )
     return Worker(
         client,

@@ -17,6 +17,7 @@ from deploy.cli_support import (
     run_worker,
     secret,
     setup_logging,
+    validation_line,
 )
 from deploy.devstack import DevPorts, DevStack
 from deploy.serving import serve_app
@@ -51,6 +52,14 @@ def policy_server(
     response_log: Annotated[
         Path | None, typer.Option(help="Append every answer's token ids here (JSONL).")
     ] = None,
+    state_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Record each weight load here and restore the last one on start "
+            "(default: <home>/policy-server-<port>.json)."
+        ),
+    ] = None,
+    home: Home = Path(".darl"),
     ready_file: ReadyFile = None,
 ) -> None:
     """Serve the tiny reference model with an OpenAI-compatible API (vLLM's fields)."""
@@ -70,6 +79,7 @@ def policy_server(
         max_batch,
         seed,
         response_log=response_log,
+        state_file=state_file or home / f"policy-server-{port}.json",
     )
 
     async def main(stop: asyncio.Event) -> None:
@@ -101,6 +111,19 @@ def gateway(
     signal_interval: Annotated[
         float, typer.Option(help="Seconds between a rollout's batched call signals.")
     ] = 1.0,
+    journal_dir: Annotated[
+        Path | None,
+        typer.Option(help="The gateway's admin state and outages (default: <store-dir>/_gateway)."),
+    ] = None,
+    instance: Annotated[
+        str, typer.Option(help="This gateway's name among those sharing the journal.")
+    ] = "gateway",
+    stale_wait_seconds: Annotated[
+        float, typer.Option(help="How long a call waits for a policy server behind the run.")
+    ] = 120.0,
+    shutdown_grace_seconds: Annotated[
+        float, typer.Option(help="On SIGTERM, how long calls in flight may take to finish.")
+    ] = 30.0,
     temporal_address: TemporalAddress = "127.0.0.1:7233",
     namespace: Namespace = "default",
     home: Home = Path(".darl"),
@@ -108,7 +131,7 @@ def gateway(
 ) -> None:
     """Run the capturing OpenAI-compatible gateway."""
     setup_logging()
-    from gateway.app import GatewaySettings, create_app
+    from gateway.app import Gateway, GatewaySettings, create_app, unwrap
     from gateway.proxy import ProxySettings
     from gateway.store import DirectoryTrajectoryStore
 
@@ -125,14 +148,26 @@ def gateway(
         max_body_bytes=max_body_bytes,
         signal_interval_seconds=signal_interval,
         upstream_api_key=os.environ.get("DARL_UPSTREAM_API_KEY"),
+        journal_dir=journal_dir or store_dir / "_gateway",
+        instance=instance,
+        stale_wait_seconds=stale_wait_seconds,
     )
     configure_tracing("darl-gateway")
 
     async def main(stop: asyncio.Event) -> None:
         client = await connect(TemporalSettings.from_env(temporal_address, namespace))
         store = DirectoryTrajectoryStore(store_dir, fsync=store_fsync)
+        app = create_app(settings, store, client)
+        gateway_state: Gateway = unwrap(app).state.gateway
         await serve_app(
-            create_app(settings, store, client), host, port, stop, ready_file, "gateway"
+            app,
+            host,
+            port,
+            stop,
+            ready_file,
+            "gateway",
+            graceful_seconds=shutdown_grace_seconds,
+            on_stop=gateway_state.begin_shutdown,
         )
 
     run_until_signalled(main)
@@ -272,8 +307,11 @@ def rollout(
     temporal_address: TemporalAddress = "127.0.0.1:7233",
     namespace: Namespace = "default",
 ) -> None:
-    """Start a RolloutWorkflow (idempotent: its id comes from the rollout id)."""
-    from temporalio.common import WorkflowIDConflictPolicy
+    """Start a RolloutWorkflow (idempotent: its id comes from the rollout id, and a rollout
+    that already ran is not run again: its result is shown)."""
+    from pydantic import ValidationError
+    from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+    from temporalio.exceptions import WorkflowAlreadyStartedError
 
     from workflows.contracts import (
         ROLLOUT_TASK_QUEUE,
@@ -282,20 +320,37 @@ def rollout(
         rollout_workflow_id,
     )
 
-    spec = RolloutSpec.model_validate_json(spec_file.read_text())
+    try:
+        spec = RolloutSpec.model_validate_json(spec_file.read_text())
+    except OSError as err:
+        typer.echo(f"error: {spec_file}: {err.strerror or err}", err=True)
+        raise typer.Exit(2) from None
+    except ValidationError as err:
+        typer.echo(f"error: {spec_file} is not a RolloutSpec: {validation_line(err)}", err=True)
+        raise typer.Exit(2) from None
 
     async def main() -> None:
         client = await connect(TemporalSettings.from_env(temporal_address, namespace))
-        handle = await client.start_workflow(
-            "RolloutWorkflow",
-            spec,
-            id=rollout_workflow_id(spec.rollout_id),
-            task_queue=ROLLOUT_TASK_QUEUE,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            result_type=RolloutResult,
-        )
-        typer.echo(f"started {handle.id}")
-        if wait:
+        workflow_id = rollout_workflow_id(spec.rollout_id)
+        try:
+            handle = await client.start_workflow(
+                "RolloutWorkflow",
+                spec,
+                id=workflow_id,
+                task_queue=ROLLOUT_TASK_QUEUE,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                result_type=RolloutResult,
+            )
+            typer.echo(f"started {handle.id}")
+        except WorkflowAlreadyStartedError:
+            # One rollout id, one result: the one it already has.
+            handle = client.get_workflow_handle(workflow_id, result_type=RolloutResult)
+            typer.echo(f"{workflow_id} already ran; its result:")
+            wait_for_it = True
+        else:
+            wait_for_it = wait
+        if wait_for_it:
             result = await handle.result()
             typer.echo(result.model_dump_json(indent=2))
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import typer
 import uvloop
-from temporalio.client import Client
+from pydantic import ValidationError
+from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
 from deploy.devstack import SECRETS_FILE
@@ -93,10 +94,53 @@ def run_worker(
     run_until_signalled(main)
 
 
+class CliError(Exception):
+    """What a client command prints as its one-line error (exit status 1)."""
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def validation_line(err: ValidationError) -> str:
+    """Pydantic's errors as one line: `dataset.path: Field required; group_size: ...`."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in err.errors())
+
+
+def failure_text(err: BaseException) -> str:
+    """A workflow's failure as one line, its causes joined (`... : activity ... : why`)."""
+    parts = []
+    cause: BaseException | None = err
+    while cause is not None:
+        message = getattr(cause, "message", None) or str(cause)
+        if message and message not in parts:
+            parts.append(message)
+        cause = cause.__cause__
+    return one_line(": ".join(parts))
+
+
+async def run_failure(handle: WorkflowHandle) -> str | None:
+    """How a closed workflow failed ("failed: why", "terminated", ...); None while it runs
+    or when it completed."""
+    from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+
+    described = await handle.describe()
+    if described.status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED):
+        return None
+    status = described.status.name.lower() if described.status else "closed"
+    try:
+        await handle.result(follow_runs=False)
+    except WorkflowFailureError as err:
+        return f"{status}: {failure_text(err.cause)}"
+    return status
+
+
 def run_client(main: Callable[[], Awaitable[None]]) -> None:
     """Run a short client command, then leave with os._exit after flushing: the Temporal
     SDK's runtime can abort the interpreter's finalization (SIGABRT) after the work is done.
-    A server's refusal (no such workflow) is a one-line error, exit status 1."""
+    A server's refusal (no such workflow), a failed workflow and a CliError are a one-line
+    error, exit status 1."""
+    from temporalio.client import WorkflowFailureError
     from temporalio.service import RPCError
 
     code = 0
@@ -104,6 +148,12 @@ def run_client(main: Callable[[], Awaitable[None]]) -> None:
         asyncio.run(main())
     except RPCError as err:
         typer.echo(f"error: {err.message}", err=True)
+        code = 1
+    except WorkflowFailureError as err:
+        typer.echo(f"error: the workflow failed: {failure_text(err.cause)}", err=True)
+        code = 1
+    except CliError as err:
+        typer.echo(f"error: {err}", err=True)
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()

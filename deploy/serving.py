@@ -9,7 +9,7 @@ import gc
 import json
 import os
 import socket
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +51,19 @@ async def serve_app(
     stop: asyncio.Event,
     ready_file: Path | None = None,
     name: str = "server",
+    graceful_seconds: float = 5.0,
+    on_stop: Callable[[], None] | None = None,
 ) -> None:
+    """Serve until `stop` is set. Then: `on_stop`, no new connections, requests in flight
+    get `graceful_seconds` to finish, the app's lifespan ends."""
     sock = bind(host, port)
     actual_port = sock.getsockname()[1]
     config = uvicorn.Config(
-        app, lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=5
+        app,
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=graceful_seconds,
     )
     server = _Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
@@ -74,6 +82,8 @@ async def serve_app(
         write_ready_file(ready_file, {"url": url, "name": name})
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if on_stop is not None:
+        on_stop()
     server.should_exit = True
     stopping.cancel()
     await serving

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -14,11 +15,15 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from deploy.cli_support import (
+    CliError,
+    one_line,
     run_client,
+    run_failure,
     run_until_signalled,
     run_worker,
     secret,
     setup_logging,
+    validation_line,
 )
 from deploy.progress import follow, status_line, step_line, web_ui_link
 from deploy.serving import serve_app
@@ -40,11 +45,12 @@ UiUrl = Annotated[str, typer.Option(envvar="DARL_UI_URL", help="The Temporal Web
 
 
 def load_config(path: Path, run_id: str | None = None) -> TrainingConfig:
-    """A TrainingConfig from YAML or JSON; `run_id` overrides the file's."""
+    """A TrainingConfig from YAML or JSON; `run_id` overrides the file's. A file that is not
+    one raises typer.BadParameter with one line saying what is wrong."""
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as err:
-        raise typer.BadParameter(f"{path}: {err}") from err
+        raise typer.BadParameter(f"{path}: {one_line(str(err))}") from err
     if not isinstance(data, dict):
         raise typer.BadParameter(f"{path}: expected a mapping of config keys")
     if run_id:
@@ -52,7 +58,7 @@ def load_config(path: Path, run_id: str | None = None) -> TrainingConfig:
     try:
         config = TrainingConfig.model_validate(data)
     except ValidationError as err:
-        raise typer.BadParameter(f"{path}: {err}") from err
+        raise typer.BadParameter(f"{path}: {validation_line(err)}") from err
     return absolute_paths(config)
 
 
@@ -91,20 +97,33 @@ def train(
     ui_url: UiUrl = "http://127.0.0.1:8233",
 ) -> None:
     """Start a TrainingWorkflow (idempotent: a run id runs once)."""
-    from temporalio.common import WorkflowIDConflictPolicy
+    from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+    from temporalio.exceptions import WorkflowAlreadyStartedError
 
     config = load_config(config_file, run_id)
 
     async def main() -> None:
         client = await connect(TemporalSettings.from_env(temporal_address, namespace))
-        handle = await client.start_workflow(
-            "TrainingWorkflow",
-            config,
-            id=training_workflow_id(config.run_id),
-            task_queue=task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            result_type=TrainingSummary,
-        )
+        workflow_id = training_workflow_id(config.run_id)
+        try:
+            # A running run is followed; a finished one is not started again (its rollout
+            # ids and checkpoints are taken): a run id trains once.
+            handle = await client.start_workflow(
+                "TrainingWorkflow",
+                config,
+                id=workflow_id,
+                task_queue=task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                result_type=TrainingSummary,
+            )
+        except WorkflowAlreadyStartedError:
+            ended = await client.get_workflow_handle(workflow_id).describe()
+            status = ended.status.name.lower() if ended.status else "closed"
+            raise CliError(
+                f"run {config.run_id!r} already ran ({workflow_id} is {status}); a run id "
+                "trains once: give this one another --run-id"
+            ) from None
         typer.echo(f"started {handle.id}")
         typer.echo(f"Web UI: {web_ui_link(ui_url, handle.id, namespace)}")
         if follow_run:
@@ -124,6 +143,9 @@ def status(
 
     async def main() -> None:
         handle = await _handle(run, temporal_address, namespace)
+        failure = await run_failure(handle)
+        if failure is not None:
+            raise CliError(f"{handle.id} {failure}")
         progress = await handle.query("status", result_type=TrainingProgress)
         records = await handle.query("metrics", result_type=list[StepRecord])
         if as_json:
@@ -195,14 +217,25 @@ def agent_service(
     target: Annotated[str, typer.Argument(help="module:attribute of an ASGI app.")],
     host: str = "127.0.0.1",
     port: int = 8300,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where DARL's agent-service helper keeps its journal of attempts "
+            "(default: <home>/agent-service)."
+        ),
+    ] = None,
+    home: Annotated[Path, typer.Option(envvar="DARL_HOME")] = Path(".darl"),
     ready_file: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
     """Host an agent HTTP service (e.g. examples.digits.agent_service:app)."""
+    from examples.agent_service import STATE_DIR_ENV
 
     setup_logging()
     module_name, _, attribute = target.partition(":")
     if not attribute:
         raise typer.BadParameter("expected module:attribute")
+    # Read by the service when its module builds it, below.
+    os.environ[STATE_DIR_ENV] = str((state_dir or home / "agent-service").resolve())
     asgi = getattr(importlib.import_module(module_name), attribute)
 
     async def main(stop: asyncio.Event) -> None:

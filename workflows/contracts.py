@@ -261,6 +261,10 @@ class AgentExit(Contract):
     oom_killed: bool = False
     report: AgentReport | None = None
     log_tail: str = ""
+    # What DARL's own infrastructure did to the attempt while its agent ran, as the gateway
+    # recorded it when the attempt was closed: a 5xx it answered the agent, an outage of the
+    # gateway. An agent that failed with any of these failed because of DARL (rule 7).
+    infra_incidents: list[str] = Field(default_factory=list)
 
 
 class RewardRequest(Contract):

@@ -16,6 +16,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
     from workflows import search_attributes as sa
     from workflows.contracts import (
         AgentExit,
@@ -30,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         RolloutResult,
         RolloutSpec,
         TrajectorySummary,
+        rollout_workflow_id,
     )
     from workflows.rollout_status import (
         TRANSITIONS,
@@ -58,6 +61,10 @@ RUNNER_DEADLINE_GRACE = timedelta(seconds=60)
 # ApplicationError types the activities raise that no retry can fix.
 AGENT_SPEC_ERROR = "AgentSpecError"
 AGENT_LOST_ERROR = "AgentLostError"
+# The rollout id already ran in an earlier execution of its workflow id (started again with
+# the temporal CLI's default id-reuse policy): its details carry that run's result, if any.
+ROLLOUT_ALREADY_RAN_ERROR = "RolloutAlreadyRan"
+WRONG_WORKFLOW_ID_ERROR = "WrongWorkflowId"
 
 
 def _cause(err: ActivityError) -> str:
@@ -77,6 +84,25 @@ def _error_type(err: ActivityError) -> str | None:
     return cause.type if isinstance(cause, ApplicationError) else None
 
 
+class _EarlierRun(Exception):
+    """This rollout id already has a result, from an earlier execution: it is the result."""
+
+    def __init__(self, result: RolloutResult) -> None:
+        super().__init__(result.rollout_id)
+        self.result = result
+
+
+def _earlier_run(err: ActivityError) -> _EarlierRun:
+    """The earlier execution's result carried by a RolloutAlreadyRan error, or, when it left
+    none (terminated, failed), a failure of this execution naming it (rule 7: a rollout id has
+    one result, and no workflow reports what it did not see)."""
+    cause = err.cause
+    details = cause.details if isinstance(cause, ApplicationError) else ()
+    if details and isinstance(details[0], dict):
+        return _EarlierRun(RolloutResult.model_validate(details[0]))
+    raise ApplicationError(_cause(err), type=ROLLOUT_ALREADY_RAN_ERROR, non_retryable=True)
+
+
 def _merged(earlier: AgentReport | None, later: AgentReport | None) -> AgentReport | None:
     """A later report overrides the fields it sets and keeps those it leaves out."""
     if earlier is None or later is None:
@@ -89,7 +115,11 @@ def _merged(earlier: AgentReport | None, later: AgentReport | None) -> AgentRepo
     )
 
 
-@workflow.defn(name="RolloutWorkflow", failure_exception_types=[IllegalTransitionError])
+# A ValidationError is input no retry can fix (a RolloutSpec the temporal CLI sent that does
+# not validate): the workflow fails at once with pydantic's message (rule 9).
+@workflow.defn(
+    name="RolloutWorkflow", failure_exception_types=[IllegalTransitionError, ValidationError]
+)
 class RolloutWorkflow:
     @workflow.init
     def __init__(self, spec: RolloutSpec) -> None:
@@ -112,6 +142,7 @@ class RolloutWorkflow:
 
     @workflow.run
     async def run(self, spec: RolloutSpec) -> RolloutResult:
+        self._check_workflow_id()
         started = workflow.now()
         initial = sa.rollout_attributes(spec, self._status.value)
         # A starter that set them (the trainer does) saves the server an upsert per rollout.
@@ -124,6 +155,8 @@ class RolloutWorkflow:
                 if not retry or attempt == spec.max_attempts:
                     break
                 await workflow.sleep(timedelta(seconds=spec.timeouts.retry_backoff_seconds))
+        except _EarlierRun as earlier:
+            return self._result_of_earlier_run(earlier.result)
         except asyncio.CancelledError:
             if self._status == RolloutStatus.LAUNCHING:
                 await self._stop_launched_agent()
@@ -143,6 +176,8 @@ class RolloutWorkflow:
             handle = await self._launch(attempt)
         except ActivityError as err:
             _raise_if_cancelled(err)
+            if _error_type(err) == ROLLOUT_ALREADY_RAN_ERROR:
+                raise _earlier_run(err) from err
             if _error_type(err) == AGENT_SPEC_ERROR:
                 self._finish_as(RolloutStatus.FAILED_AGENT, f"agent cannot start: {_cause(err)}")
                 return False
@@ -152,14 +187,15 @@ class RolloutWorkflow:
             agent_exit = await self._await_agent(handle)
         except ActivityError as err:
             _raise_if_cancelled(err)
+            if _error_type(err) == ROLLOUT_ALREADY_RAN_ERROR:
+                raise _earlier_run(err) from err
             return self._infra_failure(f"lost the agent: {_cause(err)}")
         finally:
             self._accepting_signals = False
         if agent_exit is None:
             self._finish_as(RolloutStatus.TIMED_OUT, self._timeout_message())
             return False
-        await self._score(attempt, agent_exit)
-        return False
+        return await self._score(attempt, agent_exit)
 
     async def _launch(self, attempt: int) -> AgentHandle:
         agent = self._spec.agent
@@ -246,7 +282,9 @@ class RolloutWorkflow:
                 workflow.logger.warning("await_agent ended badly while cancelled: %s", _cause(err))
         return None
 
-    async def _score(self, attempt: int, agent_exit: AgentExit) -> None:
+    async def _score(self, attempt: int, agent_exit: AgentExit) -> bool:
+        """Score the attempt. Returns True when it failed for infra reasons: an agent that
+        failed while DARL was unavailable to it gets a fresh attempt (rule 7)."""
         self._exit_code = agent_exit.exit_code
         report = _merged(self._reports.get(attempt), agent_exit.report)
         if report is not None:
@@ -254,10 +292,9 @@ class RolloutWorkflow:
             self._metadata = dict(report.metadata)
         if agent_exit.timed_out:
             self._finish_as(RolloutStatus.TIMED_OUT, self._timeout_message())
-            return
+            return False
         if agent_exit.exit_code != 0:
-            self._finish_as(RolloutStatus.FAILED_AGENT, self._exit_message(agent_exit))
-            return
+            return self._agent_failed(agent_exit, self._exit_message(agent_exit))
         self._move(RolloutStatus.SCORING)
         reward_spec = self._spec.reward
         if reward_spec.function is None:
@@ -265,17 +302,27 @@ class RolloutWorkflow:
             if reward is None:
                 reward = reward_spec.missing_reward
             if reward is None:
-                self._finish_as(RolloutStatus.FAILED_AGENT, "agent finished without a reward")
-                return
+                return self._agent_failed(agent_exit, "agent finished without a reward")
         else:
             try:
                 reward = await self._compute_reward(attempt, agent_exit, report)
             except ActivityError as err:
                 _raise_if_cancelled(err)
                 self._finish_as(RolloutStatus.FAILED_INFRA, f"reward failed: {_cause(err)}")
-                return
+                return False
         self._reward = reward
         self._move(RolloutStatus.SUCCEEDED, [sa.REWARD.value_set(reward)])
+        return False
+
+    def _agent_failed(self, agent_exit: AgentExit, why: str) -> bool:
+        """The agent's own failure, unless DARL's infrastructure failed it first: then the
+        attempt is an infra failure and is retried (returns True)."""
+        incidents = agent_exit.infra_incidents
+        if incidents:
+            shown = "; ".join(incidents[:3]) + ("; ..." if len(incidents) > 3 else "")
+            return self._infra_failure(f"{why}, while DARL was unavailable to it: {shown}")
+        self._finish_as(RolloutStatus.FAILED_AGENT, why)
+        return False
 
     async def _compute_reward(
         self, attempt: int, agent_exit: AgentExit, report: AgentReport | None
@@ -350,6 +397,31 @@ class RolloutWorkflow:
         )
 
     # --- state ---------------------------------------------------------------------------
+
+    def _check_workflow_id(self) -> None:
+        """The gateway, the workers and the trainer find a rollout by its one workflow id
+        (rule 2): under any other id its agent's calls would be refused, so fail at once."""
+        expected = rollout_workflow_id(self._spec.rollout_id)
+        actual = workflow.info().workflow_id
+        if actual != expected:
+            raise ApplicationError(
+                f"rollout {self._spec.rollout_id!r} must run under the workflow id "
+                f"{expected!r}, not {actual!r} (start it with --workflow-id {expected})",
+                type=WRONG_WORKFLOW_ID_ERROR,
+                non_retryable=True,
+            )
+
+    def _result_of_earlier_run(self, earlier: RolloutResult) -> RolloutResult:
+        """This execution started after the rollout had already run to a result: that result
+        is the rollout's one result. No agent ran, nothing is reported again."""
+        workflow.logger.warning(
+            "rollout %s already ran to %s; returning that result",
+            earlier.rollout_id,
+            earlier.status,
+        )
+        also = [] if earlier.reward is None else [sa.REWARD.value_set(earlier.reward)]
+        workflow.upsert_search_attributes([sa.STATUS.value_set(earlier.status.value), *also])
+        return earlier
 
     def _start_attempt(self, attempt: int) -> None:
         self._attempt = attempt

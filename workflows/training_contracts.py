@@ -177,6 +177,10 @@ class TrainingConfig(Contract):
     cancel_wait_seconds: float = Field(default=600.0, ge=0)
     # A trainer worker that dies mid-step is noticed after this long and the step retried.
     train_heartbeat_seconds: float = Field(default=60.0, gt=0)
+    # A run whose rollouts keep failing (an agent that cannot start, a reward that cannot be
+    # computed, a service that is gone) fails after this many failures in a row, with the
+    # last one's error, instead of going on without ever training (rule 9).
+    max_failed_rollouts_in_a_row: int = Field(default=256, ge=1)
     # Set by continue-as-new (the run's state handed to the next run); leave it out.
     carried_state: TrainingState | None = None
 
@@ -301,6 +305,9 @@ class TrainingState(State):
     started_at: float = 0.0
     # Step records (or their late validation results) not yet written to disk.
     unwritten_records: list[StepRecord] = Field(default_factory=list)
+    # Rollouts that failed since the last one that succeeded, and the last one's error.
+    failed_in_a_row: int = 0
+    last_failure: str | None = None
 
 
 # --- signals, updates, queries ---------------------------------------------------------------

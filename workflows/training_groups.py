@@ -147,6 +147,10 @@ class GroupBook:
             counters.rollouts_cancelled += 1
         elif not _trainable(result):
             counters.rollouts_failed += 1
+            self.state.failed_in_a_row += 1
+            self.state.last_failure = f"{result.rollout_id} {result.status}: {result.error}"
+        else:
+            self.state.failed_in_a_row = 0
         if not group.pending:
             self._complete(group)
 
@@ -206,6 +210,16 @@ class GroupBook:
                 )
                 del self.state.groups[group.group_id]
         self.state.ready.clear()
+
+    def failing(self) -> bool:
+        """Whether so many rollouts failed in a row that the run cannot be working."""
+        return self.state.failed_in_a_row >= self.config.max_failed_rollouts_in_a_row
+
+    def failing_message(self) -> str:
+        return (
+            f"{self.state.failed_in_a_row} rollouts in a row failed and none succeeded; "
+            f"the last: {self.state.last_failure}"
+        )
 
     def accounted(self) -> int:
         """Rollouts whose end is counted; equals `rollouts_started` once nothing is out."""

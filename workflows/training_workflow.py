@@ -17,6 +17,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
     from workflows import search_attributes as sa
     from workflows.contracts import RolloutMode, RolloutResult
     from workflows.training_contracts import (
@@ -44,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.training_groups import GroupBook
 
+CHECK_RUN = "check_run"
 INITIALIZE_POLICY = "initialize_policy"
 READ_TASKS = "read_tasks"
 READ_VAL_TASKS = "read_val_tasks"
@@ -64,10 +67,33 @@ QUICK = RetryPolicy(
     maximum_interval=timedelta(seconds=30),
     non_retryable_error_types=[TRAINING_CONFIG_ERROR],
 )
+# What the run needs from the world (agent service, policy servers, gateway) gets about a
+# minute to answer at the start; then the run fails saying what did not (rule 9).
+AT_START = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=5),
+    maximum_attempts=15,
+    non_retryable_error_types=[TRAINING_CONFIG_ERROR],
+)
+# A weight sync rides out a policy server or gateway restart (a vLLM takes ~30 s on CPU, a
+# Kubernetes Pod longer), for about ten minutes; then the run fails with the sync's error.
+SYNC_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=25,
+    non_retryable_error_types=[TRAINING_CONFIG_ERROR, "WeightSyncError"],
+)
+# Every trainer activity heartbeats (train_step at its own configured timeout): a trainer
+# worker that dies is noticed within this, and its activity moves to the next worker.
+HEARTBEAT = timedelta(seconds=10)
 RECENT_STEPS = 50
+FAILING = "failing"
+FEEDER_FAILED = "feeder failed"
 
 
-@workflow.defn(name="TrainingWorkflow")
+# A ValidationError is input no retry can fix (a TrainingConfig the temporal CLI sent that
+# does not validate): the workflow fails at once with pydantic's message (rule 9).
+@workflow.defn(name="TrainingWorkflow", failure_exception_types=[ValidationError])
 class TrainingWorkflow:
     @workflow.init
     def __init__(self, config: TrainingConfig) -> None:
@@ -95,12 +121,27 @@ class TrainingWorkflow:
                 await self._train_step()
             elif move == "continue":
                 await self._continue_as_new()
+            elif move == FEEDER_FAILED:
+                # Reading or starting the next tasks failed for good (a dataset that went
+                # away, a row that cannot be a rollout): that failure is the run's.
+                self._feeder.result()
+            elif move == FAILING:
+                await self._finish(move)
+                raise ApplicationError(self._book.failing_message(), non_retryable=True)
             elif move != "wait":
                 return await self._finish(move)
 
     async def _initialize(self) -> None:
-        """Put the starting policy (step 0, or the latest checkpoint of a run restarted with
-        the same id) on the policy servers, so every rollout of the run knows what it ran."""
+        """Check that the run can work at all (its data, reward, agent service, policy
+        servers, gateway; a run id trains once), then put step 0 on the policy servers, so
+        every rollout of the run knows what it ran."""
+        await workflow.execute_activity(
+            CHECK_RUN,
+            self._config,
+            start_to_close_timeout=timedelta(minutes=2),
+            heartbeat_timeout=HEARTBEAT,
+            retry_policy=AT_START,
+        )
         start = await workflow.execute_activity(
             INITIALIZE_POLICY,
             InitializeRequest(
@@ -110,6 +151,7 @@ class TrainingWorkflow:
             ),
             result_type=TrainStepResult,
             start_to_close_timeout=timedelta(minutes=10),
+            heartbeat_timeout=HEARTBEAT,
             retry_policy=QUICK,
         )
         await self._sync(start.policy_path, start.step)
@@ -131,6 +173,11 @@ class TrainingWorkflow:
 
     def _move(self) -> str:
         state, book = self._state, self._book
+        feeder = self._feeder
+        if feeder is not None and feeder.done() and feeder.exception() is not None:
+            return FEEDER_FAILED
+        if book.failing():
+            return FAILING
         if state.stop_requested:
             return "stopped by request"
         total = self._config.total_steps
@@ -193,7 +240,8 @@ class TrainingWorkflow:
             start_to_close_timeout=timedelta(
                 seconds=self._config.weight_sync.drain_timeout_seconds + 300
             ),
-            retry_policy=QUICK,
+            heartbeat_timeout=HEARTBEAT,
+            retry_policy=SYNC_RETRY,
         )
 
     async def _finish(self, reason: str) -> TrainingSummary:
@@ -215,6 +263,7 @@ class TrainingWorkflow:
                 CANCEL_ROLLOUTS,
                 pending,
                 start_to_close_timeout=timedelta(minutes=5),
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=QUICK,
             )
             await self._wait_out_cancelled()
@@ -286,6 +335,7 @@ class TrainingWorkflow:
                 ),
                 result_type=TaskBatch,
                 start_to_close_timeout=timedelta(minutes=5),
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=QUICK,
             )
             self._state.epoch, self._state.cursor = batch.epoch, batch.cursor
@@ -309,6 +359,7 @@ class TrainingWorkflow:
                 START_ROLLOUTS,
                 StartRolloutsRequest(task_queue=self._config.rollout.task_queue, specs=specs),
                 start_to_close_timeout=timedelta(minutes=5),
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=QUICK,
             )
 
@@ -326,6 +377,7 @@ class TrainingWorkflow:
             ReadValTasksRequest(dataset=self._config.dataset, validation=self._config.validation),
             result_type=list[TaskRow],
             start_to_close_timeout=timedelta(minutes=5),
+            heartbeat_timeout=HEARTBEAT,
             retry_policy=QUICK,
         )
         await self._start_groups(rows, RolloutMode.VAL, 1)
@@ -350,6 +402,7 @@ class TrainingWorkflow:
                     record=state.unwritten_records[0],
                 ),
                 start_to_close_timeout=timedelta(minutes=1),
+                heartbeat_timeout=HEARTBEAT,
                 retry_policy=QUICK,
             )
             state.unwritten_records.pop(0)
@@ -365,6 +418,7 @@ class TrainingWorkflow:
             pending,
             result_type=list[RolloutLookup],
             start_to_close_timeout=timedelta(minutes=5),
+            heartbeat_timeout=HEARTBEAT,
             retry_policy=QUICK,
         )
         for lookup in found:

@@ -5,6 +5,12 @@ and `Idempotency-Key: <rollout>/<attempt>`: after a worker crash the retried act
 same key again, and a service that honours it answers with the attempt already running rather
 than starting a second one (the example service in `examples/` does). The reply body is the
 agent's report: `{"reward"?, "answer"?, "metadata"?}`.
+
+What a reply means: 2xx is the agent's report; 502/503/504 or no connection, the service (or
+what fronts it) is unavailable, so the same attempt is POSTed again; 410 Gone, the service
+lost the attempt (it restarted while the attempt ran): an infra failure, and the rollout gets
+a fresh attempt rather than the same attempt run twice; any other status is the agent's
+failure (unless DARL's gateway failed it first, which the rollout workflow learns at close).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import httpx
 from pydantic import ValidationError
 
 from activities.agent_contract import AgentContract, env_map_values
-from activities.errors import agent_service_unavailable, agent_spec_error
+from activities.errors import agent_lost_error, agent_service_unavailable, agent_spec_error
 from activities.runners.base import LOG_TAIL_BYTES, AgentRunner, Heartbeat, heartbeat_interval
 from workflows.contracts import (
     AgentExit,
@@ -31,6 +37,8 @@ from workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
 
 # Statuses that say the service (or what fronts it) is unavailable, not that the agent failed.
 _UNAVAILABLE = frozenset({502, 503, 504})
+# The service accepted the attempt and lost it (it restarted): never run it again.
+_LOST = 410
 REPORT_FIELDS = ("reward", "answer", "metadata")
 
 
@@ -119,6 +127,8 @@ class HttpAgentRunner(AgentRunner):
             raise agent_service_unavailable(
                 f"agent service answered {response.status_code}: {text[-500:]}"
             )
+        if response.status_code == _LOST:
+            raise agent_lost_error(f"the agent service lost the attempt: {text[-500:]}")
         if response.status_code >= 400:
             return AgentExit(exit_code=1, log_tail=f"HTTP {response.status_code}: {text}")
         try:

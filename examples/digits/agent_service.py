@@ -10,6 +10,7 @@ thousands of rollouts in minutes on two cores.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,8 +25,8 @@ MAX_TOKENS = 4
 class DigitsAgent(AgentService):
     """One raw completion per rollout attempt, with a client shared by all of them."""
 
-    def __init__(self, remembered: int = 10_000) -> None:
-        super().__init__(remembered)
+    def __init__(self, remembered: int = 10_000, state_dir: Path | None = None) -> None:
+        super().__init__(remembered, state_dir)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(120.0))
 
     async def solve(self, request: RolloutRequest) -> dict[str, Any]:
@@ -42,10 +43,9 @@ class DigitsAgent(AgentService):
             },
         )
         if response.status_code >= 400:
-            # A gateway in trouble (5xx) makes the attempt an infra failure, retried (502);
-            # a refused call (4xx) is the agent's failure (500).
-            status = 502 if response.status_code >= 500 else 500
-            raise HTTPException(status, detail=f"gateway answered {response.status_code}")
+            # The agent fails (500); whether DARL's gateway caused it, DARL knows (it records
+            # its own 5xx answers and outages) and then retries the attempt.
+            raise HTTPException(500, detail=f"gateway answered {response.status_code}")
         text = response.json()["choices"][0]["text"]
         return {"answer": text}
 

@@ -49,12 +49,11 @@ class GSM8KAgent(AgentService):
                 model="policy", messages=messages(request.task), max_tokens=MAX_TOKENS
             )
         except openai.APIStatusError as err:
-            # A gateway in trouble (5xx) makes the attempt an infra failure, retried (502);
-            # a refused call (4xx) is the agent's failure (500).
-            status = 502 if err.status_code >= 500 else 500
-            raise HTTPException(status, detail=f"gateway answered {err.status_code}") from err
+            # The agent fails (500); whether DARL's gateway caused it, DARL knows (it records
+            # its own 5xx answers and outages) and then retries the attempt.
+            raise HTTPException(500, detail=f"gateway answered {err.status_code}") from err
         except openai.APIConnectionError as err:
-            raise HTTPException(502, detail=f"gateway unreachable: {err}") from err
+            raise HTTPException(500, detail=f"gateway unreachable: {err}") from err
         text = completion.choices[0].message.content or ""
         return {"answer": text, "metadata": {"calls": 1}}
 

@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         SyncResult,
         TaskBatch,
         TaskRow,
+        TrainingConfig,
         TrainStepRequest,
         TrainStepResult,
     )
@@ -97,6 +98,7 @@ class StubTrainerActivities:
 
     def activities(self) -> list:
         return [
+            self.check_run,
             self.initialize_policy,
             self.read_tasks,
             self.read_val_tasks,
@@ -107,6 +109,11 @@ class StubTrainerActivities:
             self.sync_weights,
             self.record_step,
         ]
+
+    @activity.defn
+    async def check_run(self, config: TrainingConfig) -> None:
+        # The real check is tested against the real world (tests/integration).
+        return None
 
     @activity.defn
     async def initialize_policy(self, request: InitializeRequest) -> TrainStepResult:
