@@ -86,6 +86,8 @@ class StubAgents:
         self.exit_report: AgentReport | None = None
         self.launch_gate: asyncio.Event | None = None
         self.stops: list[int] = []
+        # How an attempt's agent ends, by attempt (default: exit 0 with `exit_report`).
+        self.exits: dict[int, AgentExit] = {}
 
     @activity.defn(name="launch_agent")
     async def launch_agent(self, request: LaunchRequest) -> AgentHandle:
@@ -104,7 +106,7 @@ class StubAgents:
             activity.heartbeat()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.release.wait(), 0.2)
-        return AgentExit(exit_code=0, report=self.exit_report)
+        return self.exits.get(request.attempt, AgentExit(exit_code=0, report=self.exit_report))
 
     @activity.defn(name="stop_agent")
     async def stop_agent(self, request: LaunchRequest) -> None:

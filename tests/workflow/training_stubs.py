@@ -15,7 +15,7 @@ from datetime import timedelta
 from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
     from activities.training_activities import lookup_rollouts
@@ -95,6 +95,9 @@ class StubTrainerActivities:
     records: dict[int, RecordStepRequest] = field(default_factory=dict)
     cancelled: list[str] = field(default_factory=list)
     lookups: int = 0
+    # Failures to act out: check_run's (its message), read_tasks' from this cursor on.
+    check_run_error: str | None = None
+    reads_fail_at: int | None = None
 
     def activities(self) -> list:
         return [
@@ -113,7 +116,10 @@ class StubTrainerActivities:
     @activity.defn
     async def check_run(self, config: TrainingConfig) -> None:
         # The real check is tested against the real world (tests/integration).
-        return None
+        if self.check_run_error is not None:
+            raise ApplicationError(
+                self.check_run_error, type="TrainingConfigError", non_retryable=True
+            )
 
     @activity.defn
     async def initialize_policy(self, request: InitializeRequest) -> TrainStepResult:
@@ -121,6 +127,10 @@ class StubTrainerActivities:
 
     @activity.defn
     async def read_tasks(self, request: ReadTasksRequest) -> TaskBatch:
+        if self.reads_fail_at is not None and request.cursor >= self.reads_fail_at:
+            raise ApplicationError(
+                "dataset stub: row 7 is not a task", type="TrainingConfigError", non_retryable=True
+            )
         epoch, cursor, rows = request.epoch, request.cursor, []
         while len(rows) < request.count and epoch < request.epochs:
             rows.append(TaskRow(epoch=epoch, position=cursor, task=self.tasks[cursor]))
