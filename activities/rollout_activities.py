@@ -17,7 +17,7 @@ from typing import TypeVar
 import httpx
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from temporalio import activity
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -129,24 +129,28 @@ def _warn_no_visibility() -> None:
     )
 
 
-async def refuse_a_second_run(client: Client, rollout_id: str) -> None:
-    """Rule 7: a rollout id has one result. An execution of a rollout's workflow id that finds
-    an earlier one (the temporal CLI starts a closed workflow id again by default) raises a
-    non-retryable RolloutAlreadyRan carrying the earlier result, which the workflow returns,
-    instead of re-attaching to the earlier agent's leftovers. Visibility is eventually
-    consistent on some servers: a start within a second of the earlier end may not see it."""
+async def earlier_executions(client: Client) -> list[WorkflowExecution]:
+    """The other executions of the calling activity's workflow id (the temporal CLI starts a
+    closed workflow id again by default). Visibility is eventually consistent on some servers:
+    a start within a second of the earlier end may not see it; on a server without a
+    visibility API (the time-skipping test server) there is nothing to look in."""
     info = activity.info()
     try:
         executions = [e async for e in client.list_workflows(f'WorkflowId = "{info.workflow_id}"')]
     except RPCError as err:
         if err.status != RPCStatusCode.UNIMPLEMENTED:
             raise
-        # Temporal's time-skipping test server has no visibility API: nothing to look in.
         _warn_no_visibility()
-        return
-    for execution in executions:
-        if execution.run_id == info.workflow_run_id:
-            continue
+        return []
+    return [e for e in executions if e.run_id != info.workflow_run_id]
+
+
+async def refuse_a_second_run(client: Client, rollout_id: str) -> None:
+    """Rule 7: a rollout id has one result. An execution of a rollout's workflow id that finds
+    an earlier one raises a non-retryable RolloutAlreadyRan carrying the earlier result, which
+    the workflow returns, instead of re-attaching to the earlier agent's leftovers."""
+    info = activity.info()
+    for execution in await earlier_executions(client):
         if execution.status == WorkflowExecutionStatus.COMPLETED:
             handle = client.get_workflow_handle(
                 info.workflow_id, run_id=execution.run_id, result_type=RolloutResult

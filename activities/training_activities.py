@@ -19,7 +19,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities import rewards
 from activities.agent_contract import TaskPathError, task_field
-from activities.rollout_activities import heartbeating
+from activities.rollout_activities import earlier_executions, heartbeating
 from gateway.store import DirectoryTrajectoryStore
 from trainer import run_files
 from trainer.aggregation import AggregationSettings, RolloutSample, aggregate
@@ -51,7 +51,6 @@ from workflows.training_contracts import (
     TrainingConfig,
     TrainStepRequest,
     TrainStepResult,
-    training_workflow_id,
 )
 from workflows.training_workflow import (
     CANCEL_ROLLOUTS,
@@ -193,22 +192,24 @@ class TrainerActivities:
         """Fail the run at its start, saying why, when it cannot work (rule 9): a run id that
         already trained, data that cannot be read or lacks what the reward or the agent reads,
         a reward function that does not load (TrainingConfigError, not retried); an agent
-        service, policy server or gateway that does not answer (retried about a minute)."""
+        service, policy server or gateway that does not answer (retried about half a minute)."""
         await heartbeating(self._refuse_a_second_run(config), heartbeat_every())
         await heartbeating(asyncio.to_thread(self._check_data, config), heartbeat_every())
         await heartbeating(self._check_services(config), heartbeat_every())
 
     async def _refuse_a_second_run(self, config: TrainingConfig) -> None:
-        """A run id trains once: an earlier execution of its workflow id, or checkpoints past
-        step 0 in its run directory, are an earlier run's (its rollout ids would be reused)."""
-        info = activity.info()
-        query = f'WorkflowId = "{training_workflow_id(config.run_id)}"'
-        async for execution in self._client.list_workflows(query):
-            if execution.run_id != info.workflow_run_id:
+        """A run id trains once: an earlier execution of its workflow id that started rollouts,
+        or checkpoints past step 0 in its run directory, are an earlier run's (its rollout ids
+        and steps would be reused). One that failed before its first rollout (a bad config,
+        fixed since) leaves nothing behind and may be started again."""
+        for execution in await earlier_executions(self._client):
+            query = f'DarlRun = "{config.run_id}" AND WorkflowType = "RolloutWorkflow"'
+            rollouts = (await self._client.count_workflows(query)).count
+            if rollouts:
                 ended = execution.status.name.lower() if execution.status else "unknown"
                 raise config_error(
-                    f"run {config.run_id!r} already ran (workflow {execution.id}, run "
-                    f"{execution.run_id}, {ended}); a run id trains once: start it with "
+                    f"run {config.run_id!r} already ran ({execution.id} is {ended}, with "
+                    f"{rollouts} rollouts); a run id trains once: start this one with "
                     "another run_id"
                 )
         checkpoints = self.run_dir(config.run_id, config.run_dir) / "checkpoints"

@@ -304,6 +304,9 @@ def demo(
 def rollout(
     spec_file: Annotated[Path, typer.Argument(help="A RolloutSpec as JSON.")],
     wait: bool = True,
+    task_queue: Annotated[str, typer.Option(help="The rollout workers' task queue.")] = (
+        "darl-rollouts"
+    ),
     temporal_address: TemporalAddress = "127.0.0.1:7233",
     namespace: Namespace = "default",
 ) -> None:
@@ -314,7 +317,6 @@ def rollout(
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
     from workflows.contracts import (
-        ROLLOUT_TASK_QUEUE,
         RolloutResult,
         RolloutSpec,
         rollout_workflow_id,
@@ -337,7 +339,7 @@ def rollout(
                 "RolloutWorkflow",
                 spec,
                 id=workflow_id,
-                task_queue=ROLLOUT_TASK_QUEUE,
+                task_queue=task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 result_type=RolloutResult,

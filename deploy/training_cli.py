@@ -97,6 +97,7 @@ def train(
     ui_url: UiUrl = "http://127.0.0.1:8233",
 ) -> None:
     """Start a TrainingWorkflow (idempotent: a run id runs once)."""
+    from temporalio.client import WorkflowExecutionStatus
     from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
@@ -105,24 +106,29 @@ def train(
     async def main() -> None:
         client = await connect(TemporalSettings.from_env(temporal_address, namespace))
         workflow_id = training_workflow_id(config.run_id)
+        async for earlier in client.list_workflows(f'WorkflowId = "{workflow_id}"'):
+            if earlier.status == WorkflowExecutionStatus.COMPLETED:
+                raise CliError(
+                    f"run {config.run_id!r} already completed ({workflow_id}); a run id trains "
+                    "once: give this one another --run-id"
+                )
         try:
-            # A running run is followed; a finished one is not started again (its rollout
-            # ids and checkpoints are taken): a run id trains once.
+            # A running run is followed; a completed one is not started again (its rollout
+            # ids and checkpoints are taken: a run id trains once). One that failed may be:
+            # the run's own start check refuses it if it had got as far as rollouts.
             handle = await client.start_workflow(
                 "TrainingWorkflow",
                 config,
                 id=workflow_id,
                 task_queue=task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
                 result_type=TrainingSummary,
             )
         except WorkflowAlreadyStartedError:
-            ended = await client.get_workflow_handle(workflow_id).describe()
-            status = ended.status.name.lower() if ended.status else "closed"
             raise CliError(
-                f"run {config.run_id!r} already ran ({workflow_id} is {status}); a run id "
-                "trains once: give this one another --run-id"
+                f"run {config.run_id!r} already completed ({workflow_id}); a run id trains "
+                "once: give this one another --run-id"
             ) from None
         typer.echo(f"started {handle.id}")
         typer.echo(f"Web UI: {web_ui_link(ui_url, handle.id, namespace)}")

@@ -32,6 +32,8 @@ class TaskTable:
 def load_tasks(path: Path) -> TaskTable:
     if not path.is_file():
         raise DatasetError(f"dataset {path} does not exist")
+    if path.stat().st_size == 0:
+        raise DatasetError(f"dataset {path} has no rows (the file is empty)")
     try:
         if path.suffix == ".parquet":
             table = pq.read_table(path)

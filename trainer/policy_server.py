@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL_NAME = "darl-tiny"
 CLIENT_CLOSED = 499
 VERSION_HEADER = "X-Darl-Policy-Version"
+# The version of weights that are no run's: a restore that failed.
+UNRESTORED_VERSION = -1
 CALL_ID_HEADER = "X-Darl-Call-Id"
 
 
@@ -160,10 +162,20 @@ class PolicyServer:
         try:
             _load_into(model, _read_checkpoint(path))
         except (BadRequest, ValueError, RuntimeError) as err:
-            raise RuntimeError(
-                f"cannot restore version {version} from {path}, as {self.state_file} records "
-                f"({err}); delete {self.state_file} to start from the model dir's weights"
-            ) from err
+            # Serving the model dir's weights is safe as long as they are not called
+            # `version`: under a version no run has, the gateway records nothing from this
+            # server until a weight sync loads the run's weights.
+            log.error(
+                "cannot restore version %d from %s, as %s records (%s): serving the model "
+                "dir's weights as version %d until a weight sync",
+                version,
+                path,
+                self.state_file,
+                err,
+                UNRESTORED_VERSION,
+            )
+            self.policy_version = UNRESTORED_VERSION
+            return None
         self.policy_version = version
         return path
 

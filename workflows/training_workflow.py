@@ -67,12 +67,12 @@ QUICK = RetryPolicy(
     maximum_interval=timedelta(seconds=30),
     non_retryable_error_types=[TRAINING_CONFIG_ERROR],
 )
-# What the run needs from the world (agent service, policy servers, gateway) gets about a
-# minute to answer at the start; then the run fails saying what did not (rule 9).
+# What the run needs from the world (agent service, policy servers, gateway) gets about half
+# a minute to answer at the start; then the run fails saying what did not (rule 9).
 AT_START = RetryPolicy(
     initial_interval=timedelta(seconds=1),
-    maximum_interval=timedelta(seconds=5),
-    maximum_attempts=15,
+    maximum_interval=timedelta(seconds=4),
+    maximum_attempts=10,
     non_retryable_error_types=[TRAINING_CONFIG_ERROR],
 )
 # A weight sync rides out a policy server or gateway restart (a vLLM takes ~30 s on CPU, a

@@ -50,6 +50,7 @@ class Stack:
         self.trainer_queue = f"darl-trainer-{uuid.uuid4().hex[:8]}"
         self.model = "tiny"
         self.agent_service_url = ""
+        self.agent_service_target = ""
         self.policy_state_file = root / "policy-server-state.json"
 
     def env(self) -> dict[str, str]:
@@ -66,13 +67,13 @@ class Stack:
         self.processes[name] = process.start()
         return process.wait_ready(timeout=120)
 
-    def start_policy_server(self) -> None:
+    def start_policy_server(self, port: int = 0) -> None:
         info = self._start(
             "policy-server",
             [
                 "policy-server",
                 "--port",
-                "0",
+                str(port),
                 "--model-dir",
                 str(self.model_dir),
                 "--model",
@@ -140,15 +141,34 @@ class Stack:
             ],
         )
 
-    def start_agent_service(self, target: str) -> None:
-        info = self._start("agent-service", ["agent-service", target, "--port", "0"])
+    def start_agent_service(self, target: str, port: int = 0) -> None:
+        self.agent_service_target = target
+        info = self._start("agent-service", ["agent-service", target, "--port", str(port)])
         self.agent_service_url = info["url"]
+
+    def restart_agent_service(self) -> None:
+        """SIGKILL the agent service and start it again on the same port (its journal in
+        `<root>/agent-service` stays)."""
+        self.processes.pop("agent-service").kill()
+        self.start_agent_service(self.agent_service_target, urlparse(self.agent_service_url).port)
 
     def start(self) -> Stack:
         self.start_policy_server()
         self.start_gateway()
         self.start_worker()
         return self
+
+    def restart_policy_server(self, kill: bool = True, forget_weights: bool = False) -> None:
+        """SIGKILL (or stop) the policy server and start it again on the same port; with
+        `forget_weights` its state file goes first, so it comes back on its initial weights."""
+        server = self.processes.pop("policy-server")
+        if kill:
+            server.kill()
+        else:
+            server.stop()
+        if forget_weights:
+            self.policy_state_file.unlink(missing_ok=True)
+        self.start_policy_server(urlparse(self.policy_url).port or 0)
 
     def restart_gateway(self, signal_interval: float = 1.0, kill: bool = False) -> None:
         """Stop (or SIGKILL) the gateway and start it again on the same port."""

@@ -6,16 +6,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from tests.serving import served
-from trainer.policy_server import PolicyServer, create_policy_app
+from trainer.policy_server import (
+    CALL_ID_HEADER,
+    UNRESTORED_VERSION,
+    VERSION_HEADER,
+    PolicyServer,
+    create_policy_app,
+)
 from trainer.tiny_model import create_model_dir
 
 
@@ -261,3 +268,175 @@ async def test_a_client_that_hangs_up_frees_the_engine(
         await long_call
     # 1,500 tokens take seconds; a dropped request ends at the next decode step.
     assert await asyncio.to_thread(server.engine.wait_idle, 0.5)
+
+
+# --- the policy version on answers, the response log, and the state file -------------------
+
+
+def perturbed_checkpoint(model_dir: Path, out: Path, seed: int) -> dict[str, torch.Tensor]:
+    """The model dir's weights, perturbed, saved as a checkpoint dir at `out` (no lm_head:
+    tied embeddings); returns the saved tensors."""
+    generator = torch.Generator().manual_seed(seed)
+    own = load_file(model_dir / "model.safetensors")
+    state = {
+        k: v + 0.5 * torch.randn(v.shape, generator=generator)
+        for k, v in own.items()
+        if k != "lm_head.weight"
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, out / "model.safetensors")
+    return state
+
+
+@contextlib.asynccontextmanager
+async def serving(policy: PolicyServer, tmp: Path, name: str) -> AsyncIterator[httpx.AsyncClient]:
+    """A PolicyServer of the test's own, its engine running, behind a real uvicorn."""
+    policy.engine.start()
+    try:
+        async with (
+            served(create_policy_app(policy), tmp, name) as url,
+            httpx.AsyncClient(base_url=url, timeout=60) as client,
+        ):
+            yield client
+    finally:
+        await asyncio.to_thread(policy.engine.stop)
+
+
+async def reload(http: httpx.AsyncClient, path: Path, version: int) -> None:
+    response = await http.post("/reload_weights", json={"path": str(path), "version": version})
+    assert response.json() == {"policy_version": version}, response.text
+
+
+async def streamed(http: httpx.AsyncClient, path: str, body: dict, **headers: str) -> tuple:
+    """Reads a stream to its end; returns (response headers, token ids of choice 0)."""
+    ids: list[int] = []
+    async with http.stream("POST", path, json={**body, "stream": True}, headers=headers) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    ids.extend(choice.get("token_ids") or [])
+    return r.headers, ids
+
+
+def same_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> bool:
+    state = model.state_dict()
+    return all(torch.equal(state[k], v) for k, v in tensors.items())
+
+
+async def test_every_answer_carries_the_version_of_the_weights_that_made_it(
+    http: httpx.AsyncClient, model_dir: Path, tmp_path: Path
+) -> None:
+    completion = {"prompt": "abc", "max_tokens": 3}
+    for version in (0, 4, 9):
+        if version:
+            perturbed_checkpoint(model_dir, tmp_path / f"v{version}", version)
+            await reload(http, tmp_path / f"v{version}", version)
+        chat_answer = await http.post("/v1/chat/completions", json={**CHAT, "max_tokens": 3})
+        completion_answer = await http.post("/v1/completions", json=completion)
+        assert chat_answer.headers[VERSION_HEADER] == str(version)
+        assert completion_answer.headers[VERSION_HEADER] == str(version)
+        assert (await http.get("/version")).json()["policy_version"] == version
+
+
+async def test_a_streamed_answer_carries_the_policy_version(
+    http: httpx.AsyncClient, model_dir: Path, tmp_path: Path
+) -> None:
+    headers, ids = await streamed(http, "/v1/chat/completions", {**CHAT, "max_tokens": 4})
+    assert headers[VERSION_HEADER] == "0" and ids
+    perturbed_checkpoint(model_dir, tmp_path / "v2", 2)
+    await reload(http, tmp_path / "v2", 2)
+    headers, _ = await streamed(http, "/v1/completions", {"prompt": "abc", "max_tokens": 4})
+    assert headers[VERSION_HEADER] == "2"
+
+
+async def test_the_response_log_names_each_call_and_the_version_that_answered_it(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "responses.jsonl"
+    policy = PolicyServer(model_dir, max_batch=8, response_log=log)
+    async with serving(policy, tmp_path, "policy") as http:
+        first = await http.post(
+            "/v1/chat/completions",
+            json={**CHAT, "max_tokens": 4},
+            headers={CALL_ID_HEADER: "call-1"},
+        )
+        perturbed_checkpoint(model_dir, tmp_path / "v5", 5)
+        await reload(http, tmp_path / "v5", 5)
+        _, streamed_ids = await streamed(
+            http,
+            "/v1/completions",
+            {"prompt": "abc", "max_tokens": 4, "return_token_ids": True},
+            **{CALL_ID_HEADER: "call-2"},
+        )
+        anonymous = await http.post(
+            "/v1/completions", json={"prompt": "abc", "max_tokens": 2, "return_token_ids": True}
+        )
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(x["call_id"], x["policy_version"], x["endpoint"]) for x in lines] == [
+        ("call-1", 0, "chat"),
+        ("call-2", 5, "completion"),
+        (None, 5, "completion"),
+    ]
+    assert lines[0]["token_ids"] == [first.json()["choices"][0]["token_ids"]]
+    assert lines[0]["prompt_token_ids"] == first.json()["prompt_token_ids"]
+    assert lines[1]["token_ids"] == [streamed_ids]
+    assert lines[2]["token_ids"] == [anonymous.json()["choices"][0]["token_ids"]]
+
+
+async def test_a_restarted_server_serves_the_weights_and_version_its_state_file_records(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    state_file = tmp_path / "state" / "policy.json"
+    first = PolicyServer(model_dir, max_batch=8, state_file=state_file)
+    perturbed_checkpoint(model_dir, tmp_path / "v6", 6)
+    v7 = perturbed_checkpoint(model_dir, tmp_path / "v7", 7)
+    async with serving(first, tmp_path, "first") as http:
+        await reload(http, tmp_path / "v6", 6)
+        assert json.loads(state_file.read_text()) == {
+            "path": str((tmp_path / "v6").resolve()),
+            "version": 6,
+        }
+        await reload(http, tmp_path / "v7", 7)
+        before = await chat(http, max_tokens=8, temperature=0)
+    assert json.loads(state_file.read_text()) == {
+        "path": str((tmp_path / "v7").resolve()),
+        "version": 7,
+    }
+
+    second = PolicyServer(model_dir, max_batch=8, state_file=state_file)
+    assert second.policy_version == 7
+    assert same_weights(second.engine.model, v7)
+    assert not same_weights(second.engine.model, load_file(model_dir / "model.safetensors"))
+    async with serving(second, tmp_path, "second") as http:
+        assert (await http.get("/version")).json()["policy_version"] == 7
+        answer = await http.post(
+            "/v1/chat/completions", json={**CHAT, "max_tokens": 8, "temperature": 0}
+        )
+    assert answer.headers[VERSION_HEADER] == "7"
+    assert answer.json()["choices"][0]["token_ids"] == before["choices"][0]["token_ids"]
+
+
+@pytest.mark.parametrize("checkpoint", ["deleted", "misfit"])
+async def test_a_state_file_naming_an_unloadable_checkpoint_starts_unrestored(
+    model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, checkpoint: str
+) -> None:
+    path = tmp_path / "ckpt"
+    if checkpoint == "misfit":
+        path.mkdir()
+        save_file({"not.a.layer": torch.zeros(2)}, path / "model.safetensors")
+    state_file = tmp_path / "policy.json"
+    state_file.write_text(json.dumps({"path": str(path), "version": 9}))
+    with caplog.at_level(logging.ERROR, logger="trainer.policy_server"):
+        policy = PolicyServer(model_dir, max_batch=8, state_file=state_file)
+    assert policy.policy_version == UNRESTORED_VERSION == -1
+    (error,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "cannot restore version 9" in error.getMessage()
+    assert str(path) in error.getMessage()
+    assert same_weights(policy.engine.model, load_file(model_dir / "model.safetensors"))
+    perturbed_checkpoint(model_dir, tmp_path / "v10", 10)
+    async with serving(policy, tmp_path, "policy") as http:
+        unrestored = await http.post("/v1/completions", json={"prompt": "abc", "max_tokens": 2})
+        assert unrestored.headers[VERSION_HEADER] == "-1"
+        await reload(http, tmp_path / "v10", 10)  # the next weight sync loads the run's weights
+    assert json.loads(state_file.read_text())["version"] == 10
