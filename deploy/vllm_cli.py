@@ -59,9 +59,12 @@ def vllm_server(
     {"path", "version"} restarts vLLM on that directory; `GET /status` says where it is."""
     setup_logging()
     from trainer.vllm_server import (
+        UNRESTORED_VERSION,
+        ModelDirError,
         VllmLauncher,
         VllmServerProcess,
         VllmSettings,
+        check_model_dir,
         create_launcher_app,
         read_launcher_state,
         vllm_python,
@@ -70,8 +73,18 @@ def vllm_server(
     state_file = state_file or home / f"vllm-server-{port}.json"
     recorded = read_launcher_state(state_file)
     if recorded is not None:
-        model_dir, version = recorded
-        typer.echo(f"restoring the last load: {model_dir} as version {version}")
+        try:
+            model_dir, version = check_model_dir(recorded[0]), recorded[1]
+            typer.echo(f"restoring the last load: {model_dir} as version {version}")
+        except ModelDirError as err:
+            # The model dir's weights, under a version no run has: the gateway records
+            # nothing from this server until a weight sync loads the run's weights.
+            version = UNRESTORED_VERSION
+            typer.echo(
+                f"cannot restore the last load ({err}): serving {model_dir} as version "
+                f"{version} until a weight sync",
+                err=True,
+            )
 
     settings = VllmSettings(
         python=python or vllm_python(),

@@ -119,37 +119,45 @@ class AgentService(ABC):
         self.journal = (
             AttemptJournal(state_dir / "attempts.sqlite", remembered) if state_dir else None
         )
-        if self.journal is None:
-            log.warning(
-                "%s keeps its attempts in memory only (no state dir): after a restart it "
-                "cannot tell an attempt it lost from a new one",
-                type(self).__name__,
-            )
+        self._warned = False
 
     async def handle(self, request: RolloutRequest, key: str) -> Reply:
         run = self.runs.get(key)
         if run is None:
-            known = await self._known(key)
-            if isinstance(known, Reply):
-                return known
-            if known is True:
-                return Reply(
-                    LOST,
-                    {
-                        "detail": f"attempt {key} was running when this agent service stopped; "
-                        "it will not run it again"
-                    },
-                )
-            if self.journal is not None:
-                await asyncio.to_thread(self.journal.accept, key)
-            self.started += 1
-            run = self.runs[key] = asyncio.create_task(self._run(request, key))
+            # Registered before any await: a second POST of the key finds this run.
+            run = self.runs[key] = asyncio.create_task(self._attempt(request, key))
             while len(self.runs) > self.remembered:
                 self.runs.popitem(last=False)
         return await asyncio.shield(run)
 
+    async def _attempt(self, request: RolloutRequest, key: str) -> Reply:
+        """The attempt's reply: the journal's if this service already answered it (before a
+        restart), 410 if it accepted it and then lost it, else a run of the agent."""
+        known = await self._known(key)
+        if isinstance(known, Reply):
+            return known
+        if known is True:
+            return Reply(
+                LOST,
+                {
+                    "detail": f"attempt {key} was running when this agent service stopped; "
+                    "it will not run it again"
+                },
+            )
+        if self.journal is not None:
+            await asyncio.to_thread(self.journal.accept, key)
+        self.started += 1
+        return await self._run(request, key)
+
     async def _known(self, key: str) -> Reply | bool | None:
         if self.journal is None:
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "%s keeps its attempts in memory only (no state dir): after a restart it "
+                    "cannot tell an attempt it lost from a new one",
+                    type(self).__name__,
+                )
             return None
         return await asyncio.to_thread(self.journal.get, key)
 

@@ -203,8 +203,10 @@ class DirectoryTrajectoryStore:
         return self.root / rollout_id / f"attempt-{attempt}.delivered"
 
     async def record_incident(self, rollout_id: str, attempt: int, what: str) -> None:
+        path = self.root / rollout_id / f"attempt-{attempt}.incidents"
         line = json.dumps({"at": time.time(), "what": what}) + "\n"
-        self._write(self.root / rollout_id / f"attempt-{attempt}.incidents", line.encode())
+        # After a torn last line (a crash mid-write), start on a line of its own.
+        self._write(path, (b"\n" if _ends_torn(path) else b"") + line.encode())
 
     async def incidents(self, rollout_id: str, attempt: int) -> list[str]:
         path = self.root / rollout_id / f"attempt-{attempt}.incidents"
@@ -214,6 +216,8 @@ class DirectoryTrajectoryStore:
             return []
         found = []
         for line in lines:
+            if not line.strip():
+                continue
             try:
                 found.append(str(json.loads(line)["what"]))
             except (ValueError, KeyError):
@@ -361,6 +365,16 @@ class DirectoryTrajectoryStore:
                 os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _ends_torn(path: Path) -> bool:
+    """Whether the file's last line has no newline (an append cut short)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except (FileNotFoundError, OSError):
+        return False
 
 
 def _without_prompt_ids(endpoint: Endpoint, response: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from trainer.generation import (
@@ -73,14 +74,27 @@ def _read_checkpoint(path: Path) -> dict[str, Any]:
     file = path / "model.safetensors" if path.is_dir() else path
     if not file.is_file():
         raise BadRequest(f"no checkpoint at {path}")
-    return load_file(file)
+    try:
+        return load_file(file)
+    except SafetensorError as err:
+        raise BadRequest(f"{file} is not a safetensors checkpoint: {err}") from err
 
 
 def _load_into(model: Any, state: dict[str, Any]) -> None:
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    """Load a checkpoint's tensors, all or none: one that does not fit the model raises
+    BadRequest before any weight changes (a half-loaded model would serve under the old
+    version's name)."""
+    own = model.state_dict()
     # Tied embeddings: a saved checkpoint has no separate lm_head.
-    if unexpected or set(missing) - {"lm_head.weight"}:
-        raise ValueError(f"checkpoint does not fit: missing {missing}, unexpected {unexpected}")
+    missing = sorted(set(own) - set(state) - {"lm_head.weight"})
+    unexpected = sorted(set(state) - set(own))
+    misshapen = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
+    if missing or unexpected or misshapen:
+        raise BadRequest(
+            f"checkpoint does not fit the model: missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}, other shapes {misshapen[:5]}"
+        )
+    model.load_state_dict(state, strict=False)
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -161,7 +175,7 @@ class PolicyServer:
         path, version = Path(record["path"]), int(record["version"])
         try:
             _load_into(model, _read_checkpoint(path))
-        except (BadRequest, ValueError, RuntimeError) as err:
+        except (BadRequest, OSError) as err:
             # Serving the model dir's weights is safe as long as they are not called
             # `version`: under a version no run has, the gateway records nothing from this
             # server until a weight sync loads the run's weights.

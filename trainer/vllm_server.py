@@ -41,6 +41,8 @@ DEFAULT_VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin"
 SERVED_MODEL_NAME = "darl-tiny"
 
 _PR_SET_PDEATHSIG = 1
+# The version of weights that are no run's: a launcher whose recorded load is gone.
+UNRESTORED_VERSION = -1
 
 
 async def label_weight_version(client: httpx.AsyncClient, url: str, version: int) -> None:

@@ -33,21 +33,25 @@ class DigitsAgent(AgentService):
         prompt = request.task.get("prompt")
         if not isinstance(prompt, str):
             raise HTTPException(422, detail="the task has no string 'prompt'")
-        response = await self.client.post(
-            f"{request.openai_base_url}/completions",
-            headers={"Authorization": f"Bearer {request.api_key}"},
-            json={
-                "model": "policy",
-                "prompt": prompt,
-                "max_tokens": int(request.task.get("max_tokens", MAX_TOKENS)),
-            },
-        )
+        # The agent fails (500) if the gateway fails it; whether DARL caused that, DARL knows
+        # (it records its own 5xx answers and outages) and then retries the attempt.
+        try:
+            response = await self.client.post(
+                f"{request.openai_base_url}/completions",
+                headers={"Authorization": f"Bearer {request.api_key}"},
+                json={
+                    "model": "policy",
+                    "prompt": prompt,
+                    "max_tokens": int(request.task.get("max_tokens", MAX_TOKENS)),
+                },
+            )
+        except httpx.TransportError as err:
+            raise HTTPException(500, detail=f"gateway unreachable: {err!r}") from err
         if response.status_code >= 400:
-            # The agent fails (500); whether DARL's gateway caused it, DARL knows (it records
-            # its own 5xx answers and outages) and then retries the attempt.
             raise HTTPException(500, detail=f"gateway answered {response.status_code}")
         text = response.json()["choices"][0]["text"]
-        return {"answer": text}
+        # Which recorded call gave the answer (the gateway's call id): what the agent saw.
+        return {"answer": text, "metadata": {"call_id": response.headers.get("x-darl-call-id")}}
 
 
 def create_service_app(agent: DigitsAgent | None = None) -> FastAPI:

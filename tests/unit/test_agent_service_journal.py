@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -140,11 +141,6 @@ async def test_an_attempt_posted_again_while_it_runs_gets_the_same_run(tmp_path:
     assert a.json() == b.json() == {"answer": "2+2 by run 1", "reward": 1.0}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: with a journal, two POSTs of one key that arrive together both miss "
-    "`runs` while the first is in its journal thread hop (examples/agent_service.py handle)",
-)
 async def test_attempts_posted_twice_at_once_get_one_run_each(tmp_path: Path) -> None:
     service = CountingService(tmp_path / "state")
     keys = [f"r{i}/1" for i in range(8)]
@@ -322,3 +318,13 @@ async def test_the_runner_retries_when_the_service_is_unavailable(tmp_path: Path
     assert unreachable.value.type == "AgentServiceUnavailable"
     assert not unreachable.value.non_retryable
     assert "503" in str(unreachable.value)
+
+
+async def test_the_runner_retries_when_no_service_listens() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # free once closed: nothing listens there
+    with pytest.raises(ApplicationError) as unreachable:
+        await run_attempt(f"http://127.0.0.1:{port}")
+    assert unreachable.value.type == "AgentServiceUnavailable"
+    assert not unreachable.value.non_retryable

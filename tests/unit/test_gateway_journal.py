@@ -65,6 +65,16 @@ def test_a_start_after_a_stop_records_the_outage_since_it_stopped(tmp_path: Path
     assert "was stopped" in outage.describe()
 
 
+def test_a_gateway_killed_right_after_it_started_was_down_since_that_start(
+    tmp_path: Path,
+) -> None:
+    GatewayJournal(tmp_path).came_up(100.0)
+    GatewayJournal(tmp_path).went_down(110.0)
+    GatewayJournal(tmp_path).came_up(120.0)  # then SIGKILLed before its first alive tick
+    outage = GatewayJournal(tmp_path).came_up(130.0)
+    assert outage == Outage("gateway", since=120.0, until=130.0, killed=True)
+
+
 def test_outages_persist_for_every_later_journal(tmp_path: Path) -> None:
     GatewayJournal(tmp_path).came_up(100.0)
     GatewayJournal(tmp_path).alive(110.0)
@@ -138,6 +148,17 @@ async def test_incidents_are_kept_per_attempt_in_order_and_a_torn_line_is_ignore
     assert await later.incidents("r1", 1) == ["503 upstream_stale", "500 capture failed"]
     assert await later.incidents("r1", 2) == ["502 upstream down"]
     assert await later.incidents("r2", 1) == []
+
+
+async def test_an_incident_recorded_after_a_torn_line_is_kept(tmp_path: Path) -> None:
+    await DirectoryTrajectoryStore(tmp_path).record_incident("r1", 1, "503 upstream_stale")
+    with (tmp_path / "r1" / "attempt-1.incidents").open("a") as f:
+        f.write('{"at": 1.0, "what": "half a li')  # the gateway died mid-write
+    await DirectoryTrajectoryStore(tmp_path).record_incident("r1", 1, "502 upstream down")
+    assert await DirectoryTrajectoryStore(tmp_path).incidents("r1", 1) == [
+        "503 upstream_stale",
+        "502 upstream down",
+    ]
 
 
 async def test_a_closed_attempt_stays_closed_for_a_later_store(tmp_path: Path) -> None:

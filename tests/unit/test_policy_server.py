@@ -417,14 +417,34 @@ async def test_a_restarted_server_serves_the_weights_and_version_its_state_file_
     assert answer.json()["choices"][0]["token_ids"] == before["choices"][0]["token_ids"]
 
 
-@pytest.mark.parametrize("checkpoint", ["deleted", "misfit"])
+def unfit_checkpoint(model_dir: Path, path: Path, how: str) -> None:
+    """A checkpoint at `path` that cannot be loaded: `deleted` (nothing there), `misfit` (no
+    tensor of the model), `partial` (the model's tensors, changed, and one more), `corrupt`
+    (a torn safetensors file)."""
+    if how == "deleted":
+        return
+    path.mkdir()
+    if how == "misfit":
+        save_file({"not.a.layer": torch.zeros(2)}, path / "model.safetensors")
+    elif how == "partial":
+        own = load_file(model_dir / "model.safetensors")
+        save_file(
+            {**{k: v + 1.0 for k, v in own.items()}, "extra.weight": torch.zeros(1)},
+            path / "model.safetensors",
+        )
+    else:
+        (path / "model.safetensors").write_bytes(b"\x10\0\0\0\0\0\0\0" + b'{"a":')
+
+
+@pytest.mark.parametrize(
+    "checkpoint",
+    ["deleted", "misfit", "partial", "corrupt"],
+)
 async def test_a_state_file_naming_an_unloadable_checkpoint_starts_unrestored(
     model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, checkpoint: str
 ) -> None:
     path = tmp_path / "ckpt"
-    if checkpoint == "misfit":
-        path.mkdir()
-        save_file({"not.a.layer": torch.zeros(2)}, path / "model.safetensors")
+    unfit_checkpoint(model_dir, path, checkpoint)
     state_file = tmp_path / "policy.json"
     state_file.write_text(json.dumps({"path": str(path), "version": 9}))
     with caplog.at_level(logging.ERROR, logger="trainer.policy_server"):
@@ -440,3 +460,15 @@ async def test_a_state_file_naming_an_unloadable_checkpoint_starts_unrestored(
         assert unrestored.headers[VERSION_HEADER] == "-1"
         await reload(http, tmp_path / "v10", 10)  # the next weight sync loads the run's weights
     assert json.loads(state_file.read_text())["version"] == 10
+
+
+async def test_a_reload_that_does_not_fit_changes_neither_the_weights_nor_the_version(
+    http: httpx.AsyncClient, server: PolicyServer, model_dir: Path, tmp_path: Path
+) -> None:
+    unfit_checkpoint(model_dir, tmp_path / "partial", "partial")
+    refused = await http.post(
+        "/reload_weights", json={"path": str(tmp_path / "partial"), "version": 3}
+    )
+    assert (await http.get("/version")).json()["policy_version"] == 0
+    assert same_weights(server.engine.model, load_file(model_dir / "model.safetensors"))
+    assert refused.status_code == 400
