@@ -10,7 +10,7 @@ VLLM_VENV := .venv-vllm
 VLLM_VERSION := 0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_VERSION)
 
-.PHONY: demo test lint format bench bench-training dev vllm clean
+.PHONY: demo test lint format bench bench-training chaos dev vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ bench: $(STAMP)
 
 bench-training: $(STAMP)
 	$(BIN)/python -m bench.training_bench
+
+# The full chaos matrix: a training run per kill, each checked from outside DARL, as a table.
+chaos: $(STAMP)
+	$(BIN)/python -m tests.chaos.matrix
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

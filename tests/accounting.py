@@ -7,13 +7,5 @@ from workflows.training_contracts import Counters
 
 
 def assert_accounted(c: Counters, inflight: int = 0) -> None:
-    ended = (
-        c.rollouts_trained
-        + c.rollouts_in_dropped_groups
-        + c.rollouts_failed
-        + c.rollouts_cancelled
-        + c.rollouts_validated
-        + c.rollouts_left_over
-    )
-    assert ended + inflight == c.rollouts_started, c
+    assert c.ended() + inflight == c.rollouts_started, c
     assert c.unknown_reports == 0, c

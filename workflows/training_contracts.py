@@ -260,6 +260,17 @@ class Counters(State):
     unknown_reports: int = 0
     reconciled_rollouts: int = 0
 
+    def ended(self) -> int:
+        """Rollouts whose end is counted; equals `rollouts_started` once nothing is out."""
+        return (
+            self.rollouts_trained
+            + self.rollouts_in_dropped_groups
+            + self.rollouts_failed
+            + self.rollouts_cancelled
+            + self.rollouts_validated
+            + self.rollouts_left_over
+        )
+
 
 class StepRecord(Contract):
     """One training step as the `metrics` query and `metrics.jsonl` show it."""

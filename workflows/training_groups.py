@@ -223,15 +223,7 @@ class GroupBook:
 
     def accounted(self) -> int:
         """Rollouts whose end is counted; equals `rollouts_started` once nothing is out."""
-        c = self.state.counters
-        return (
-            c.rollouts_trained
-            + c.rollouts_in_dropped_groups
-            + c.rollouts_failed
-            + c.rollouts_cancelled
-            + c.rollouts_validated
-            + c.rollouts_left_over
-        )
+        return self.state.counters.ended()
 
     # --- validation -----------------------------------------------------------------------
 

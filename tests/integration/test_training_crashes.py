@@ -5,7 +5,6 @@ server killed mid-run and restarted on its database lets the run finish where it
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,9 +12,8 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from deploy.devstack import connect_when_ready, register_search_attributes, wait_for_port
-from deploy.processes import ManagedProcess
-from tests.conftest import BIN
+from deploy.devstack import connect_when_ready, register_search_attributes
+from tests.integration.dev_server import DevServer
 from tests.integration.stack import Stack
 from tests.integration.training_stack import (
     activity_attempts,
@@ -26,8 +24,7 @@ from tests.integration.training_stack import (
     training_result,
     wait_for_progress,
 )
-from workflows import search_attributes as sa
-from workflows.temporal_connection import TemporalSettings, connect
+from workflows.temporal_connection import connect
 from workflows.training_contracts import TrainingPhase, TrainingSummary
 from workflows.training_workflow import TRAIN_STEP
 
@@ -71,56 +68,6 @@ async def test_a_trainer_killed_in_train_step_loses_and_repeats_no_step(
 
 
 # --- a Temporal dev server of the test's own, killed and restarted on its database ---------
-
-
-def free_port() -> int:
-    # The dev server must come back on the same port, so the test picks it (a small race
-    # with other programs binding ports, acceptable on a test machine).
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class DevServer:
-    """`temporal server start-dev` on a SQLite file (WAL, as the dev stack runs it)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port = free_port()
-        self.settings = TemporalSettings(address=f"127.0.0.1:{self.port}")
-        self.process: ManagedProcess | None = None
-
-    def start(self) -> None:
-        argv = [
-            str(BIN / "temporal"),
-            "server",
-            "start-dev",
-            "--ip",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--db-filename",
-            str(self.root / "temporal.db"),
-            "--sqlite-pragma",
-            "journal_mode=wal",
-            "--sqlite-pragma",
-            "synchronous=normal",
-            "--log-level",
-            "warn",
-            "--headless",
-            *sa.dev_server_flags(),
-        ]
-        self.process = ManagedProcess("temporal", argv, self.root / "logs" / "temporal.log")
-        self.process.start()
-        wait_for_port("127.0.0.1", self.port, 60, self.process)
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
 
 
 @pytest.fixture

@@ -1,0 +1,377 @@
+"""The chaos harness: a real training run of the digits model with every component its own
+process (a Temporal dev server on its database, the policy server, the gateway, a rollout
+worker, the agent service or local-process agents, the trainer worker), SIGKILLed and
+restarted one at a time at chosen moments, then checked from outside DARL's own accounting:
+
+- the run completed, its checkpoints are contiguous, AdamW's update counts exact;
+- each RolloutWorkflow ran once (one execution per workflow id, from Temporal's visibility);
+- no rollout failed (the digits agent never fails on its own: any failure is a kill's);
+- every stored call's version is the one the policy server that answered had loaded (its own
+  log of every answer, by call id), and its tokens are that answer's;
+- no trained call came from weights more than `max_staleness` versions before its step
+  (the steps' inputs, read from the TrainingWorkflow's history);
+- each attempt was one agent run, and every answer an agent received (its own log) is in the
+  store, and, for a trained rollout, is its trajectory.
+
+`stall` is the longest stretch in the minute after a kill with no rollout ending, by the
+`status` query (a query that fails while the trainer or Temporal is down counts as none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError
+
+from deploy.devstack import connect_when_ready, register_search_attributes
+from gateway.store import CallRecord, DirectoryTrajectoryStore
+from tests.chaos import RUNS_LOG
+from tests.chaos.checks import (
+    ChaosReport,
+    Kill,
+    KillOutcome,
+    check_agents,
+    check_staleness,
+    check_versions,
+)
+from tests.chaos.sync_delay import SyncDelay
+from tests.integration.dev_server import DevServer
+from tests.integration.stack import Stack
+from tests.integration.training_stack import (
+    check_finished_run,
+    start_training,
+    training_config,
+)
+from tests.serving import served
+from workflows import search_attributes as sa
+from workflows.contracts import LocalAgentSpec
+from workflows.temporal_connection import DATA_CONVERTER
+from workflows.training_contracts import (
+    TrainingConfig,
+    TrainingPhase,
+    TrainingProgress,
+    TrainingSummary,
+    TrainStepRequest,
+)
+from workflows.training_workflow import TRAIN_STEP
+
+log = logging.getLogger(__name__)
+
+LOCAL_AGENT = str(Path(__file__).resolve().parent / "local_agent.py")
+AGENT_SERVICE = "tests.chaos.agents:app"
+FAILED = ("failed_agent", "failed_infra", "timed_out")
+
+# Components, as the table names them.
+ROLLOUT_WORKER = "rollout worker"
+TRAINER = "trainer worker"
+GATEWAY = "gateway"
+POLICY = "policy server"
+AGENT_SERVICE_NAME = "agent service"
+TEMPORAL = "Temporal dev server"
+
+# Moments.
+ROLLING_OUT = "while rolling out"
+IN_TRAIN_STEP = "inside train_step"
+IN_SYNC = "inside sync_weights"
+PAUSED_FOR_SYNC = "paused for a sync"
+
+
+class ChaosRun:
+    """One training run under a list of kills. `agent`: "http" (the digits agent service) or
+    "local" (a process per attempt)."""
+
+    def __init__(self, root: Path, kills: list[Kill], steps: int, agent: str = "http") -> None:
+        self.root = root
+        self.kills = kills
+        self.steps = steps
+        self.agent = agent
+        self.run_id = f"chaos-{agent}-{uuid.uuid4().hex[:6]}"
+        self.server = DevServer(root)
+        self.samples: list[tuple[float, TrainingProgress]] = []
+        self.client: Client | None = None
+        self.stack: Stack | None = None
+        self.sync_delay: SyncDelay | None = None
+
+    # --- the run ----------------------------------------------------------------------------
+
+    async def run(self, timeout: float = 900) -> ChaosReport:
+        self.server.start()
+        await register_search_attributes(self.server.settings)
+        self.client = await connect_when_ready(self.server.settings)
+        self.stack = stack = Stack(self.root / "stack", self.client)
+        stack.model = "digits"
+        try:
+            await asyncio.to_thread(self._start_stack)
+            self.sync_delay = SyncDelay(stack.policy_url)
+            async with served(self.sync_delay.app(), self.root, "sync-delay") as delay_url:
+                config = self._config(delay_url)
+                return await asyncio.wait_for(self._train(config), timeout)
+        finally:
+            await asyncio.to_thread(stack.stop)
+            self.server.stop()
+
+    def _start_stack(self) -> None:
+        stack = self.stack
+        assert stack is not None
+        stack.start()
+        if self.agent == "http":
+            stack.start_agent_service(AGENT_SERVICE)
+        stack.start_trainer_worker("trainer")
+
+    def _config(self, delay_url: str) -> TrainingConfig:
+        stack = self.stack
+        assert stack is not None
+        config = training_config(
+            stack,
+            self.run_id,
+            self.steps,
+            mode="async",
+            knobs={"max_inflight": 32, "max_staleness": 1},
+            # All-equal groups train too: a model that learns fast must not starve the run.
+            equal_reward_groups="train",
+            # A worker killed under an agent is noticed in 3 s, a trainer in 6 s.
+            train_heartbeat_seconds=6,
+            # Steps long enough to aim a kill inside one (~1-2 s), learning slowly.
+            backend_settings={"ppo_epochs": 60, "lr": 1e-4},
+            continue_as_new_after_events=100_000,
+        )
+        data = config.model_dump(mode="json")
+        data["rollout"]["timeouts"] |= {"heartbeat_seconds": 3, "retry_backoff_seconds": 1}
+        if self.agent == "local":
+            log = str(self.root / RUNS_LOG)
+            data["rollout"]["agent"] = LocalAgentSpec(
+                command=["{python}", LOCAL_AGENT], env={"CHAOS_AGENT_LOG": log}
+            ).model_dump(mode="json")
+        # The trainer loads weights through the fault injector; the gateway reaches the
+        # policy server directly (its --upstream).
+        data["weight_sync"] |= {"policy_servers": [delay_url], "register_upstreams": False}
+        return TrainingConfig.model_validate(data)
+
+    async def _train(self, config: TrainingConfig) -> ChaosReport:
+        assert self.client is not None and self.stack is not None
+        started = time.monotonic()
+        handle = await start_training(self.client, config, self.stack.trainer_queue)
+        watching = asyncio.create_task(self._watch(handle))
+        outcomes = []
+        try:
+            for kill in self.kills:
+                outcomes.append(await self._strike(handle, kill))
+            summary = await self._result(handle)
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+        wall = time.monotonic() - started
+        for outcome in outcomes:
+            outcome.stall = self._stall(outcome)
+        report = ChaosReport(self.run_id, self.agent, wall, outcomes)
+        await self._check(report, config, summary)
+        return report
+
+    async def _result(self, handle: WorkflowHandle) -> TrainingSummary:
+        """The run's summary, asking again across a Temporal restart."""
+        while True:
+            try:
+                return await self._current(handle).result()
+            except RPCError:
+                await asyncio.sleep(0.5)
+
+    def _current(self, handle: WorkflowHandle) -> WorkflowHandle:
+        assert self.client is not None
+        return self.client.get_workflow_handle(handle.id, result_type=TrainingSummary)
+
+    async def _watch(self, handle: WorkflowHandle) -> None:
+        """Sample the run's progress (a query fails while the trainer or Temporal is down)."""
+        while True:
+            with contextlib.suppress(RPCError):
+                progress = await self._current(handle).query(
+                    "status", result_type=TrainingProgress, rpc_timeout=timedelta(seconds=2)
+                )
+                self.samples.append((time.monotonic(), progress))
+            await asyncio.sleep(0.1)
+
+    def _latest(self) -> TrainingProgress | None:
+        return self.samples[-1][1] if self.samples else None
+
+    async def _until(self, condition: Callable[[TrainingProgress], bool], what: str) -> None:
+        try:
+            async with asyncio.timeout(300):
+                while True:
+                    latest = self._latest()
+                    if latest is not None and condition(latest):
+                        return
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            seen = self.samples[-1] if self.samples else None
+            age = f"{time.monotonic() - seen[0]:.0f}s ago" if seen else "never"
+            raise AssertionError(
+                f"{self.run_id}: waited 300 s for {what}; last progress ({age}): "
+                f"{seen[1] if seen else None}"
+            ) from None
+
+    # --- kills ------------------------------------------------------------------------------
+
+    async def _strike(self, handle: WorkflowHandle, kill: Kill) -> KillOutcome:
+        def from_step(p: TrainingProgress) -> bool:
+            return p.step >= kill.from_step
+
+        if kill.when == ROLLING_OUT:
+            await self._until(
+                lambda p: (
+                    from_step(p)
+                    and p.phase == TrainingPhase.ROLLING_OUT
+                    and p.inflight_rollouts >= 8
+                ),
+                "rollouts in flight",
+            )
+        elif kill.when == IN_TRAIN_STEP:
+            await self._until(
+                lambda p: p.step >= kill.from_step - 1 and p.phase == TrainingPhase.TRAINING,
+                "a step training",
+            )
+        else:  # a sync, held by the fault injector
+            assert self.sync_delay is not None
+            await self._until(lambda p: p.step >= kill.from_step - 1, "the step before")
+            self.sync_delay.arm()
+            async with asyncio.timeout(300):
+                await self.sync_delay.holding.wait()
+        latest = self._latest()
+        at_step = latest.step if latest else 0
+        log.info(
+            "%s: killing the %s %s at step %d", self.run_id, kill.component, kill.when, at_step
+        )
+        killed = time.monotonic()
+        await self._kill_and_restart(kill.component)
+        return KillOutcome(kill, at_step, killed, back_after=time.monotonic() - killed)
+
+    async def _kill_and_restart(self, component: str) -> None:
+        stack = self.stack
+        assert stack is not None
+        restarts: dict[str, Callable[[], Awaitable[None]]] = {
+            ROLLOUT_WORKER: lambda: self._restart_process("worker", stack.start_worker),
+            TRAINER: lambda: self._restart_process(
+                "trainer", lambda: stack.start_trainer_worker("trainer")
+            ),
+            GATEWAY: lambda: asyncio.to_thread(stack.restart_gateway, 1.0, True),
+            POLICY: lambda: asyncio.to_thread(stack.restart_policy_server, True),
+            AGENT_SERVICE_NAME: lambda: asyncio.to_thread(stack.restart_agent_service),
+            TEMPORAL: self._restart_temporal,
+        }
+        await restarts[component]()
+
+    async def _restart_process(self, name: str, start: Callable[[], None]) -> None:
+        stack = self.stack
+        assert stack is not None
+        stack.processes.pop(name).kill()
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(start)
+
+    async def _restart_temporal(self) -> None:
+        self.server.kill()
+        await asyncio.sleep(2.0)
+        self.server.start()
+        self.client = await connect_when_ready(self.server.settings)
+
+    def _stall(self, outcome: KillOutcome) -> float | None:
+        """The longest stretch in the minute after the kill with no rollout ending (a query
+        that fails, the trainer or Temporal being down, counts as no progress)."""
+        killed = outcome.killed_at
+        window = [
+            (t, p.counters.ended()) for t, p in self.samples if killed - 5 <= t <= killed + 60
+        ]
+        before = [(t, n) for t, n in window if t <= killed]
+        if not before:
+            return None
+        longest, since, count = 0.0, killed, before[-1][1]
+        for t, n in window:
+            if t > killed and n > count:
+                longest = max(longest, t - since)
+                since, count = t, n
+        return longest
+
+    # --- checks, from outside DARL's accounting ---------------------------------------------
+
+    async def _check(
+        self, report: ChaosReport, config: TrainingConfig, summary: TrainingSummary
+    ) -> None:
+        assert self.client is not None and self.stack is not None
+        try:
+            check_finished_run(summary, config)
+        except AssertionError as err:
+            report.problems.append(f"the run did not finish whole: {err}")
+        if summary.counters.rollouts_failed:
+            report.problems.append(f"the run counted {summary.counters.rollouts_failed} failed")
+        await self._check_executions(report)
+        records = self._records()
+        check_versions(report, records, self.stack.policy_responses())
+        steps = await self._train_steps()
+        check_staleness(report, records, steps, config.knobs.max_staleness)
+        check_agents(report, self.run_id, records, steps, self._agent_log())
+
+    async def _check_executions(self, report: ChaosReport) -> None:
+        assert self.client is not None
+        query = f'DarlRun = "{self.run_id}" AND WorkflowType = "RolloutWorkflow"'
+        # The rollouts the run cancelled at its end report before they close: let them close.
+        deadline = time.monotonic() + 60
+        while True:
+            executions = [e async for e in self.client.list_workflows(query)]
+            if time.monotonic() > deadline or all(
+                e.status and e.status.name != "RUNNING" for e in executions
+            ):
+                break
+            await asyncio.sleep(0.5)
+        per_id = collections.Counter(e.id for e in executions)
+        report.rollouts = len(per_id)
+        report.twin_executions = sum(n - 1 for n in per_id.values())
+        statuses = collections.Counter(e.typed_search_attributes.get(sa.STATUS) for e in executions)
+        report.rollouts_failed = sum(statuses[s] for s in FAILED)
+        running = [e.id for e in executions if e.status and e.status.name == "RUNNING"]
+        if running:
+            report.problems.append(f"{len(running)} rollouts still running after the run")
+
+    def _records(self) -> dict[str, CallRecord]:
+        assert self.stack is not None
+        store = DirectoryTrajectoryStore(self.stack.store_dir)
+        records = {}
+        for folder in self.stack.store_dir.iterdir():
+            if folder.name.startswith(self.run_id):
+                for record in store.read_sync(folder.name):
+                    records[record.call_id] = record
+        return records
+
+    async def _train_steps(self) -> dict[int, TrainStepRequest]:
+        """Each step's trained rollouts, as the TrainingWorkflow asked train_step for them."""
+        assert self.client is not None
+        handle = self.client.get_workflow_handle(f"train/{self.run_id}")
+        steps: dict[int, TrainStepRequest] = {}
+        converter = DATA_CONVERTER.payload_converter
+        async for event in handle.fetch_history_events():
+            if not event.HasField("activity_task_scheduled_event_attributes"):
+                continue
+            attributes = event.activity_task_scheduled_event_attributes
+            if attributes.activity_type.name == TRAIN_STEP:
+                [request] = converter.from_payloads(attributes.input.payloads, [TrainStepRequest])
+                steps[request.step] = request
+        return steps
+
+    def _agent_log(self) -> list[dict[str, Any]]:
+        assert self.stack is not None
+        path = (
+            self.root / RUNS_LOG
+            if self.agent == "local"
+            else self.stack.root / "agent-service" / RUNS_LOG
+        )
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,111 @@
+"""The chaos checks find what they must find: fed a run's leftovers with one defect planted
+each (a call labelled with the wrong version, a call the policy server never answered, a
+stale trained call, a twin agent run, an answer the store lacks, a trajectory that is not
+what its agent received), each check counts it, and counts nothing in the clean case."""
+
+from __future__ import annotations
+
+from gateway.store import CallRecord
+from tests.chaos.checks import ChaosReport, check_agents, check_staleness, check_versions
+from workflows.training_contracts import TrainGroup, TrainMember, TrainStepRequest
+
+RUN = "chaos-test"
+
+
+def record(call_id: str, version: int, tokens: list[int], attempt: int = 1) -> CallRecord:
+    return CallRecord(
+        call_id=call_id,
+        rollout_id=f"{RUN}.e0.t0.0",
+        attempt=attempt,
+        sequence=0,
+        endpoint="completions",
+        upstream="http://policy",
+        policy_version=version,
+        created_at=0.0,
+        latency_ms=1.0,
+        retry_count=0,
+        streamed=False,
+        request={"prompt": "1="},
+        response={"choices": [{"text": "1", "token_ids": tokens, "prompt_token_ids": [3]}]},
+        prompt_token_ids=[3],
+    )
+
+
+def report() -> ChaosReport:
+    return ChaosReport(RUN, "http", 0.0, [])
+
+
+def step(number: int, call_ids: list[str], attempt: int = 1) -> TrainStepRequest:
+    member = TrainMember(
+        rollout_id=f"{RUN}.e0.t0.0", attempt=attempt, call_ids=call_ids, reward=1.0
+    )
+    return TrainStepRequest(
+        run_id=RUN,
+        run_dir=None,
+        step=number,
+        backend={"model_dir": "m"},
+        aggregation={},
+        groups=[TrainGroup(group_id="g", members=[member])],
+    )
+
+
+def test_versions_are_checked_against_what_the_policy_server_answered() -> None:
+    records = {"a": record("a", 2, [5]), "b": record("b", 3, [6]), "c": record("c", 3, [7])}
+    log = [
+        {"call_id": "a", "policy_version": 0, "token_ids": [[9]]},  # thrown away, then
+        {"call_id": "a", "policy_version": 2, "token_ids": [[5]]},  # the recorded answer
+        {"call_id": "b", "policy_version": 2, "token_ids": [[6]]},  # labelled 3: wrong
+        {"call_id": None, "policy_version": 3, "token_ids": [[1]]},
+    ]
+    found = report()
+    check_versions(found, records, log)
+    assert (found.calls, found.mislabelled_calls, found.unproven_calls) == (3, 1, 1)
+    clean = report()
+    check_versions(clean, {"a": records["a"]}, log)
+    assert (clean.mislabelled_calls, clean.unproven_calls) == (0, 0)
+
+
+def test_a_trained_call_older_than_max_staleness_is_counted() -> None:
+    records = {"old": record("old", 1, [5]), "ok": record("ok", 3, [6])}
+    found = report()
+    # Step 4 trains with policy 3 serving: version 1 is 2 behind, version 3 is current.
+    check_staleness(found, records, {4: step(4, ["old", "ok"])}, max_staleness=1)
+    assert found.stale_trained_calls == 1
+    lenient = report()
+    check_staleness(lenient, records, {4: step(4, ["old", "ok"])}, max_staleness=2)
+    assert lenient.stale_trained_calls == 0
+
+
+def agent_log(*runs: tuple[str, int, list[str]]) -> list[dict]:
+    lines: list[dict] = []
+    for run, attempt, call_ids in runs:
+        lines.append({"run": run, "rollout_id": f"{RUN}.e0.t0.0", "attempt": attempt})
+        lines += [{"run": run, "call_id": c} for c in call_ids]
+    return lines
+
+
+def test_the_agents_own_account_catches_twins_and_lost_answers() -> None:
+    records = {"a": record("a", 0, [5]), "b": record("b", 0, [6], attempt=2)}
+    steps = {1: step(1, ["b"], attempt=2)}
+    clean = report()
+    check_agents(clean, RUN, records, steps, agent_log(("r1", 1, ["a"]), ("r2", 2, ["b"])))
+    assert (clean.twin_agent_runs, clean.answers_not_stored, clean.answers_not_in_result) == (
+        0,
+        0,
+        0,
+    )
+    assert clean.extra_attempts == 1
+
+    twin = report()  # attempt 2 ran twice: its trajectory is not one run's
+    check_agents(
+        twin, RUN, records, steps, agent_log(("r1", 1, ["a"]), ("r2", 2, ["b"]), ("r3", 2, []))
+    )
+    assert twin.twin_agent_runs == 1 and twin.answers_not_in_result == 1
+
+    lost = report()  # an answer the agent got that the store does not have
+    check_agents(lost, RUN, records, steps, agent_log(("r1", 1, ["a", "x"]), ("r2", 2, ["b"])))
+    assert lost.answers_not_stored == 1
+
+    short = report()  # the trajectory trained is not what the agent received
+    check_agents(short, RUN, records, steps, agent_log(("r2", 2, ["b", "a"])))
+    assert short.answers_not_in_result == 1
