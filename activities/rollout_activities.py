@@ -208,9 +208,11 @@ class RolloutActivities:
         try:
             agent_exit = await runner.wait(request, contract, activity.heartbeat)
         except asyncio.CancelledError:
-            if activity.is_worker_shutdown():
-                # The worker is stopping, not the rollout: leave the agent running for the
-                # retry on another worker to re-attach to.
+            details = activity.cancellation_details()
+            if activity.is_worker_shutdown() or details is None or not details.cancel_requested:
+                # The worker is stopping, or the server gave up on this try (its heartbeat
+                # timed out while Temporal was unreachable): not the rollout. Leave the agent
+                # running and its attempt open for the retry to re-attach to.
                 raise
             # Killing can take the kill grace and closing a retry or two: keep heartbeating, or
             # the server would time the activity out before the agent is really gone.

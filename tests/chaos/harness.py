@@ -55,7 +55,7 @@ from tests.integration.training_stack import (
 )
 from tests.serving import served
 from workflows import search_attributes as sa
-from workflows.contracts import LocalAgentSpec
+from workflows.contracts import LocalAgentSpec, RolloutResult
 from workflows.temporal_connection import DATA_CONVERTER
 from workflows.training_contracts import (
     TrainingConfig,
@@ -336,6 +336,14 @@ class ChaosRun:
         report.twin_executions = sum(n - 1 for n in per_id.values())
         statuses = collections.Counter(e.typed_search_attributes.get(sa.STATUS) for e in executions)
         report.rollouts_failed = sum(statuses[s] for s in FAILED)
+        for execution in executions:
+            if execution.typed_search_attributes.get(sa.STATUS) in FAILED:
+                handle = self.client.get_workflow_handle(execution.id, result_type=RolloutResult)
+                result = await handle.result()
+                report.problems.append(
+                    f"{execution.id} {result.status} after {result.attempts} attempt(s): "
+                    f"{result.error}"
+                )
         running = [e.id for e in executions if e.status and e.status.name == "RUNNING"]
         if running:
             report.problems.append(f"{len(running)} rollouts still running after the run")

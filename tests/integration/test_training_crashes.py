@@ -15,6 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 from deploy.devstack import connect_when_ready, register_search_attributes
 from tests.integration.dev_server import DevServer
 from tests.integration.stack import Stack
+from tests.integration.test_crashes import launches, slow_spec
 from tests.integration.training_stack import (
     activity_attempts,
     check_finished_run,
@@ -24,6 +25,8 @@ from tests.integration.training_stack import (
     training_result,
     wait_for_progress,
 )
+from workflows.contracts import RolloutResult
+from workflows.rollout_status import RolloutStatus
 from workflows.temporal_connection import connect
 from workflows.training_contracts import TrainingPhase, TrainingSummary
 from workflows.training_workflow import TRAIN_STEP
@@ -104,3 +107,32 @@ async def test_a_restarted_temporal_server_resumes_the_run(
             assert process.running(), f"{process.name}: {process.log_tail()}"
     finally:
         await asyncio.to_thread(stack.stop)
+
+
+async def test_a_temporal_outage_longer_than_the_heartbeat_timeout_keeps_the_agent(
+    dev_server: DevServer, tmp_path: Path
+) -> None:
+    """Temporal is down three times longer than await_agent's heartbeat timeout: the rollout
+    completes with its one agent and one attempt, every call it made in its result. (Whether
+    the server then times the try out depends on who comes back first; that the worker then
+    leaves the agent running is tests/unit/test_rollout_activities.py.)"""
+    await register_search_attributes(dev_server.settings)
+    client = await connect(dev_server.settings)
+    stack = Stack(tmp_path / "stack", client)
+    await asyncio.to_thread(stack.start)
+    try:
+        spec = slow_spec(stack, calls=3, pause=3.0)
+        handle = await stack.start_rollout(spec)
+        await stack.wait_for_calls(handle, 1)
+        dev_server.kill()
+        await asyncio.sleep(6)  # three heartbeat timeouts (heartbeat_seconds 2)
+        dev_server.start()
+        client = await connect_when_ready(dev_server.settings)
+        handle = client.get_workflow_handle(handle.id, result_type=RolloutResult)
+        result = await asyncio.wait_for(handle.result(), 120)
+    finally:
+        await asyncio.to_thread(stack.stop)
+    assert result.status == RolloutStatus.SUCCEEDED, result.error
+    assert result.attempts == 1
+    assert len(launches(stack, spec.rollout_id)) == 1
+    assert result.calls == 3 and result.call_ids == result.metadata["received"]
