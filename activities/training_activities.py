@@ -30,6 +30,7 @@ from trainer.policy_control import (
     GatewayControl,
     WeightSyncError,
     policy_server_control,
+    restore_weights,
     sync_weights,
 )
 from workflows import search_attributes as sa
@@ -42,6 +43,7 @@ from workflows.training_contracts import (
     ReadTasksRequest,
     ReadValTasksRequest,
     RecordStepRequest,
+    RestoreResult,
     RolloutLookup,
     StartRolloutsRequest,
     SyncRequest,
@@ -60,6 +62,7 @@ from workflows.training_workflow import (
     READ_TASKS,
     READ_VAL_TASKS,
     RECORD_STEP,
+    RESTORE_WEIGHTS,
     START_ROLLOUTS,
     SYNC_WEIGHTS,
     TRAIN_STEP,
@@ -162,6 +165,7 @@ class TrainerActivities:
             self.check_rollouts,
             self.train_step,
             self.sync_weights,
+            self.restore_weights,
             self.record_step,
         ]
 
@@ -362,6 +366,21 @@ class TrainerActivities:
         except WeightSyncError as err:
             raise ApplicationError(str(err), type="WeightSyncError", non_retryable=True) from err
         return SyncResult(paused_seconds=outcome.paused_seconds, drained=outcome.drained)
+
+    @activity.defn(name=RESTORE_WEIGHTS)
+    async def restore_weights(self, request: SyncRequest) -> RestoreResult:
+        """Between syncs: load the run's weights again on a policy server that lost them."""
+        servers = [
+            policy_server_control(spec, self._http) for spec in request.weight_sync.policy_servers
+        ]
+        try:
+            restored = await heartbeating(
+                restore_weights(servers, request.policy_path, request.policy_version),
+                heartbeat_every(),
+            )
+        except WeightSyncError as err:
+            raise ApplicationError(str(err), type="WeightSyncError", non_retryable=True) from err
+        return RestoreResult(restored=restored)
 
     # --- tasks and rollouts ----------------------------------------------------------------
 

@@ -50,6 +50,11 @@ class PolicyServerControl(Protocol):
 
     async def resume(self) -> None: ...
 
+    async def loaded_version(self) -> int | None:
+        """The policy version of the weights the server holds now (None: no version, a vLLM
+        that restarted without DARL)."""
+        ...
+
 
 @dataclass
 class ReferencePolicyServer:
@@ -79,6 +84,10 @@ class ReferencePolicyServer:
 
     async def resume(self) -> None:
         _checked(await self.client.post(f"{self.url}/resume"), f"resuming {self.url}")
+
+    async def loaded_version(self) -> int | None:
+        response = _checked(await self.client.get(f"{self.url}/version"), f"asking {self.url}")
+        return int(response.json()["policy_version"])
 
 
 @dataclass
@@ -145,6 +154,14 @@ class VllmPolicyServer:
     async def resume(self) -> None:
         _checked(await self.client.post(f"{self.url}/resume"), f"resuming {self.url}")
 
+    async def loaded_version(self) -> int | None:
+        """vLLM's own weight version, which DARL labels with the policy version."""
+        response = _checked(await self.client.get(f"{self.url}/weight_info"), f"asking {self.url}")
+        try:
+            return int(response.json()["weight_version"])
+        except (TypeError, ValueError):
+            return None
+
 
 def policy_server_control(spec: PolicyServerSpec, client: httpx.AsyncClient) -> PolicyServerControl:
     """The control for one configured policy server (a WeightSyncError for a spec that makes
@@ -204,6 +221,27 @@ class GatewayControl:
             ),
             "resuming the gateway",
         )
+
+
+async def restore_weights(servers: list[PolicyServerControl], path: str, version: int) -> list[str]:
+    """Load `path` (the weights of `version`) on every server that holds older ones; returns
+    their URLs. No pause: the gateway records no call from a server behind the run, so it
+    has been serving none. Idempotent: a server at `version` (or later) is left alone."""
+    restored = []
+    for server in servers:
+        try:
+            held = await server.loaded_version()
+        except httpx.HTTPError as err:
+            # Down or restarting: the next round looks again (a sync must not wait on it).
+            log.info("%s does not say which weights it holds: %r", server.url, err)
+            continue
+        if held is None or held < version:
+            log.warning(
+                "%s holds version %s, the run %d: loading %s", server.url, held, version, path
+            )
+            await server.load_weights(path, version)
+            restored.append(server.url)
+    return restored
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,10 @@ class WeightSyncSettings(Contract):
     drain_timeout_seconds: float = Field(default=60.0, ge=0, le=3600)
     pause_mode: Literal["hold", "reject"] = "hold"
     register_upstreams: bool = True
+    # Between syncs, how often the trainer looks whether every policy server still holds the
+    # run's weights and loads them again on one that does not (it restarted on other weights,
+    # a vLLM that nothing restored): the gateway records no call from it meanwhile.
+    check_every_seconds: float = Field(default=30.0, gt=0)
 
     @field_validator("policy_servers", mode="before")
     @classmethod
@@ -299,6 +303,8 @@ class StepRecord(Contract):
 class TrainingState(State):
     step: int = 0
     policy_version: int = 0
+    # The checkpoint of `policy_version`, as the policy servers load it.
+    policy_path: str | None = None
     initialized: bool = False
     epoch: int = 0
     cursor: int = 0
@@ -457,6 +463,12 @@ class SyncRequest(Contract):
 class SyncResult(Contract):
     paused_seconds: float
     drained: bool | None = None
+
+
+class RestoreResult(Contract):
+    """What `restore_weights` found: the servers that were behind and were loaded again."""
+
+    restored: list[str] = Field(default_factory=list)
 
 
 class RecordStepRequest(Contract):

@@ -9,12 +9,13 @@ reaches whichever run of a continue-as-new chain is current (rule 6).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
@@ -28,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         ReadTasksRequest,
         ReadValTasksRequest,
         RecordStepRequest,
+        RestoreResult,
         RolloutLookup,
         StartRolloutsRequest,
         StepRecord,
@@ -55,6 +57,7 @@ CANCEL_ROLLOUTS = "cancel_rollouts"
 CHECK_ROLLOUTS = "check_rollouts"
 TRAIN_STEP = "train_step"
 SYNC_WEIGHTS = "sync_weights"
+RESTORE_WEIGHTS = "restore_weights"
 RECORD_STEP = "record_step"
 
 ROLLOUT_FINISHED_SIGNAL = "rollout_finished"
@@ -103,6 +106,8 @@ class TrainingWorkflow:
         self._phase = TrainingPhase.STARTING
         self._closing = False
         self._feeder: asyncio.Task[None] | None = None
+        self._guard: asyncio.Task[None] | None = None
+        self._restoring = False
 
     # --- the story ---------------------------------------------------------------------
 
@@ -114,6 +119,7 @@ class TrainingWorkflow:
         if not self._state.initialized:
             await self._initialize()
         self._feeder = asyncio.create_task(self._feed())
+        self._guard = asyncio.create_task(self._guard_weights())
         while True:
             await self._flush_records()
             move = await self._next_move()
@@ -156,6 +162,7 @@ class TrainingWorkflow:
         )
         await self._sync(start.policy_path, start.step)
         self._state.step = self._state.policy_version = start.step
+        self._state.policy_path = start.policy_path
         self._state.initialized = True
         self._publish()
 
@@ -219,6 +226,7 @@ class TrainingWorkflow:
         self._phase = TrainingPhase.SYNCING
         synced = await self._sync(trained.policy_path, step)
         state.step = state.policy_version = step
+        state.policy_path = trained.policy_path
         self._book.drop_stale()
         await self._record(
             self._book.step_record(step, stats, trained, synced, now=workflow.time())
@@ -229,6 +237,8 @@ class TrainingWorkflow:
             await self._start_validation(step)
 
     async def _sync(self, policy_path: str, version: int) -> SyncResult:
+        # A restore of the previous weights must not land after this sync's load.
+        await workflow.wait_condition(lambda: not self._restoring)
         return await workflow.execute_activity(
             SYNC_WEIGHTS,
             SyncRequest(
@@ -367,6 +377,52 @@ class TrainingWorkflow:
         self._closing = True
         if self._feeder is not None:
             await self._feeder
+        if self._guard is not None:
+            await self._guard
+
+    async def _guard_weights(self) -> None:
+        """Between syncs, every `check_every_seconds`: a policy server that lost the run's
+        weights (restarted on others, rule 8) gets them loaded again. It served no call
+        meanwhile: the gateway holds calls for a server behind the run."""
+        every = timedelta(seconds=self._config.weight_sync.check_every_seconds)
+        while not self._closing:
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(lambda: self._closing, timeout=every)
+            if self._closing or self._phase == TrainingPhase.SYNCING:
+                continue
+            path = self._state.policy_path
+            if path is None:
+                continue
+            self._restoring = True
+            try:
+                found = await self._restore(path)
+            except ActivityError as err:
+                # A server gone for good fails the run's rollouts, and so the run; until
+                # then, the next round tries again.
+                workflow.logger.warning("restoring the run's weights failed: %s", err.cause)
+                continue
+            finally:
+                self._restoring = False
+            if found.restored:
+                workflow.logger.warning("loaded the run's weights again on %s", found.restored)
+
+    async def _restore(self, path: str) -> RestoreResult:
+        return await workflow.execute_activity(
+            RESTORE_WEIGHTS,
+            SyncRequest(
+                weight_sync=self._config.weight_sync,
+                policy_path=path,
+                policy_version=self._state.policy_version,
+            ),
+            result_type=RestoreResult,
+            start_to_close_timeout=timedelta(minutes=10),
+            heartbeat_timeout=HEARTBEAT,
+            # A few tries: the next round tries again, and a sync waits for this one.
+            retry_policy=RetryPolicy(
+                maximum_attempts=3,
+                non_retryable_error_types=[TRAINING_CONFIG_ERROR, "WeightSyncError"],
+            ),
+        )
 
     # --- validation and bookkeeping ----------------------------------------------------
 

@@ -77,6 +77,8 @@ ROLLOUT_WORKER = "rollout worker"
 TRAINER = "trainer worker"
 GATEWAY = "gateway"
 POLICY = "policy server"
+# Killed, and its state file lost: it comes back on its initial weights (version 0).
+POLICY_FORGETTING = "policy server, state lost"
 AGENT_SERVICE_NAME = "agent service"
 TEMPORAL = "Temporal dev server"
 
@@ -155,7 +157,12 @@ class ChaosRun:
             ).model_dump(mode="json")
         # The trainer loads weights through the fault injector; the gateway reaches the
         # policy server directly (its --upstream).
-        data["weight_sync"] |= {"policy_servers": [delay_url], "register_upstreams": False}
+        data["weight_sync"] |= {
+            "policy_servers": [delay_url],
+            "register_upstreams": False,
+            # A server back on other weights is found (and given the run's) this soon.
+            "check_every_seconds": 3,
+        }
         return TrainingConfig.model_validate(data)
 
     async def _train(self, config: TrainingConfig) -> ChaosReport:
@@ -265,6 +272,7 @@ class ChaosRun:
             ),
             GATEWAY: lambda: asyncio.to_thread(stack.restart_gateway, 1.0, True),
             POLICY: lambda: asyncio.to_thread(stack.restart_policy_server, True),
+            POLICY_FORGETTING: lambda: asyncio.to_thread(stack.restart_policy_server, True, True),
             AGENT_SERVICE_NAME: lambda: asyncio.to_thread(stack.restart_agent_service),
             TEMPORAL: self._restart_temporal,
         }

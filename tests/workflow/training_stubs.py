@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
         ReadTasksRequest,
         ReadValTasksRequest,
         RecordStepRequest,
+        RestoreResult,
         RolloutLookup,
         StartRolloutsRequest,
         SyncRequest,
@@ -97,6 +98,7 @@ class StubTrainerActivities:
     lookups: int = 0
     # Failures to act out: check_run's (its message), read_tasks' from this cursor on.
     check_run_error: str | None = None
+    restores: list[int] = field(default_factory=list)
     reads_fail_at: int | None = None
 
     def activities(self) -> list:
@@ -110,6 +112,7 @@ class StubTrainerActivities:
             self.check_rollouts,
             self.train_step,
             self.sync_weights,
+            self.restore_weights,
             self.record_step,
         ]
 
@@ -186,6 +189,11 @@ class StubTrainerActivities:
     async def sync_weights(self, request: SyncRequest) -> SyncResult:
         self.syncs.append(request.policy_version)
         return SyncResult(paused_seconds=0.05, drained=True)
+
+    @activity.defn
+    async def restore_weights(self, request: SyncRequest) -> RestoreResult:
+        self.restores.append(request.policy_version)
+        return RestoreResult()
 
     @activity.defn
     async def record_step(self, request: RecordStepRequest) -> None:
