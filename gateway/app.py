@@ -149,9 +149,12 @@ class Gateway:
         saved = self.journal.load_admin_state() if self.journal is not None else None
         self.forwarder = Forwarder(settings.retry, settings.upstream_api_key)
         self.metrics = GatewayMetrics()
+        restored = saved or AdminState()
         self.gate = PauseGate(
             settings.paused_retry_after_seconds,
-            *((saved.policy_version, saved.paused, saved.mode) if saved else ()),
+            policy_version=restored.policy_version,
+            paused=restored.paused,
+            mode=restored.mode,
         )
         self.pool = UpstreamPool(self._upstreams_at_start(saved))
         self.versions = UpstreamVersions(self.forwarder)
@@ -185,10 +188,13 @@ class Gateway:
     def _upstreams_at_start(self, saved: AdminState | None) -> list[str]:
         """The upstreams the trainer last registered, unless this gateway was started with
         other `--upstream`s than the ones they replaced (then the operator's flags win)."""
-        configured = sorted(u.rstrip("/") for u in self.settings.upstreams)
-        if saved is None or not saved.upstreams or list(saved.configured) != configured:
-            return configured
+        configured = self._configured_upstreams()
+        if saved is None or not saved.upstreams or saved.configured != configured:
+            return list(configured)
         return list(saved.upstreams)
+
+    def _configured_upstreams(self) -> tuple[str, ...]:
+        return tuple(sorted(u.rstrip("/") for u in self.settings.upstreams))
 
     def save_state(self) -> None:
         """Write the admin state to the journal: called after every admin change, before the
@@ -201,7 +207,7 @@ class Gateway:
                 paused=self.gate.paused,
                 mode=self.gate.mode,
                 upstreams=tuple(self.pool.urls),
-                configured=tuple(sorted(u.rstrip("/") for u in self.settings.upstreams)),
+                configured=self._configured_upstreams(),
             )
         )
 

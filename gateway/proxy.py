@@ -359,7 +359,9 @@ class ModelCallProxy:
             # The weights may have changed under a long stream (an `inflight: keep` sync):
             # what they were at its end is what finished it.
             try:
-                call.served_version = await self._version_after(call, time.monotonic())
+                call.served_version = await self._version_after(
+                    call, time.monotonic(), watch_client=False
+                )
             except GatewayError as err:
                 failure = err.message
             else:
@@ -402,12 +404,15 @@ class ModelCallProxy:
 
     # --- which weights answered ----------------------------------------------------------
 
-    async def _version_after(self, call: ModelCall, arrived: float) -> int | None:
-        """The version the upstream reports when asked after the answer arrived."""
+    async def _version_after(
+        self, call: ModelCall, arrived: float, watch_client: bool = True
+    ) -> int | None:
+        """The version the upstream reports when asked after the answer arrived. With
+        `watch_client`, an agent that goes away ends the wait (not inside a streaming
+        response, which watches the agent itself)."""
+        probe = self.versions.version_after(call.upstream, arrived)
         try:
-            return await unless_disconnected(
-                call.request, self.versions.version_after(call.upstream, arrived)
-            )
+            return await (unless_disconnected(call.request, probe) if watch_client else probe)
         except (aiohttp.ClientError, TimeoutError) as err:
             raise GatewayError(
                 502,
