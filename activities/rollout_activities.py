@@ -120,6 +120,15 @@ class GatewayNotifier:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
+    async def was_closed(self, rollout_id: str, attempt: int) -> bool:
+        """Whether the gateway closed the attempt already (True too if it cannot tell)."""
+        url = f"{self._admin_url}/admin/rollouts/{rollout_id}/attempts/{attempt}"
+        try:
+            response = await self._client.get(url, headers=self._headers, timeout=10.0)
+        except httpx.TransportError:
+            return True
+        return response.status_code != 200 or bool(response.json().get("closed"))
+
 
 @functools.cache
 def _warn_no_visibility() -> None:
@@ -192,7 +201,7 @@ class RolloutActivities:
         """Idempotent per (rollout, attempt): a retry returns the agent already started."""
         runner = self._runner(request.spec)
         if request.attempt == 1:
-            await refuse_a_second_run(self._client, request.spec.rollout_id)
+            await self._refuse_a_second_run(request.spec.rollout_id)
         contract = self._contract(request.spec, request.attempt, current_traceparent())
         return await runner.launch(request, contract)
 
@@ -203,7 +212,7 @@ class RolloutActivities:
         runner = self._runner(request.spec)
         if request.attempt == 1 and request.handle.kind == "http":
             # An agent HTTP service has no launch: its attempt starts here.
-            await refuse_a_second_run(self._client, request.spec.rollout_id)
+            await self._refuse_a_second_run(request.spec.rollout_id)
         contract = self._contract(request.spec, request.attempt, current_traceparent())
         try:
             agent_exit = await runner.wait(request, contract, activity.heartbeat)
@@ -254,6 +263,13 @@ class RolloutActivities:
             raise ApplicationError(
                 str(err), type="RewardFunctionError", non_retryable=True
             ) from err
+
+    async def _refuse_a_second_run(self, rollout_id: str) -> None:
+        """Only an attempt 1 the gateway already closed can be an earlier execution's (or
+        this one's, retried after its close): then Temporal's visibility, which costs the
+        server ~10 ms a query on the dev server's SQLite, is asked which it was."""
+        if self._notifier is None or await self._notifier.was_closed(rollout_id, 1):
+            await refuse_a_second_run(self._client, rollout_id)
 
     async def _close_quietly(self, rollout_id: str, attempt: int) -> None:
         """Close an attempt that ends without a result to score (cancelled, lost)."""

@@ -29,7 +29,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from deploy.demo import AGENT_SERVICE, demo_config
 from deploy.devstack import DevPorts, DevStack
 from deploy.progress import follow
-from workflows.contracts import TRAINER_TASK_QUEUE
+from workflows.contracts import TRAINER_TASK_QUEUE, RolloutResult
 from workflows.temporal_connection import connect
 from workflows.training_contracts import TrainingSummary, training_workflow_id
 
@@ -51,6 +51,8 @@ class Figures:
     rollout_events: list[int]
     trainer_runs: list[TrainerRun]
     cpu_seconds: dict[str, float]
+    # Each failed rollout's status and error: an undisturbed run should have none.
+    failures: list[str]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -74,6 +76,18 @@ async def rollout_history_lengths(client: Client, run_id: str, sample: int) -> l
         handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
         lengths.append(len((await handle.fetch_history()).events))
     return lengths
+
+
+async def failures(client: Client, run_id: str) -> list[str]:
+    query = (
+        f'WorkflowType = "RolloutWorkflow" AND DarlRun = "{run_id}" '
+        'AND DarlStatus IN ("failed_agent", "failed_infra", "timed_out")'
+    )
+    found = []
+    async for execution in client.list_workflows(query):
+        result = await client.get_workflow_handle(execution.id, result_type=RolloutResult).result()
+        found.append(f"{execution.id}: {result.status} after {result.attempts}: {result.error}")
+    return found
 
 
 async def trainer_runs(client: Client, run_id: str) -> list[TrainerRun]:
@@ -118,6 +132,7 @@ async def measure(stack: DevStack, steps: int, continue_after: int, sample: int)
         rollout_events=await rollout_history_lengths(client, run_id, sample),
         trainer_runs=await trainer_runs(client, run_id),
         cpu_seconds={name: cpu_after[name] - cpu_before[name] for name in cpu_after},
+        failures=await failures(client, run_id),
     )
 
 
@@ -133,6 +148,8 @@ def report(figures: Figures, continue_after: int) -> None:
         f"{c.rollouts_failed} failed, "
         f"{c.rollouts_cancelled} cancelled at the end, {c.rollouts_validated} validation"
     )
+    for failure in figures.failures:
+        print(f"  failed: {failure}")
     events = figures.rollout_events
     if events:
         print(

@@ -464,6 +464,14 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
         gateway.save_state()
         return gateway.state()
 
+    @app.get("/admin/rollouts/{rollout_id}/attempts/{attempt}", dependencies=[Depends(_admin)])
+    async def attempt_state(rollout_id: str, attempt: int) -> dict[str, Any]:
+        """Whether the attempt was closed (its agent ended), by this gateway or an earlier one."""
+        closed = gateway.registry.is_closed(rollout_id, attempt) or await gateway.store.is_closed(
+            rollout_id, attempt
+        )
+        return {"closed": closed}
+
     @app.post(
         "/admin/rollouts/{rollout_id}/attempts/{attempt}/close", dependencies=[Depends(_admin)]
     )
