@@ -31,6 +31,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
@@ -242,6 +243,7 @@ class ChaosRun:
                 ),
                 "rollouts in flight",
             )
+            await self._work_in_flight(kill.component)
         elif kill.when == IN_TRAIN_STEP:
             await self._until(
                 lambda p: p.step >= kill.from_step - 1 and p.phase == TrainingPhase.TRAINING,
@@ -261,6 +263,40 @@ class ChaosRun:
         killed = time.monotonic()
         await self._kill_and_restart(kill.component)
         return KillOutcome(kill, at_step, killed, back_after=time.monotonic() - killed)
+
+    async def _work_in_flight(self, component: str) -> None:
+        """Strike when the component has work of its own in flight: an agent running (for
+        the agent service and the rollout worker), a call at the gateway (for the gateway and
+        the policy server). An agent call takes ~30 ms: at a random moment there may be none."""
+        async with asyncio.timeout(60):
+            while True:
+                if component in (AGENT_SERVICE_NAME, ROLLOUT_WORKER) and self._agent_running():
+                    return
+                if component in (GATEWAY, POLICY, POLICY_FORGETTING) and await self._calls():
+                    return
+                if component == TEMPORAL:
+                    return
+                await asyncio.sleep(0.005)
+
+    def _agent_running(self) -> bool:
+        started, ended_runs = set(), set()
+        for line in self._agent_log():
+            (started if "rollout_id" in line else ended_runs).add(line["run"])
+        return bool(started - ended_runs)
+
+    async def _calls(self) -> int:
+        """Calls in flight at the gateway (0 while it does not answer)."""
+        stack = self.stack
+        assert stack is not None
+
+        def ask() -> int:
+            with stack.admin() as admin:
+                return sum(admin.get("/admin/state").json()["inflight"].values())
+
+        try:
+            return await asyncio.to_thread(ask)
+        except (httpx.HTTPError, ValueError):
+            return 0
 
     async def _kill_and_restart(self, component: str) -> None:
         stack = self.stack

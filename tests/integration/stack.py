@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -236,6 +238,16 @@ class Stack:
             base_url=self.gateway_url,
             headers={"Authorization": f"Bearer {ADMIN_KEY}"},
             timeout=30,
+        )
+
+    def darl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run `darl ARGS` as a user would, against this stack's Temporal and keys."""
+        return subprocess.run(
+            [sys.executable, "-m", "deploy.cli", *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
 
     def load_policy_version(self, version: int) -> None:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
@@ -276,20 +274,7 @@ async def test_a_rollout_id_started_again_returns_its_first_result(stack: Stack)
     spec_file = stack.root / f"{spec.rollout_id}.json"
     spec_file.write_text(spec.model_dump_json())
     cli = await asyncio.to_thread(
-        subprocess.run,
-        [
-            sys.executable,
-            "-m",
-            "deploy.cli",
-            "rollout",
-            str(spec_file),
-            "--task-queue",
-            stack.task_queue,
-        ],
-        env=stack.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
+        stack.darl, "rollout", str(spec_file), "--task-queue", stack.task_queue
     )
     assert cli.returncode == 0, cli.stderr
     assert "already ran" in cli.stdout
@@ -312,13 +297,7 @@ def test_a_bad_rollout_file_is_one_line(
     path = tmp_path / "rollout.json"
     if content is not None:
         path.write_text(content)
-    cli = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "rollout", str(path)],
-        env=stack.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    cli = stack.darl("rollout", str(path))
     assert cli.returncode == 2
     assert cli.stderr.count("\n") == 1 and "Traceback" not in cli.stderr, cli.stderr
     assert says in cli.stderr

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -165,26 +164,13 @@ async def test_the_cli_says_why_a_run_failed_in_one_line(stack: Stack) -> None:
 
 
 async def darl(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "deploy.cli", *args],
-        env=stack.env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return await asyncio.to_thread(stack.darl, *args)
 
 
 def test_a_config_file_that_is_not_a_config_is_one_line(stack: Stack, tmp_path: Path) -> None:
     bad = tmp_path / "train.yaml"
     bad.write_text(yaml.safe_dump({"run_id": "x", "group_size": 0}))
-    cli = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "train", str(bad)],
-        env=stack.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    cli = stack.darl("train", str(bad))
     assert cli.returncode == 2
     assert "dataset: Field required" in cli.stderr and "group_size" in cli.stderr, cli.stderr
     assert "Traceback" not in cli.stderr

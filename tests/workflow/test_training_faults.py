@@ -9,9 +9,9 @@ import asyncio
 
 import pytest
 from temporalio.client import WorkflowFailureError
-from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
+from tests.workflow.failures import validation_failure
 from tests.workflow.test_training_workflow import TIMEOUT, harness, tasks
 
 
@@ -34,13 +34,8 @@ async def test_a_config_that_does_not_validate_fails_at_once(
         handle = await time_skipping_env.client.start_workflow(
             "TrainingWorkflow", config, id="train/not-a-config", task_queue=h.trainer_queue
         )
-        with pytest.raises(WorkflowFailureError) as failure:
-            await asyncio.wait_for(handle.result(), TIMEOUT)
-        history = await handle.fetch_history()
-    cause = failure.value.cause
-    assert isinstance(cause, ApplicationError) and cause.type == "ValidationError"
+        cause = await validation_failure(handle, TIMEOUT)
     assert "dataset" in cause.message and "group_size" in cause.message
-    assert not [e for e in history.events if e.HasField("workflow_task_failed_event_attributes")]
     assert h.stubs.started == []
 
 
