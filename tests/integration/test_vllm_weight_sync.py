@@ -8,6 +8,8 @@ admitted under. vLLM's CPU build reloads other weights wrongly in place, so the 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -373,4 +375,37 @@ async def test_a_sync_restarts_vllm_on_the_trained_checkpoint(vllm_stack: VllmSt
     assert {r.policy_version for r in new} == {new_version}
     assert max(max_logprob_gap(r, new_weights) for r in new) < LOGPROB_TOLERANCE
     assert min(max_logprob_gap(r, old_weights) for r in new) > 10 * LOGPROB_TOLERANCE
+    await vllm_stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
+
+
+async def test_a_vllm_that_dies_comes_back_on_its_weights_under_their_version(
+    vllm_stack: VllmStack,
+) -> None:
+    """SIGKILL vLLM's whole process group (the launcher stays): the launcher starts it again on
+    the checkpoint it had and labels vLLM's weight version with that checkpoint's policy
+    version, so the gateway records what the weights are (rule 8). Last in the module: the
+    vLLM it leaves is the revived one."""
+    rollout_id = await vllm_stack.start_idle_rollout("vllm-revive")
+    before = vllm_stack.vllm_status()
+    os.killpg(before["pid"], signal.SIGKILL)
+
+    def revived() -> bool:
+        now = vllm_stack.vllm_status()
+        return now["revivals"] == before["revivals"] + 1 and now["running"] and not now["loading"]
+
+    async with asyncio.timeout(300):
+        while not await asyncio.to_thread(revived):
+            await asyncio.sleep(0.5)
+    after = vllm_stack.vllm_status()
+    assert_group_gone(before["pid"])
+    assert (after["model_dir"], after["version"]) == (before["model_dir"], before["version"])
+    assert after["url"] == vllm_stack.policy_url and after["pid"] != before["pid"]
+    async with httpx.AsyncClient(timeout=120) as http:
+        label = (await http.get(f"{vllm_stack.policy_url}/weight_info")).json()
+        answer = await ask(http, vllm_stack, rollout_id, QUESTIONS[0])
+    assert label == {"weight_version": str(before["version"])}
+    assert answer.status_code == 200, answer.text
+    record = stored(vllm_stack, rollout_id, answer.headers["x-darl-call-id"])
+    assert record.policy_version == before["version"]
+    assert max_logprob_gap(record, Path(before["model_dir"])) < LOGPROB_TOLERANCE
     await vllm_stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
