@@ -38,13 +38,18 @@ class SyncDelay:
                 await asyncio.sleep(self.hold_seconds)
             finally:
                 self.holding.clear()
-        upstream = await self.client.request(
-            request.method,
-            f"{self.target}/{path}",
-            params=request.query_params,
-            content=body,
-            headers={"content-type": request.headers.get("content-type", "application/json")},
-        )
+        try:
+            upstream = await self.client.request(
+                request.method,
+                f"{self.target}/{path}",
+                params=request.query_params,
+                content=body,
+                headers={"content-type": request.headers.get("content-type", "application/json")},
+            )
+        except httpx.TransportError as error:
+            # The policy server behind it is down (the harness killed it): answer as a proxy
+            # does, so the caller sees the policy server unreachable.
+            return Response(f"policy server unreachable: {error!r}", 502)
         return Response(
             upstream.content,
             upstream.status_code,
