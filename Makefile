@@ -42,6 +42,7 @@ dev: $(STAMP)
 test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
@@ -57,6 +58,7 @@ chaos: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -158,11 +158,13 @@ async def refuse_a_second_run(client: Client, rollout_id: str) -> None:
     """Rule 7: a rollout id has one result. An execution of a rollout's workflow id that finds
     an earlier one raises a non-retryable RolloutAlreadyRan carrying the earlier result, which
     the workflow returns, instead of re-attaching to the earlier agent's leftovers."""
-    info = activity.info()
+    workflow_id = activity.info().workflow_id
+    if workflow_id is None:
+        raise RuntimeError("refuse_a_second_run runs only as a RolloutWorkflow's activity")
     for execution in await earlier_executions(client):
         if execution.status == WorkflowExecutionStatus.COMPLETED:
             handle = client.get_workflow_handle(
-                info.workflow_id, run_id=execution.run_id, result_type=RolloutResult
+                workflow_id, run_id=execution.run_id, result_type=RolloutResult
             )
             result = await handle.result(follow_runs=False)
             raise ApplicationError(

@@ -395,7 +395,8 @@ class TrainerActivities:
         except DatasetError as err:
             raise config_error(str(err)) from err
         dataset = request.dataset
-        epoch, cursor, rows = request.epoch, request.cursor, []
+        epoch, cursor = request.epoch, request.cursor
+        rows: list[TaskRow] = []
         order = table.order(epoch, dataset.seed, dataset.shuffle)
         while len(rows) < request.count and epoch < request.epochs:
             index = int(order[cursor])

@@ -10,8 +10,9 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import httpx
 import typer
@@ -135,7 +136,7 @@ async def run_failure(handle: WorkflowHandle) -> str | None:
     return status
 
 
-def run_client(main: Callable[[], Awaitable[None]]) -> None:
+def run_client(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Run a short client command, then leave with os._exit after flushing: the Temporal
     SDK's runtime can abort the interpreter's finalization (SIGABRT) after the work is done.
     A server's refusal (no such workflow), a failed workflow and a CliError are a one-line

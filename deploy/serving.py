@@ -63,7 +63,8 @@ async def serve_app(
         lifespan="on",
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=graceful_seconds,
+        # Annotated int; uvicorn waits on it with asyncio.wait_for, which takes seconds as float.
+        timeout_graceful_shutdown=graceful_seconds,  # type: ignore[arg-type]
     )
     server = _Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))

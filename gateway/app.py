@@ -257,7 +257,8 @@ class Gateway:
 
 
 def _gateway(request: Request) -> Gateway:
-    return request.app.state.gateway
+    gateway: Gateway = request.app.state.gateway
+    return gateway
 
 
 async def _rollout_claims(request: Request, rollout_id: str) -> TokenClaims:
@@ -504,4 +505,5 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
 
 def unwrap(app: Any) -> FastAPI:
     """The FastAPI app inside the tracing wrapper (for tests and the server's lifespan)."""
-    return app.app if isinstance(app, TokenTraceContext) else app
+    inner: FastAPI = app.app if isinstance(app, TokenTraceContext) else app
+    return inner

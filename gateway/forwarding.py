@@ -35,7 +35,7 @@ class RetrySettings:
 
     def backoff(self, retry: int, rng: random.Random, hint: float | None = None) -> float:
         """min(base * 2^retry, cap) x U(0.75, 1.25), or the upstream's Retry-After if longer."""
-        delay = min(self.backoff_base_seconds * 2**retry, self.backoff_cap_seconds)
+        delay = min(self.backoff_base_seconds * 2.0**retry, self.backoff_cap_seconds)
         delay *= rng.uniform(0.75, 1.25)
         return max(delay, min(hint, self.backoff_cap_seconds)) if hint else delay
 

@@ -65,13 +65,14 @@ def _write_atomic(path: Path, data: dict[str, Any]) -> None:
 
 def _read(path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text())
+        data: dict[str, Any] = json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except ValueError:
         # Written by an atomic rename, so never torn; anything else is not ours to guess at.
         log.error("%s is not JSON; ignoring it", path)
         return None
+    return data
 
 
 @dataclass

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
@@ -51,14 +53,14 @@ def temporal_unavailable(err: RPCError) -> GatewayError:
     )
 
 
-class _Bounded(OrderedDict):
+class _Bounded(OrderedDict[Hashable, Any]):
     """An insertion-ordered dict that forgets its oldest entries past `limit`."""
 
     def __init__(self, limit: int) -> None:
         super().__init__()
         self.limit = limit
 
-    def put(self, key: object, value: object) -> None:
+    def put(self, key: Hashable, value: Any) -> None:
         self[key] = value
         self.move_to_end(key)
         while len(self) > self.limit:

@@ -295,8 +295,11 @@ class GenerationEngine:
         if is_eos or token in params.stop_token_ids:
             finish = "stop"
         else:
-            seq.text = self.tokenizer.decode(
-                [t for t in seq.token_ids if t not in self.eos_ids], skip_special_tokens=True
+            # A list of ids decodes to one str (the annotation also covers batches).
+            seq.text = str(
+                self.tokenizer.decode(
+                    [t for t in seq.token_ids if t not in self.eos_ids], skip_special_tokens=True
+                )
             )
             for stop in params.stop:
                 at = seq.text.find(stop, max(0, len(seq._emitted_text) - len(stop)))

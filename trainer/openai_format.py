@@ -83,7 +83,8 @@ class ChoiceState:
 
 
 def _token_str(tokenizer: PreTrainedTokenizerFast, token_id: int) -> str:
-    return tokenizer.decode([token_id])
+    # A list of ids decodes to one str (the annotation also covers batches).
+    return str(tokenizer.decode([token_id]))
 
 
 def chat_logprob_entry(tokenizer: PreTrainedTokenizerFast, step: TokenStep) -> dict[str, Any]:

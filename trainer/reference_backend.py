@@ -210,6 +210,8 @@ class ReferenceBackend:
         model, _, optimizer = self._require_loaded()
         mask = data.batch["response_mask"][index].bool()
         log_probs, entropy = _log_probs(model, data, index, with_entropy=True)
+        if entropy is None:
+            raise RuntimeError("_log_probs(with_entropy=True) returned no entropy")
         policy_loss_fn = core_algos.get_policy_loss_fn("vanilla")
         pg_loss, pg_metrics = policy_loss_fn(
             old_log_prob=data.batch["old_log_probs"][index].float(),
@@ -227,7 +229,12 @@ class ReferenceBackend:
         ]
         out += [(key, float(value)) for key, value in pg_metrics.items()]
         if reference is not None:
-            kld = core_algos.kl_penalty(log_probs, reference[index], config.kl_loss_type)
+            # verl annotates torch.FloatTensor, the legacy type no tensor is an instance of.
+            kld = core_algos.kl_penalty(
+                log_probs,  # type: ignore[arg-type]
+                reference[index],  # type: ignore[arg-type]
+                config.kl_loss_type,
+            )
             kl_loss = core_algos.agg_loss(kld, mask, config.loss_agg_mode)
             loss = loss + config.kl_loss_coef * kl_loss
             out.append(("actor/kl_loss", kl_loss.detach().item()))

@@ -93,6 +93,13 @@ def build_tokenizer(spec: TinyModelSpec | None = None) -> PreTrainedTokenizerFas
     )
 
 
+def _token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if not isinstance(token_id, int):
+        raise TypeError(f"{token!r} is not one token of the tiny tokenizer")
+    return token_id
+
+
 def build_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -103,10 +110,11 @@ def build_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> Qwen
         num_key_value_heads=spec.num_key_value_heads,
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=True,
-        bos_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT),
-        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
-        pad_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT),
-        torch_dtype="float32",
+        bos_token_id=_token_id(tokenizer, ENDOFTEXT),
+        eos_token_id=_token_id(tokenizer, IM_END),
+        pad_token_id=_token_id(tokenizer, ENDOFTEXT),
+        # transformers' typed signature lacks the kwarg its configs still take.
+        torch_dtype="float32",  # type: ignore[call-arg]
     )
     torch.manual_seed(spec.seed)
     return Qwen2ForCausalLM(config).eval()

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import ray
 import torch.distributed as dist
@@ -231,7 +231,8 @@ class VerlBackend:
             data.batch["ref_log_prob"] = worker_output(output, sent, "log_probs")
         data = compute_advantage(
             data,
-            adv_estimator=settings.algorithm.adv_estimator,
+            # verl takes the estimator's name as its configs spell it (it is a str enum).
+            adv_estimator=settings.algorithm.adv_estimator,  # type: ignore[arg-type]
             gamma=settings.algorithm.gamma,
             lam=settings.algorithm.lam,
             num_repeat=settings.config.actor_rollout_ref.rollout.n,
@@ -359,7 +360,9 @@ def _worker_env(cpu: bool) -> dict[str, str]:
 
 def _ray_init_kwargs(settings: VerlSettings) -> dict[str, Any]:
     """verl's `ray_kwargs.ray_init` over verl's PPO runtime env, as verl's main_ppo starts Ray."""
-    init = dict(OmegaConf.to_container(settings.config.ray_kwargs.ray_init, resolve=True))
+    init = cast(
+        dict[str, Any], OmegaConf.to_container(settings.config.ray_kwargs.ray_init, resolve=True)
+    )
     runtime_env = OmegaConf.merge(get_ppo_ray_runtime_env(settings.config), init.pop("runtime_env"))
     return {**init, "runtime_env": OmegaConf.to_container(runtime_env)}
 

@@ -209,7 +209,7 @@ def _free_form_parent(config: DictConfig, key: str) -> str | None:
 def _all_keys(config: DictConfig, prefix: str = "") -> list[str]:
     keys = []
     for name, value in config.items_ex(resolve=False):
-        key = f"{prefix}{name}"
+        key = f"{prefix}{name!s}"
         keys.append(key)
         if isinstance(value, DictConfig):
             keys += _all_keys(value, f"{key}.")

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any, overload
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
 
 with workflow.unsafe.imports_passed_through():
@@ -103,6 +104,10 @@ def _earlier_run(err: ActivityError) -> _EarlierRun:
     raise ApplicationError(_cause(err), type=ROLLOUT_ALREADY_RAN_ERROR, non_retryable=True)
 
 
+@overload
+def _merged(earlier: AgentReport | None, later: AgentReport) -> AgentReport: ...
+@overload
+def _merged(earlier: AgentReport | None, later: AgentReport | None) -> AgentReport | None: ...
 def _merged(earlier: AgentReport | None, later: AgentReport | None) -> AgentReport | None:
     """A later report overrides the fields it sets and keeps those it leaves out."""
     if earlier is None or later is None:
@@ -136,7 +141,7 @@ class RolloutWorkflow:
         self._answer: str | None = None
         self._exit_code: int | None = None
         self._error: str | None = None
-        self._metadata: dict = {}
+        self._metadata: dict[str, Any] = {}
 
     # --- the story ---------------------------------------------------------------------
 
@@ -210,7 +215,7 @@ class RolloutWorkflow:
                 started_at=workflow.time(),
                 data={"url": agent.url},
             )
-        return await workflow.execute_activity(
+        handle: AgentHandle = await workflow.execute_activity(
             LAUNCH_AGENT,
             LaunchRequest(spec=self._spec, attempt=attempt),
             result_type=AgentHandle,
@@ -221,6 +226,7 @@ class RolloutWorkflow:
                 non_retryable_error_types=[AGENT_SPEC_ERROR],
             ),
         )
+        return handle
 
     async def _stop_launched_agent(self) -> None:
         """Cancelled while launching: the launch may still start the agent, so stop it by its
@@ -265,7 +271,8 @@ class RolloutWorkflow:
             raise
         if waiting.done():
             deadline.cancel()
-            return waiting.result()
+            agent_exit: AgentExit | None = waiting.result()
+            return agent_exit
         return await self._cancel_agent(waiting)
 
     @staticmethod
@@ -338,13 +345,14 @@ class RolloutWorkflow:
             reported_reward=report.reward if report is not None else None,
             metadata=self._metadata,
         )
-        return await workflow.execute_activity(
+        reward: float = await workflow.execute_activity(
             COMPUTE_REWARD,
             RewardRequest(spec=self._spec, answer=self._answer, summary=summary),
             result_type=float,
             start_to_close_timeout=timedelta(seconds=self._spec.timeouts.reward_seconds),
             retry_policy=RetryPolicy(maximum_attempts=3),
         )
+        return reward
 
     async def _report(self, result: RolloutResult) -> None:
         """Tell the trainer (if any). A trainer that is gone does not undo the rollout.
@@ -431,7 +439,9 @@ class RolloutWorkflow:
         self._error = None
         self._move(RolloutStatus.LAUNCHING)
 
-    def _move(self, status: RolloutStatus, also: list | None = None) -> None:
+    def _move(
+        self, status: RolloutStatus, also: list[SearchAttributeUpdate[Any]] | None = None
+    ) -> None:
         self._status = check_transition(self._status, status)
         # Brief statuses are left to the `status` query: each upsert is a history event and
         # a visibility write, and the server's work is what bounds rollouts per second.
@@ -457,7 +467,7 @@ class RolloutWorkflow:
         tail = agent_exit.log_tail.strip()
         return f"agent {why}" + (f"; log tail:\n{tail}" if tail else "")
 
-    def _result(self, started) -> RolloutResult:
+    def _result(self, started: datetime) -> RolloutResult:
         call_ids = [c.call_id for c in sorted(self._calls, key=lambda c: c.sequence)]
         return RolloutResult(
             run_id=self._spec.run_id,

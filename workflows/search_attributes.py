@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
@@ -19,7 +19,7 @@ POLICY_VERSION = SearchAttributeKey.for_int("DarlPolicyVersion")
 # The trainer's last applied step (TrainingWorkflow only).
 STEP = SearchAttributeKey.for_int("DarlStep")
 
-ALL: tuple[SearchAttributeKey, ...] = (RUN, GROUP, STATUS, MODE, REWARD, POLICY_VERSION, STEP)
+ALL: tuple[SearchAttributeKey[Any], ...] = (RUN, GROUP, STATUS, MODE, REWARD, POLICY_VERSION, STEP)
 
 # The `--search-attribute Name=Type` spelling the dev server takes.
 _CLI_TYPES = {"KEYWORD": "Keyword", "DOUBLE": "Double", "INT": "Int"}

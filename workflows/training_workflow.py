@@ -239,7 +239,7 @@ class TrainingWorkflow:
     async def _sync(self, policy_path: str, version: int) -> SyncResult:
         # A restore of the previous weights must not land after this sync's load.
         await workflow.wait_condition(lambda: not self._restoring)
-        return await workflow.execute_activity(
+        result: SyncResult = await workflow.execute_activity(
             SYNC_WEIGHTS,
             SyncRequest(
                 weight_sync=self._config.weight_sync,
@@ -253,6 +253,7 @@ class TrainingWorkflow:
             heartbeat_timeout=HEARTBEAT,
             retry_policy=SYNC_RETRY,
         )
+        return result
 
     async def _finish(self, reason: str) -> TrainingSummary:
         """No new rollouts; the ones out finish (within the grace) or are cancelled. Every
@@ -407,7 +408,7 @@ class TrainingWorkflow:
                 workflow.logger.warning("loaded the run's weights again on %s", found.restored)
 
     async def _restore(self, path: str) -> RestoreResult:
-        return await workflow.execute_activity(
+        result: RestoreResult = await workflow.execute_activity(
             RESTORE_WEIGHTS,
             SyncRequest(
                 weight_sync=self._config.weight_sync,
@@ -423,6 +424,7 @@ class TrainingWorkflow:
                 non_retryable_error_types=[TRAINING_CONFIG_ERROR, "WeightSyncError"],
             ),
         )
+        return result
 
     # --- validation and bookkeeping ----------------------------------------------------
 

@@ -84,8 +84,13 @@ async def _wait_for_exit(pid: int, timeout: float) -> None:
     except ProcessLookupError:
         return
     loop = asyncio.get_running_loop()
-    exited = loop.create_future()
-    loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+    exited: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(pidfd, readable)
     try:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(exited, timeout)
