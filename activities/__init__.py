@@ -1,2 +1,3 @@
-"""The side effects of a rollout: agent runners (local process, HTTP service), rewards, and the
-rollout worker that serves RolloutWorkflow and its activities."""
+"""DARL's side effects, run by Temporal workers: the agent runners (local process, Kubernetes
+Job, agent HTTP service), rewards, the rollout activities and the trainer's activities, and
+the two workers (rollout and trainer) that serve the workflows."""

@@ -1,5 +1,5 @@
-"""The agent contract (DESIGN.md): the addresses, token and variables a rollout attempt hands to
-its agent, whatever runs it (local process, HTTP service, Kubernetes Job)."""
+"""The agent contract (docs/architecture.md): the addresses, token and variables a rollout
+attempt hands to its agent, whatever runs it (local process, HTTP service, Kubernetes Job)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The embedded dev stack: Temporal dev server (database and Web UI under the DARL home), the
-reference policy server, the gateway and a rollout worker, each a child process with its log in
-`<home>/logs/`. Stopping it stops them all, last started first."""
+reference policy server, the gateway, a rollout worker, the trainer worker and, when asked, an
+agent HTTP service, each a child process with its log in `<home>/logs/`. Stopping it stops them
+all, last started first, and any local agent still running."""
 
 from __future__ import annotations
 

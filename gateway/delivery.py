@@ -1,4 +1,5 @@
-"""Delivery of captured calls to their rollout workflows (DESIGN rule 1, made cheap).
+"""Delivery of captured calls to their rollout workflows (rule 1 of docs/architecture.md, made
+cheap).
 
 The trajectory store is the write-ahead log: a call counts as recorded once its full record is
 in the store, and only then does the agent get its answer. Its small `ModelCallEvent` then goes

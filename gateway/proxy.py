@@ -1,8 +1,8 @@
-"""The capture pipeline of one model call (DESIGN rule 1): check the rollout, force what
-training needs (token ids, logprobs, model, temperature), forward to the rollout's policy server,
-write the full record to the trajectory store, queue its small event for the workflow (see
-`delivery`), and only then answer the agent. A streamed answer reaches the agent as it comes,
-except its final chunk, which is held back until the call is recorded.
+"""The capture pipeline of one model call (docs/architecture.md, rule 1): check the rollout,
+force what training needs (token ids, logprobs, model, temperature), forward to the rollout's
+policy server, write the full record to the trajectory store, queue its small event for the
+workflow (see `delivery`), and only then answer the agent. A streamed answer reaches the agent
+as it comes, except its final chunk, which is held back until the call is recorded.
 
 The version recorded on a call is the one the policy server proved for the weights that
 answered (see `versions`, rule 8); an answer from weights behind the run's version is

@@ -1,2 +1,4 @@
-"""Training side of DARL: the CPU reference policy (a tiny Qwen2 built in code) and its
-OpenAI-compatible policy server; trajectory aggregation and trainer backends come next."""
+"""DARL's trainer side: trajectory aggregation into training rows, the trainer backends
+(`reference` on CPU, `verl`) and their checkpoints, weight sync, and the policy servers the
+gateway forwards to (DARL's reference server with its tiny Qwen2 built in code, and the vLLM
+launcher)."""

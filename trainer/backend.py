@@ -1,5 +1,5 @@
 """The trainer backend contract: what a Temporal training activity calls, whichever engine does
-the math (the CPU reference backend today, a verl GPU backend later), and the checkpoint
+the math (the CPU reference backend or verl), and the checkpoint
 directory layout both share (`<checkpoint_dir>/step-000007/`, published atomically).
 
 A backend's state lives on disk, one checkpoint per step, so a restarted process resumes where

@@ -1,5 +1,5 @@
-"""Weight sync (DESIGN "Weight sync"): pause the gateway, drain or keep the calls in flight,
-load the new weights on every policy server, resume with the new policy version.
+"""Weight sync (docs/architecture.md, "Weight sync"): pause the gateway, drain or keep the calls
+in flight, load the new weights on every policy server, resume with the new policy version.
 
 `PolicyServerControl` is the one interface the trainer drives; DARL's reference server is one
 implementation, a vLLM server (its `/pause`, `/resume` and weight endpoints) is another. Every

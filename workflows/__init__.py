@@ -1,5 +1,7 @@
 """DARL's Temporal workflows and the contracts every other part of DARL speaks.
 
-Deterministic code only: no I/O, no torch, no httpx. Activities, the gateway and the trainer
-import from here; nothing here imports them.
+The workflows are deterministic: they reach the world only through activities. One module here
+does I/O, `temporal_connection` (it reads the environment and TLS files), and only components
+call it, never workflow code. Activities, the gateway and the trainer import from here; nothing
+here imports them. See docs/architecture.md.
 """

@@ -22,7 +22,7 @@ class RolloutStatus(StrEnum):
 
 S = RolloutStatus
 
-# FAILED_INFRA -> LAUNCHING is the retry of a rollout attempt (DESIGN rule 4): the agent never
+# FAILED_INFRA -> LAUNCHING is the retry of a rollout attempt (rule 4): the agent never
 # got a fair run, so it gets another one. Every other failure is the agent's result, including
 # LAUNCHING -> FAILED_AGENT: an agent spec that cannot start (no such command) fails the same way
 # on every attempt, so it is not retried.

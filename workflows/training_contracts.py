@@ -81,7 +81,8 @@ class PolicyServerSpec(Contract):
 
 
 class WeightSyncSettings(Contract):
-    """How new weights reach the policy servers after each step (DESIGN "Weight sync").
+    """How new weights reach the policy servers after each step (docs/architecture.md, "Weight
+    sync").
 
     `inflight` `drain` lets calls in flight finish (at most `drain_timeout_seconds`) before
     the weights change; `keep` pauses their decoding on the policy server instead and

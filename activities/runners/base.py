@@ -1,8 +1,8 @@
 """The agent runner interface: launch an attempt's agent, await it, kill it.
 
-Every runner keeps DESIGN.md rule 3: `launch` is idempotent for a (rollout, attempt) — a retried
-launch returns the agent already started — and `wait` re-attaches from the handle alone, so a
-new worker can await an agent that an earlier, crashed worker launched.
+Every runner keeps rule 3 of docs/architecture.md: `launch` is idempotent for a (rollout,
+attempt) — a retried launch returns the agent already started — and `wait` re-attaches from the
+handle alone, so a new worker can await an agent that an earlier, crashed worker launched.
 """
 
 from __future__ import annotations
