@@ -24,7 +24,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities import rewards
 from activities.agent_contract import AgentContract, ContractIssuer, TaskPathError
 from activities.errors import agent_spec_error
-from activities.runners.base import AgentRunner, heartbeat_interval
+from activities.runners.base import AgentRunner, agent_heartbeat_interval
 from workflows.contracts import (
     AgentExit,
     AgentHandle,
@@ -34,7 +34,7 @@ from workflows.contracts import (
     RolloutResult,
     RolloutSpec,
 )
-from workflows.rollout_workflow import (
+from workflows.names import (
     AWAIT_AGENT,
     COMPUTE_REWARD,
     LAUNCH_AGENT,
@@ -227,7 +227,7 @@ class RolloutActivities:
                 raise
             # Killing can take the kill grace and closing a retry or two: keep heartbeating, or
             # the server would time the activity out before the agent is really gone.
-            interval = heartbeat_interval(request.spec.timeouts.heartbeat_seconds)
+            interval = agent_heartbeat_interval(request.spec.timeouts.heartbeat_seconds)
             await heartbeating(runner.kill(request.handle), interval)
             await heartbeating(
                 self._close_quietly(request.spec.rollout_id, request.attempt), interval

@@ -17,7 +17,7 @@ from temporalio.worker import Worker
 
 from activities.training_activities import TrainerActivities
 from gateway.store import DirectoryTrajectoryStore
-from workflows.contracts import TRAINER_TASK_QUEUE
+from workflows.names import TRAINER_TASK_QUEUE
 from workflows.training_workflow import TrainingWorkflow
 
 

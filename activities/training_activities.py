@@ -35,6 +35,23 @@ from trainer.policy_control import (
 )
 from workflows import search_attributes as sa
 from workflows.contracts import HttpAgentSpec, RolloutResult, rollout_workflow_id
+from workflows.heartbeats import heartbeat_interval
+from workflows.names import (
+    CANCEL_ROLLOUTS,
+    CHECK_ROLLOUTS,
+    CHECK_RUN,
+    INITIALIZE_POLICY,
+    READ_TASKS,
+    READ_VAL_TASKS,
+    RECORD_STEP,
+    RESTORE_WEIGHTS,
+    ROLLOUT_WORKFLOW,
+    START_ROLLOUTS,
+    SYNC_WEIGHTS,
+    TRAIN_STEP,
+    TRAINING_CONFIG_ERROR,
+    WEIGHT_SYNC_ERROR,
+)
 from workflows.rollout_status import RolloutStatus
 from workflows.training_contracts import (
     BackendSpec,
@@ -54,34 +71,20 @@ from workflows.training_contracts import (
     TrainStepRequest,
     TrainStepResult,
 )
-from workflows.training_workflow import (
-    CANCEL_ROLLOUTS,
-    CHECK_ROLLOUTS,
-    CHECK_RUN,
-    INITIALIZE_POLICY,
-    READ_TASKS,
-    READ_VAL_TASKS,
-    RECORD_STEP,
-    RESTORE_WEIGHTS,
-    START_ROLLOUTS,
-    SYNC_WEIGHTS,
-    TRAIN_STEP,
-    TRAINING_CONFIG_ERROR,
-)
 
 log = logging.getLogger(__name__)
 
 # Rollout starts in flight at once: enough to start a batch in well under a second.
 START_CONCURRENCY = 32
+# A trainer activity heartbeats at least this often.
 HEARTBEAT_SECONDS = 5.0
 
 
 def heartbeat_every() -> float:
     """Well inside the activity's heartbeat timeout, whatever the config made it."""
     timeout = activity.info().heartbeat_timeout
-    if timeout is None:
-        return HEARTBEAT_SECONDS
-    return min(HEARTBEAT_SECONDS, timeout.total_seconds() / 3)
+    seconds = timeout.total_seconds() if timeout is not None else None
+    return heartbeat_interval(seconds, HEARTBEAT_SECONDS)
 
 
 def config_error(message: str) -> ApplicationError:
@@ -207,7 +210,7 @@ class TrainerActivities:
         and steps would be reused). One that failed before its first rollout (a bad config,
         fixed since) leaves nothing behind and may be started again."""
         for execution in await earlier_executions(self._client):
-            query = f'DarlRun = "{config.run_id}" AND WorkflowType = "RolloutWorkflow"'
+            query = f'DarlRun = "{config.run_id}" AND WorkflowType = "{ROLLOUT_WORKFLOW}"'
             rollouts = (await self._client.count_workflows(query)).count
             if rollouts:
                 ended = execution.status.name.lower() if execution.status else "unknown"
@@ -304,10 +307,7 @@ class TrainerActivities:
             with self._train_lock:
                 backend.initialize()
                 settings = AggregationSettings(
-                    mode=request.aggregation.mode,
-                    max_prompt_length=request.aggregation.max_prompt_length,
-                    max_response_length=request.aggregation.max_response_length,
-                    pad_token_id=backend.pad_token_id,
+                    **request.aggregation.model_dump(), pad_token_id=backend.pad_token_id
                 )
                 batch, counters = aggregate(self._samples(request), settings)
                 done = backend.train_step(request.step, batch, StepKnobs(lr=request.learning_rate))
@@ -358,13 +358,13 @@ class TrainerActivities:
                     request.policy_version,
                     settings.inflight,
                     settings.drain_timeout_seconds,
-                    settings.pause_mode,
-                    settings.register_upstreams,
+                    pause_mode=settings.pause_mode,
+                    register_upstreams=settings.register_upstreams,
                 ),
                 heartbeat_every(),
             )
         except WeightSyncError as err:
-            raise ApplicationError(str(err), type="WeightSyncError", non_retryable=True) from err
+            raise ApplicationError(str(err), type=WEIGHT_SYNC_ERROR, non_retryable=True) from err
         return SyncResult(paused_seconds=outcome.paused_seconds, drained=outcome.drained)
 
     @activity.defn(name=RESTORE_WEIGHTS)
@@ -379,7 +379,7 @@ class TrainerActivities:
                 heartbeat_every(),
             )
         except WeightSyncError as err:
-            raise ApplicationError(str(err), type="WeightSyncError", non_retryable=True) from err
+            raise ApplicationError(str(err), type=WEIGHT_SYNC_ERROR, non_retryable=True) from err
         return RestoreResult(restored=restored)
 
     # --- tasks and rollouts ----------------------------------------------------------------
@@ -432,7 +432,7 @@ class TrainerActivities:
             async with limit:
                 with contextlib.suppress(WorkflowAlreadyStartedError):
                     await self._client.start_workflow(
-                        "RolloutWorkflow",
+                        ROLLOUT_WORKFLOW,
                         spec,
                         id=rollout_workflow_id(spec.rollout_id),
                         task_queue=request.task_queue,

@@ -18,7 +18,7 @@ from activities.runners.base import AgentRunner
 from activities.runners.http import HttpAgentRunner
 from activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
 from activities.runners.local import LocalProcessRunner
-from workflows.contracts import ROLLOUT_TASK_QUEUE
+from workflows.names import ROLLOUT_TASK_QUEUE
 from workflows.rollout_workflow import RolloutWorkflow
 
 log = logging.getLogger(__name__)

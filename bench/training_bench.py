@@ -29,7 +29,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from deploy.demo import AGENT_SERVICE, demo_config
 from deploy.devstack import DevPorts, DevStack
 from deploy.progress import follow
-from workflows.contracts import TRAINER_TASK_QUEUE, RolloutResult
+from workflows.contracts import RolloutResult
+from workflows.names import ROLLOUT_WORKFLOW, TRAINER_TASK_QUEUE, TRAINING_WORKFLOW
 from workflows.temporal_connection import connect
 from workflows.training_contracts import TrainingSummary, training_workflow_id
 
@@ -68,7 +69,7 @@ def stack_cpu(stack: DevStack) -> dict[str, float]:
 async def rollout_history_lengths(client: Client, run_id: str, sample: int) -> list[int]:
     # Trained rollouts' histories (the newest rollouts of a run are the cancelled ones).
     query = (
-        f'WorkflowType = "RolloutWorkflow" AND DarlRun = "{run_id}" '
+        f'WorkflowType = "{ROLLOUT_WORKFLOW}" AND DarlRun = "{run_id}" '
         'AND DarlStatus = "succeeded" AND DarlMode = "train"'
     )
     lengths = []
@@ -80,7 +81,7 @@ async def rollout_history_lengths(client: Client, run_id: str, sample: int) -> l
 
 async def failures(client: Client, run_id: str) -> list[str]:
     query = (
-        f'WorkflowType = "RolloutWorkflow" AND DarlRun = "{run_id}" '
+        f'WorkflowType = "{ROLLOUT_WORKFLOW}" AND DarlRun = "{run_id}" '
         'AND DarlStatus IN ("failed_agent", "failed_infra", "timed_out")'
     )
     found = []
@@ -116,7 +117,7 @@ async def measure(stack: DevStack, steps: int, continue_after: int, sample: int)
     cpu_before = stack_cpu(stack)
     started = time.monotonic()
     handle = await client.start_workflow(
-        "TrainingWorkflow",
+        TRAINING_WORKFLOW,
         config,
         id=training_workflow_id(run_id),
         task_queue=TRAINER_TASK_QUEUE,

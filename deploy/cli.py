@@ -12,6 +12,8 @@ from typing import Annotated
 import typer
 
 from deploy.cli_support import (
+    Namespace,
+    TemporalAddress,
     run_client,
     run_until_signalled,
     run_worker,
@@ -22,13 +24,17 @@ from deploy.cli_support import (
 from deploy.devstack import DevPorts, DevStack
 from deploy.serving import serve_app
 from deploy.telemetry import configure_tracing
-from workflows.temporal_connection import TemporalSettings, connect
+from workflows.names import ROLLOUT_TASK_QUEUE, ROLLOUT_WORKFLOW
+from workflows.temporal_connection import (
+    DEFAULT_ADDRESS,
+    DEFAULT_NAMESPACE,
+    TemporalSettings,
+    connect,
+)
 
 app = typer.Typer(no_args_is_help=True, help="DARL: durable agentic RL on Temporal.")
 
 Home = Annotated[Path, typer.Option(envvar="DARL_HOME", help="DARL's state directory.")]
-TemporalAddress = Annotated[str, typer.Option(envvar="TEMPORAL_ADDRESS")]
-Namespace = Annotated[str, typer.Option(envvar="TEMPORAL_NAMESPACE")]
 ReadyFile = Annotated[
     Path | None, typer.Option(help="Write the bound address here once serving (JSON).")
 ]
@@ -124,8 +130,8 @@ def gateway(
     shutdown_grace_seconds: Annotated[
         float, typer.Option(help="On SIGTERM, how long calls in flight may take to finish.")
     ] = 30.0,
-    temporal_address: TemporalAddress = "127.0.0.1:7233",
-    namespace: Namespace = "default",
+    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    namespace: Namespace = DEFAULT_NAMESPACE,
     home: Home = Path(".darl"),
     ready_file: ReadyFile = None,
 ) -> None:
@@ -182,7 +188,7 @@ def worker(
         str | None, typer.Option(help="The gateway's admin API (default: --gateway-url).")
     ] = None,
     agents_dir: Path = Path(".darl/agents"),
-    task_queue: str = "darl-rollouts",
+    task_queue: str = ROLLOUT_TASK_QUEUE,
     max_concurrent_agents: int = 256,
     k8s_namespace: Annotated[
         str | None,
@@ -193,8 +199,8 @@ def worker(
         typer.Option(envvar="DARL_K8S_API_URL", help="The API server (default: kubeconfig)."),
     ] = None,
     k8s_jobs_per_minute: Annotated[float, typer.Option(envvar="DARL_K8S_JOBS_PER_MINUTE")] = 120.0,
-    temporal_address: TemporalAddress = "127.0.0.1:7233",
-    namespace: Namespace = "default",
+    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    namespace: Namespace = DEFAULT_NAMESPACE,
     home: Home = Path(".darl"),
     ready_file: ReadyFile = None,
 ) -> None:
@@ -227,14 +233,17 @@ def worker(
     )
 
 
+DEFAULT_PORTS = DevPorts()
+
+
 @app.command()
 def dev(
     home: Home = Path(".darl"),
-    temporal_port: int = 7233,
-    ui_port: int = 8233,
-    gateway_port: int = 8100,
-    policy_port: int = 8200,
-    agent_port: int = 8300,
+    temporal_port: int = DEFAULT_PORTS.temporal,
+    ui_port: int = DEFAULT_PORTS.ui,
+    gateway_port: int = DEFAULT_PORTS.gateway,
+    policy_port: int = DEFAULT_PORTS.policy,
+    agent_port: int = DEFAULT_PORTS.agent_service,
     ui: Annotated[bool, typer.Option(help="Serve the Temporal Web UI.")] = True,
     model: Annotated[str, typer.Option(help="Policy model preset: tiny or digits.")] = "tiny",
     agent_service: Annotated[
@@ -280,11 +289,11 @@ def dev(
 def demo(
     home: Home = Path(".darl"),
     steps: Annotated[int | None, typer.Option(help="Override the demo's step count.")] = None,
-    temporal_port: int = 7233,
-    ui_port: int = 8233,
-    gateway_port: int = 8100,
-    policy_port: int = 8200,
-    agent_port: int = 8300,
+    temporal_port: int = DEFAULT_PORTS.temporal,
+    ui_port: int = DEFAULT_PORTS.ui,
+    gateway_port: int = DEFAULT_PORTS.gateway,
+    policy_port: int = DEFAULT_PORTS.policy,
+    agent_port: int = DEFAULT_PORTS.agent_service,
 ) -> None:
     """Start the stack, train the tiny digits model with RL while you watch, stop."""
     setup_logging()
@@ -304,11 +313,11 @@ def demo(
 def rollout(
     spec_file: Annotated[Path, typer.Argument(help="A RolloutSpec as JSON.")],
     wait: bool = True,
-    task_queue: Annotated[str, typer.Option(help="The rollout workers' task queue.")] = (
-        "darl-rollouts"
-    ),
-    temporal_address: TemporalAddress = "127.0.0.1:7233",
-    namespace: Namespace = "default",
+    task_queue: Annotated[
+        str, typer.Option(help="The rollout workers' task queue.")
+    ] = ROLLOUT_TASK_QUEUE,
+    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    namespace: Namespace = DEFAULT_NAMESPACE,
 ) -> None:
     """Start a RolloutWorkflow (idempotent: its id comes from the rollout id, and a rollout
     that already ran is not run again: its result is shown)."""
@@ -336,7 +345,7 @@ def rollout(
         workflow_id = rollout_workflow_id(spec.rollout_id)
         try:
             handle = await client.start_workflow(
-                "RolloutWorkflow",
+                ROLLOUT_WORKFLOW,
                 spec,
                 id=workflow_id,
                 task_queue=task_queue,

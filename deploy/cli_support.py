@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import typer
@@ -24,6 +24,10 @@ from temporalio.worker import Worker
 from deploy.devstack import SECRETS_FILE
 from deploy.serving import write_ready_file
 from workflows.temporal_connection import TemporalSettings, connect
+
+# The Temporal options every command takes, read from the temporal CLI's own variables.
+TemporalAddress = Annotated[str, typer.Option(envvar="TEMPORAL_ADDRESS")]
+Namespace = Annotated[str, typer.Option(envvar="TEMPORAL_NAMESPACE")]
 
 log = logging.getLogger("darl")
 

@@ -12,11 +12,11 @@ from pathlib import Path
 from rich.console import Console
 
 import examples.digits
+from deploy.config_file import load_config
 from deploy.devstack import DevStack
 from deploy.progress import follow, web_ui_link
-from deploy.training_cli import load_config
 from trainer.run_files import plot_rewards, read_metrics
-from workflows.contracts import TRAINER_TASK_QUEUE
+from workflows.names import TRAINER_TASK_QUEUE, TRAINING_WORKFLOW
 from workflows.temporal_connection import connect
 from workflows.training_contracts import (
     PolicyServerSpec,
@@ -56,7 +56,7 @@ def demo_config(stack: DevStack, run_id: str, steps: int | None) -> TrainingConf
 async def train(stack: DevStack, config: TrainingConfig, console: Console) -> TrainingSummary:
     client = await connect(stack.temporal)
     handle = await client.start_workflow(
-        "TrainingWorkflow",
+        TRAINING_WORKFLOW,
         config,
         id=training_workflow_id(config.run_id),
         task_queue=TRAINER_TASK_QUEUE,

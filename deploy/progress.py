@@ -10,6 +10,7 @@ from rich.console import Console
 from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError
 
+from workflows.names import METRICS_QUERY, STATUS_QUERY
 from workflows.training_contracts import StepRecord, TrainingProgress, TrainingSummary
 
 HEADER = (
@@ -53,8 +54,8 @@ async def follow(
         while True:
             finished = result.done()
             try:
-                records = await handle.query("metrics", result_type=list[StepRecord])
-                progress = await handle.query("status", result_type=TrainingProgress)
+                records = await handle.query(METRICS_QUERY, result_type=list[StepRecord])
+                progress = await handle.query(STATUS_QUERY, result_type=TrainingProgress)
             except RPCError as err:
                 # A query can time out while a worker restarts; the run goes on.
                 status.update(f"waiting for the trainer worker ({err.message})")

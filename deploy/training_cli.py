@@ -10,76 +10,47 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
-from pydantic import ValidationError
 from rich.console import Console
 
 from deploy.cli_support import (
     CliError,
-    one_line,
+    Namespace,
+    TemporalAddress,
     run_client,
     run_failure,
     run_until_signalled,
     run_worker,
     secret,
     setup_logging,
-    validation_line,
 )
+from deploy.config_file import ConfigFileError, load_config
 from deploy.progress import follow, status_line, step_line, web_ui_link
 from deploy.serving import serve_app
-from workflows.contracts import TRAINER_TASK_QUEUE
-from workflows.temporal_connection import TemporalSettings, connect
+from workflows.names import (
+    METRICS_QUERY,
+    PAUSE_SIGNAL,
+    RESUME_SIGNAL,
+    STATUS_QUERY,
+    STOP_SIGNAL,
+    TRAINER_TASK_QUEUE,
+    TRAINING_WORKFLOW,
+)
+from workflows.temporal_connection import (
+    DEFAULT_ADDRESS,
+    DEFAULT_NAMESPACE,
+    TemporalSettings,
+    connect,
+)
 from workflows.training_contracts import (
     StepRecord,
     StopRequest,
-    TrainingConfig,
     TrainingProgress,
     TrainingSummary,
     training_workflow_id,
 )
 
 Run = Annotated[str, typer.Argument(help="The run id (its workflow is train/<run id>).")]
-TemporalAddress = Annotated[str, typer.Option(envvar="TEMPORAL_ADDRESS")]
-Namespace = Annotated[str, typer.Option(envvar="TEMPORAL_NAMESPACE")]
 UiUrl = Annotated[str, typer.Option(envvar="DARL_UI_URL", help="The Temporal Web UI.")]
-
-
-def load_config(path: Path, run_id: str | None = None) -> TrainingConfig:
-    """A TrainingConfig from YAML or JSON; `run_id` overrides the file's. A file that is not
-    one raises typer.BadParameter with one line saying what is wrong."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise typer.BadParameter(f"{path}: {one_line(str(err))}") from err
-    if not isinstance(data, dict):
-        raise typer.BadParameter(f"{path}: expected a mapping of config keys")
-    if run_id:
-        data["run_id"] = run_id
-    try:
-        config = TrainingConfig.model_validate(data)
-    except ValidationError as err:
-        raise typer.BadParameter(f"{path}: {validation_line(err)}") from err
-    return absolute_paths(config)
-
-
-def absolute_paths(config: TrainingConfig) -> TrainingConfig:
-    """Relative paths in a config mean the directory `darl train` runs in; the workers may
-    run elsewhere, so they get absolute ones."""
-
-    def resolved(value: str | None) -> str | None:
-        return None if value is None else str(Path(value).expanduser().resolve())
-
-    validation = config.validation
-    return config.model_copy(
-        update={
-            "dataset": config.dataset.model_copy(update={"path": resolved(config.dataset.path)}),
-            "validation": validation.model_copy(update={"path": resolved(validation.path)}),
-            "backend": config.backend.model_copy(
-                update={"model_dir": resolved(config.backend.model_dir)}
-            ),
-            "run_dir": resolved(config.run_dir),
-        }
-    )
 
 
 async def _handle(run_id: str, address: str, namespace: str):
@@ -92,8 +63,8 @@ def train(
     run_id: Annotated[str | None, typer.Option(help="Override the config's run_id.")] = None,
     follow_run: Annotated[bool, typer.Option("--follow", help="Show steps as they land.")] = False,
     task_queue: str = TRAINER_TASK_QUEUE,
-    temporal_address: TemporalAddress = "127.0.0.1:7233",
-    namespace: Namespace = "default",
+    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    namespace: Namespace = DEFAULT_NAMESPACE,
     ui_url: UiUrl = "http://127.0.0.1:8233",
 ) -> None:
     """Start a TrainingWorkflow (idempotent: a run id runs once)."""
@@ -101,7 +72,10 @@ def train(
     from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
-    config = load_config(config_file, run_id)
+    try:
+        config = load_config(config_file, run_id)
+    except ConfigFileError as err:
+        raise typer.BadParameter(str(err)) from err
 
     async def main() -> None:
         client = await connect(TemporalSettings.from_env(temporal_address, namespace))
@@ -117,7 +91,7 @@ def train(
             # ids and checkpoints are taken: a run id trains once). One that failed may be:
             # the run's own start check refuses it if it had got as far as rollouts.
             handle = await client.start_workflow(
-                "TrainingWorkflow",
+                TRAINING_WORKFLOW,
                 config,
                 id=workflow_id,
                 task_queue=task_queue,
@@ -142,8 +116,8 @@ def train(
 def status(
     run: Run,
     as_json: Annotated[bool, typer.Option("--json")] = False,
-    temporal_address: TemporalAddress = "127.0.0.1:7233",
-    namespace: Namespace = "default",
+    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    namespace: Namespace = DEFAULT_NAMESPACE,
 ) -> None:
     """Where a run stands (the `status` and `metrics` queries)."""
 
@@ -152,8 +126,8 @@ def status(
         failure = await run_failure(handle)
         if failure is not None:
             raise CliError(f"{handle.id} {failure}")
-        progress = await handle.query("status", result_type=TrainingProgress)
-        records = await handle.query("metrics", result_type=list[StepRecord])
+        progress = await handle.query(STATUS_QUERY, result_type=TrainingProgress)
+        records = await handle.query(METRICS_QUERY, result_type=list[StepRecord])
         if as_json:
             typer.echo(progress.model_dump_json(indent=2))
             return
@@ -178,20 +152,20 @@ def _signal(run: str, name: str, address: str, namespace: str, arg: object = Non
 
 def pause(
     run: Run,
-    temporal_address: TemporalAddress = "127.0.0.1:7233",
-    namespace: Namespace = "default",
+    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    namespace: Namespace = DEFAULT_NAMESPACE,
 ) -> None:
     """No new rollouts or steps until resume; rollouts out finish and wait in the buffer."""
-    _signal(run, "pause", temporal_address, namespace)
+    _signal(run, PAUSE_SIGNAL, temporal_address, namespace)
 
 
 def resume(
     run: Run,
-    temporal_address: TemporalAddress = "127.0.0.1:7233",
-    namespace: Namespace = "default",
+    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    namespace: Namespace = DEFAULT_NAMESPACE,
 ) -> None:
     """Continue a paused run."""
-    _signal(run, "resume", temporal_address, namespace)
+    _signal(run, RESUME_SIGNAL, temporal_address, namespace)
 
 
 def stop(
@@ -199,11 +173,11 @@ def stop(
     finish: Annotated[
         bool, typer.Option(help="Let running rollouts finish instead of cancelling them.")
     ] = False,
-    temporal_address: TemporalAddress = "127.0.0.1:7233",
-    namespace: Namespace = "default",
+    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    namespace: Namespace = DEFAULT_NAMESPACE,
 ) -> None:
     """Stop gracefully: no new rollouts, in-flight ones cancelled (or finished), a summary."""
-    _signal(run, "stop", temporal_address, namespace, StopRequest(cancel_inflight=not finish))
+    _signal(run, STOP_SIGNAL, temporal_address, namespace, StopRequest(cancel_inflight=not finish))
 
 
 def plot(
@@ -257,8 +231,8 @@ def trainer_worker(
     runs_dir: Annotated[Path, typer.Option(envvar="DARL_RUNS_DIR")] = Path(".darl/runs"),
     task_queue: str = TRAINER_TASK_QUEUE,
     threads: Annotated[int, typer.Option(help="torch CPU threads.")] = 1,
-    temporal_address: TemporalAddress = "127.0.0.1:7233",
-    namespace: Namespace = "default",
+    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    namespace: Namespace = DEFAULT_NAMESPACE,
     home: Annotated[Path, typer.Option(envvar="DARL_HOME")] = Path(".darl"),
     ready_file: Annotated[Path | None, typer.Option()] = None,
 ) -> None:

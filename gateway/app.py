@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -42,6 +42,7 @@ from gateway.traffic import PauseGate, UpstreamPool
 from gateway.versions import UpstreamVersions
 from workflows.contracts import AgentReport
 from workflows.rollout_token import TokenClaims
+from workflows.training_contracts import PauseMode
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ async def read_model(request: Request, model: type[Body], limit: int) -> Body:
 
 class PauseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    mode: Literal["hold", "reject"] = "hold"
+    mode: PauseMode = "hold"
     # Wait for in-flight calls to finish before answering, at most this long.
     drain_timeout_seconds: float | None = Field(default=None, ge=0, le=3600)
 

@@ -20,7 +20,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from gateway.errors import GatewayError
 from gateway.store import TrajectoryStore
 from workflows.contracts import AgentReport, ModelCallEvent, rollout_workflow_id
-from workflows.rollout_workflow import AGENT_RESULT_SIGNAL, MODEL_CALLS_SIGNAL
+from workflows.names import AGENT_RESULT_SIGNAL, MODEL_CALLS_SIGNAL
 
 log = logging.getLogger(__name__)
 

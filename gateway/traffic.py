@@ -10,11 +10,9 @@ from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal
 
 from gateway.errors import GatewayError
-
-PauseMode = Literal["hold", "reject"]
+from workflows.training_contracts import PauseMode
 
 
 class UpstreamPool:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Literal
 
 import numpy as np
 import torch
@@ -24,6 +23,7 @@ from verl import DataProto
 
 from gateway.capture import finish_reason
 from gateway.store import CallRecord
+from workflows.training_contracts import AggregationSpec
 
 
 class AggregationError(ValueError):
@@ -43,20 +43,10 @@ class EmptyBatchError(AggregationError):
         self.counters = counters
 
 
-@dataclass(frozen=True)
-class AggregationSettings:
-    mode: Literal["transition", "trajectory"] = "trajectory"
-    max_prompt_length: int = 512
-    """Tokens; a longer prompt keeps its last tokens (the system prompt is lost first)."""
-    max_response_length: int = 256
-    """Tokens; a longer response is cut at the end (later turns are lost first)."""
-    pad_token_id: int = 0
+class AggregationSettings(AggregationSpec):
+    """The run's `AggregationSpec` (its defaults and bounds) and the backend's pad token."""
 
-    def __post_init__(self) -> None:
-        if self.mode not in ("transition", "trajectory"):
-            raise ValueError(f"unknown aggregation mode {self.mode!r}")
-        if self.max_prompt_length < 1 or self.max_response_length < 1:
-            raise ValueError("max_prompt_length and max_response_length must be at least 1")
+    pad_token_id: int = 0
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from verl import DataProto
 
+from workflows.heartbeats import Heartbeat
+
 OUTCOME_FILE = "outcome.json"
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 _TMP_PREFIX = ".tmp-"
 
-Heartbeat = Callable[[], None]
 
 # What trainer/aggregation.py puts in a DataProto's batch and every backend trains on.
 REQUIRED_KEYS = (

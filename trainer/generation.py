@@ -19,10 +19,11 @@ from typing import Literal
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+from workflows.training_contracts import ServerPauseMode
+
 log = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length", "abort"]
-PauseMode = Literal["keep", "wait", "abort"]
 
 
 class GenerationRejectedError(ValueError):
@@ -90,7 +91,7 @@ class GenerationEngine:
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         # The pause mode and the admission of a batch change together under this lock.
         self._cond = threading.Condition()
-        self.pause_mode: PauseMode | None = None
+        self.pause_mode: ServerPauseMode | None = None
         self._idle = threading.Event()  # set while no batch is being generated
         self._idle.set()
         self._stopped = False
@@ -118,7 +119,7 @@ class GenerationEngine:
             )
         self._pending.put(sequence)
 
-    def pause(self, mode: PauseMode) -> None:
+    def pause(self, mode: ServerPauseMode) -> None:
         """`keep`: freeze running sequences, continue them on resume. `abort`: end them now with
         finish_reason "abort". `wait`: let them finish (see `wait_idle`). New requests wait for
         resume in all three."""

@@ -12,15 +12,19 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import httpx
 
-from workflows.training_contracts import PolicyServerSpec
+from workflows.training_contracts import (
+    InflightMode,
+    PauseMode,
+    PolicyServerSpec,
+    ServerPauseMode,
+    check_keep,
+)
 
 log = logging.getLogger(__name__)
-
-PausePolicy = Literal["keep", "wait", "abort"]
 
 
 class WeightSyncError(RuntimeError):
@@ -44,7 +48,7 @@ class PolicyServerControl(Protocol):
         """False for a server that restarts to load: calls in flight cannot survive it."""
         ...
 
-    async def pause(self, mode: PausePolicy) -> None: ...
+    async def pause(self, mode: ServerPauseMode) -> None: ...
 
     async def load_weights(self, path: str, version: int) -> None: ...
 
@@ -68,7 +72,7 @@ class ReferencePolicyServer:
     def keeps_inflight_across_load(self) -> bool:
         return True
 
-    async def pause(self, mode: PausePolicy) -> None:
+    async def pause(self, mode: ServerPauseMode) -> None:
         _checked(
             await self.client.post(f"{self.url}/pause", params={"mode": mode}),
             f"pausing {self.url}",
@@ -108,7 +112,7 @@ class VllmPolicyServer:
     def keeps_inflight_across_load(self) -> bool:
         return self.launcher_url is None
 
-    async def pause(self, mode: PausePolicy) -> None:
+    async def pause(self, mode: ServerPauseMode) -> None:
         _checked(
             await self.client.post(
                 f"{self.url}/pause", params={"mode": mode}, timeout=self.load_timeout_seconds
@@ -186,7 +190,7 @@ class GatewayControl:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.admin_key}"}
 
-    async def pause(self, mode: Literal["hold", "reject"], drain_seconds: float | None) -> bool:
+    async def pause(self, mode: PauseMode, drain_seconds: float | None) -> bool:
         """Pause; with `drain_seconds`, answer once the calls in flight have finished (or the
         time is up: False)."""
         body: dict = {"mode": mode}
@@ -255,22 +259,21 @@ async def sync_weights(
     servers: list[PolicyServerControl],
     path: str,
     version: int,
-    inflight: Literal["drain", "keep"],
+    inflight: InflightMode,
     drain_seconds: float,
-    pause_mode: Literal["hold", "reject"] = "hold",
-    register_upstreams: bool = False,
+    *,
+    pause_mode: PauseMode,
+    register_upstreams: bool,
 ) -> SyncOutcome:
     """New calls wait at the gateway while the weights change. `drain`: calls in flight
     finish on the old weights first. `keep`: they are frozen on the servers and continue on
     the new weights (a call records the version the gateway admitted it under). `keep` with
     a server that restarts to load raises WeightSyncError before anything is paused. With
     `register_upstreams`, the servers become the gateway's upstreams before it resumes."""
-    restarting = [s.url for s in servers if not s.keeps_inflight_across_load]
-    if inflight == "keep" and restarting:
-        raise WeightSyncError(
-            f"inflight 'keep' cannot hold calls across a restart: {restarting} restart to load "
-            "weights (use 'drain')"
-        )
+    try:
+        check_keep(inflight, [s.url for s in servers if not s.keeps_inflight_across_load])
+    except ValueError as err:
+        raise WeightSyncError(str(err)) from err
     started = time.monotonic()
     drained = await gateway.pause(pause_mode, drain_seconds if inflight == "drain" else None)
     if inflight == "keep":

@@ -32,7 +32,6 @@ from safetensors.torch import load_file
 from trainer.generation import (
     GenerationEngine,
     GenerationRejectedError,
-    PauseMode,
     SamplingParams,
     Sequence,
     TokenStep,
@@ -45,6 +44,7 @@ from trainer.openai_format import (
     message_text,
 )
 from trainer.tiny_model import load_model_dir
+from workflows.training_contracts import ServerPauseMode
 
 log = logging.getLogger(__name__)
 
@@ -426,7 +426,7 @@ def create_policy_app(server: PolicyServer) -> FastAPI:
         }
 
     @app.post("/pause")
-    async def pause(mode: PauseMode = "abort", timeout: float = 600.0) -> dict[str, Any]:
+    async def pause(mode: ServerPauseMode = "abort", timeout: float = 600.0) -> dict[str, Any]:
         """vLLM's meaning: `wait` answers once the requests in flight have finished."""
         server.engine.pause(mode)
         drained = None

@@ -30,13 +30,13 @@ from trainer.backend import (
     CheckpointError,
     CheckpointInfo,
     CheckpointStore,
-    Heartbeat,
     StepKnobs,
     StepOutcome,
     StepOutOfOrderError,
     validate_batch,
 )
 from trainer.tiny_model import load_model_dir
+from workflows.heartbeats import Heartbeat, no_heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class ReferenceBackend:
             raise StepOutOfOrderError(f"cannot train step {step}: the latest saved is {latest}")
         started = time.monotonic()
         try:
-            metrics = self._update(step, batch, knobs or StepKnobs(), heartbeat or _no_heartbeat)
+            metrics = self._update(step, batch, knobs or StepKnobs(), heartbeat or no_heartbeat)
         except BaseException:
             self._loaded_step = -1  # the model may be half updated: reload it before a retry
             raise
@@ -348,10 +348,6 @@ class ReferenceBackend:
             _restore_optimizer(model, optimizer, load_file(folder / OPTIMIZER_TENSORS), meta)
         self.model, self.tokenizer, self.optimizer = model, tokenizer, optimizer
         self._loaded_step = step
-
-
-def _no_heartbeat() -> None:
-    return None
 
 
 def _log_probs(

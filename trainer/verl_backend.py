@@ -50,7 +50,6 @@ from trainer.backend import (
     CheckpointError,
     CheckpointInfo,
     CheckpointStore,
-    Heartbeat,
     StepKnobs,
     StepOutcome,
     StepOutOfOrderError,
@@ -63,6 +62,7 @@ from trainer.verl_batch import (
     worker_output,
 )
 from trainer.verl_config import VerlSettings
+from workflows.heartbeats import Heartbeat, no_heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class VerlBackend:
         prepared = prepare_batch(batch, self.settings, self.vocab_size, seed=step)
         started = time.monotonic()
         try:
-            metrics = self._update(prepared, knobs or StepKnobs(), heartbeat or _no_heartbeat)
+            metrics = self._update(prepared, knobs or StepKnobs(), heartbeat or no_heartbeat)
         except RayActorError:
             self._drop_workers()  # a lost worker: start fresh ones from the checkpoint
             raise
@@ -365,7 +365,3 @@ def _ray_init_kwargs(settings: VerlSettings) -> dict[str, Any]:
     )
     runtime_env = OmegaConf.merge(get_ppo_ray_runtime_env(settings.config), init.pop("runtime_env"))
     return {**init, "runtime_env": OmegaConf.to_container(runtime_env)}
-
-
-def _no_heartbeat() -> None:
-    return None

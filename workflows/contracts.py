@@ -14,9 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from workflows.rollout_status import RolloutStatus
 
-ROLLOUT_TASK_QUEUE = "darl-rollouts"
-TRAINER_TASK_QUEUE = "darl-trainer"
-
 # Rollout ids travel in URL paths (/rollouts/<id>/v1) and file names, so they stay URL-safe.
 ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 

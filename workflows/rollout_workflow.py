@@ -35,6 +35,21 @@ with workflow.unsafe.imports_passed_through():
         TrajectorySummary,
         rollout_workflow_id,
     )
+    from workflows.names import (
+        AGENT_LOST_ERROR,
+        AGENT_RESULT_SIGNAL,
+        AGENT_SPEC_ERROR,
+        AWAIT_AGENT,
+        COMPUTE_REWARD,
+        LAUNCH_AGENT,
+        MODEL_CALLS_SIGNAL,
+        ROLLOUT_ALREADY_RAN_ERROR,
+        ROLLOUT_FINISHED_SIGNAL,
+        ROLLOUT_WORKFLOW,
+        STATUS_QUERY,
+        STOP_AGENT,
+        WRONG_WORKFLOW_ID_ERROR,
+    )
     from workflows.rollout_status import (
         TRANSITIONS,
         IllegalTransitionError,
@@ -42,30 +57,12 @@ with workflow.unsafe.imports_passed_through():
         check_transition,
     )
 
-LAUNCH_AGENT = "launch_agent"
-AWAIT_AGENT = "await_agent"
-COMPUTE_REWARD = "compute_reward"
-STOP_AGENT = "stop_agent"
-
-MODEL_CALLS_SIGNAL = "model_calls"
-AGENT_RESULT_SIGNAL = "agent_result"
-ROLLOUT_FINISHED_SIGNAL = "rollout_finished"
-STATUS_QUERY = "status"
-
 # Statuses a rollout passes through in a moment; not published as search attributes.
 BRIEF_STATUSES = frozenset({RolloutStatus.LAUNCHING, RolloutStatus.SCORING})
 
 # await_agent enforces its own deadline this long after the workflow's, in case the workflow
 # cannot cancel it (its workers down); the workflow's timer normally wins.
 RUNNER_DEADLINE_GRACE = timedelta(seconds=60)
-
-# ApplicationError types the activities raise that no retry can fix.
-AGENT_SPEC_ERROR = "AgentSpecError"
-AGENT_LOST_ERROR = "AgentLostError"
-# The rollout id already ran in an earlier execution of its workflow id (started again with
-# the temporal CLI's default id-reuse policy): its details carry that run's result, if any.
-ROLLOUT_ALREADY_RAN_ERROR = "RolloutAlreadyRan"
-WRONG_WORKFLOW_ID_ERROR = "WrongWorkflowId"
 
 
 def _cause(err: ActivityError) -> str:
@@ -123,7 +120,7 @@ def _merged(earlier: AgentReport | None, later: AgentReport | None) -> AgentRepo
 # A ValidationError is input no retry can fix (a RolloutSpec the temporal CLI sent that does
 # not validate): the workflow fails at once with pydantic's message (rule 9).
 @workflow.defn(
-    name="RolloutWorkflow", failure_exception_types=[IllegalTransitionError, ValidationError]
+    name=ROLLOUT_WORKFLOW, failure_exception_types=[IllegalTransitionError, ValidationError]
 )
 class RolloutWorkflow:
     @workflow.init

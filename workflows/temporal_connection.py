@@ -16,13 +16,18 @@ from temporalio.service import TLSConfig
 DATA_CONVERTER = pydantic_data_converter
 
 
+# The dev server's address (`temporal server start-dev`, `darl dev`) and its namespace.
+DEFAULT_ADDRESS = "127.0.0.1:7233"
+DEFAULT_NAMESPACE = "default"
+
+
 @dataclass(frozen=True)
 class TemporalSettings:
     """Where Temporal is. Reads the temporal CLI's own variables: TEMPORAL_ADDRESS,
     TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS_CERT / TEMPORAL_TLS_KEY (mTLS)."""
 
-    address: str = "127.0.0.1:7233"
-    namespace: str = "default"
+    address: str = DEFAULT_ADDRESS
+    namespace: str = DEFAULT_NAMESPACE
     api_key: str | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None

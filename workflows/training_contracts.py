@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from workflows.contracts import (
     ROLLOUT_ID_PATTERN,
-    ROLLOUT_TASK_QUEUE,
     AgentSpec,
     Contract,
     RewardSpec,
@@ -23,12 +22,24 @@ from workflows.contracts import (
     RolloutSpec,
     RolloutTimeouts,
 )
+from workflows.names import ROLLOUT_TASK_QUEUE
 
 
 def training_workflow_id(run_id: str) -> str:
     """The one workflow id of a training run (rule 2); rollouts signal it by this id, so a
     report reaches whichever run of the chain is current."""
     return f"train/{run_id}"
+
+
+# How the gateway holds new calls while the weights change: `hold` makes them wait, `reject`
+# answers 429 with Retry-After.
+PauseMode = Literal["hold", "reject"]
+# What happens to calls in flight at a sync: `drain` lets them finish on the old weights,
+# `keep` freezes them on the policy server and continues them on the new weights.
+InflightMode = Literal["drain", "keep"]
+# How a policy server pauses (vLLM's `/pause?mode=`): `keep` freezes decoding to continue it
+# after the load, `wait` finishes what is running, `abort` ends it with finish reason `abort`.
+ServerPauseMode = Literal["keep", "wait", "abort"]
 
 
 class TrainingMode(StrEnum):
@@ -94,9 +105,9 @@ class WeightSyncSettings(Contract):
 
     gateway_admin_url: str
     policy_servers: list[PolicyServerSpec] = Field(min_length=1)
-    inflight: Literal["drain", "keep"] = "drain"
+    inflight: InflightMode = "drain"
     drain_timeout_seconds: float = Field(default=60.0, ge=0, le=3600)
-    pause_mode: Literal["hold", "reject"] = "hold"
+    pause_mode: PauseMode = "hold"
     register_upstreams: bool = True
     # Between syncs, how often the trainer looks whether every policy server still holds the
     # run's weights and loads them again on one that does not (it restarted on other weights,
@@ -112,18 +123,29 @@ class WeightSyncSettings(Contract):
 
     @model_validator(mode="after")
     def _keep_needs_servers_that_load_in_place(self) -> WeightSyncSettings:
-        restarting = [s.url for s in self.policy_servers if s.restarts_to_load]
-        if self.inflight == "keep" and restarting:
-            raise ValueError(
-                f"inflight 'keep' cannot hold calls across a restart; {restarting} restart "
-                "to load weights (use inflight 'drain')"
-            )
+        check_keep(self.inflight, [s.url for s in self.policy_servers if s.restarts_to_load])
         return self
 
 
+def check_keep(inflight: InflightMode, restarting: list[str]) -> None:
+    """The one rule of `inflight: keep`: calls frozen on a policy server continue on its new
+    weights, which a server that restarts to load cannot do. ValueError otherwise."""
+    if inflight == "keep" and restarting:
+        raise ValueError(
+            f"inflight 'keep' cannot hold calls across a restart: {restarting} restart to load "
+            "weights (use inflight 'drain')"
+        )
+
+
 class AggregationSpec(Contract):
+    """How a rollout's calls become training rows (`trainer/aggregation.py`): `trajectory`
+    merges the calls of a rollout into as few rows as their tokens allow, `transition` makes a
+    row of each call."""
+
     mode: Literal["transition", "trajectory"] = "trajectory"
+    # Tokens; a longer prompt keeps its last tokens (the system prompt is lost first).
     max_prompt_length: int = Field(default=512, ge=1)
+    # Tokens; a longer response is cut at the end (later turns are lost first).
     max_response_length: int = Field(default=256, ge=1)
 
 

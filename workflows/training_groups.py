@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from enum import StrEnum
 
 from workflows.contracts import RolloutMode, RolloutResult, RolloutSpec
 from workflows.rollout_status import RolloutStatus
@@ -32,6 +33,18 @@ class BatchStats:
     success_rate: float
     response_tokens_mean: float
     staleness_mean: float
+
+
+class Dropped(StrEnum):
+    """Why a complete train group is not trained."""
+
+    # Rolled out by weights more than `max_staleness` versions behind.
+    STALE = "stale"
+    # Fewer trainable members than `min_group_size`.
+    TOO_SMALL = "too small"
+    # Every member got the same reward (no advantage to learn from), with
+    # `equal_reward_groups: drop`.
+    EQUAL_REWARDS = "equal rewards"
 
 
 # Rollouts per minute is measured over this many steps back.
@@ -181,24 +194,25 @@ class GroupBook:
             return
         rewards = {r.reward for r in good}
         if self._stale(group):
-            self._drop(group, "stale")
+            self._drop(group, Dropped.STALE)
         elif len(good) < self.config.least_group_size:
-            self._drop(group, "small")
+            self._drop(group, Dropped.TOO_SMALL)
         elif len(rewards) == 1 and self.config.equal_reward_groups == "drop":
-            self._drop(group, "equal")
+            self._drop(group, Dropped.EQUAL_REWARDS)
         else:
             self.state.ready.append(group.group_id)
 
-    def _drop(self, group: GroupState, why: str) -> None:
+    def _drop(self, group: GroupState, why: Dropped) -> None:
         counters = self.state.counters
         good = sum(1 for r in group.results if _trainable(r))
         counters.rollouts_in_dropped_groups += good
-        if why == "small":
-            counters.groups_dropped_small += 1
-        elif why == "equal":
-            counters.groups_dropped_equal += 1
-        else:
-            counters.groups_dropped_stale += 1
+        match why:
+            case Dropped.TOO_SMALL:
+                counters.groups_dropped_small += 1
+            case Dropped.EQUAL_REWARDS:
+                counters.groups_dropped_equal += 1
+            case Dropped.STALE:
+                counters.groups_dropped_stale += 1
         self.state.groups.pop(group.group_id, None)
 
     def close(self) -> None:
@@ -220,10 +234,6 @@ class GroupBook:
             f"{self.state.failed_in_a_row} rollouts in a row failed and none succeeded; "
             f"the last: {self.state.last_failure}"
         )
-
-    def accounted(self) -> int:
-        """Rollouts whose end is counted; equals `rollouts_started` once nothing is out."""
-        return self.state.counters.ended()
 
     # --- validation -----------------------------------------------------------------------
 
@@ -262,7 +272,7 @@ class GroupBook:
         synced: SyncResult,
         now: float,
     ) -> StepRecord:
-        ended = self.accounted()
+        ended = self.state.counters.ended()
         window = self.state.recent_steps[-RATE_WINDOW_STEPS:]
         since, ended_then = (
             (window[0].time, window[0].rollouts_ended) if window else (self.state.started_at, 0)
@@ -295,7 +305,7 @@ class GroupBook:
             group = self.state.groups[group_id]
             if self._stale(group):
                 self.state.ready.remove(group_id)
-                self._drop(group, "stale")
+                self._drop(group, Dropped.STALE)
 
     def _stale(self, group: GroupState) -> bool:
         limit = 0 if self.config.mode == TrainingMode.SYNC else self.state.knobs.max_staleness

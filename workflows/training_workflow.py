@@ -22,6 +22,29 @@ with workflow.unsafe.imports_passed_through():
 
     from workflows import search_attributes as sa
     from workflows.contracts import RolloutMode, RolloutResult
+    from workflows.names import (
+        CANCEL_ROLLOUTS,
+        CHECK_ROLLOUTS,
+        CHECK_RUN,
+        INITIALIZE_POLICY,
+        METRICS_QUERY,
+        PAUSE_SIGNAL,
+        READ_TASKS,
+        READ_VAL_TASKS,
+        RECORD_STEP,
+        RESTORE_WEIGHTS,
+        RESUME_SIGNAL,
+        ROLLOUT_FINISHED_SIGNAL,
+        START_ROLLOUTS,
+        STATUS_QUERY,
+        STOP_SIGNAL,
+        SYNC_WEIGHTS,
+        TRAIN_STEP,
+        TRAINING_CONFIG_ERROR,
+        TRAINING_WORKFLOW,
+        UPDATE_KNOBS,
+        WEIGHT_SYNC_ERROR,
+    )
     from workflows.training_contracts import (
         InitializeRequest,
         Knobs,
@@ -48,22 +71,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.training_groups import GroupBook
 
-CHECK_RUN = "check_run"
-INITIALIZE_POLICY = "initialize_policy"
-READ_TASKS = "read_tasks"
-READ_VAL_TASKS = "read_val_tasks"
-START_ROLLOUTS = "start_rollouts"
-CANCEL_ROLLOUTS = "cancel_rollouts"
-CHECK_ROLLOUTS = "check_rollouts"
-TRAIN_STEP = "train_step"
-SYNC_WEIGHTS = "sync_weights"
-RESTORE_WEIGHTS = "restore_weights"
-RECORD_STEP = "record_step"
-
-ROLLOUT_FINISHED_SIGNAL = "rollout_finished"
-
-# Errors no retry can fix: a bad dataset or config, a step that does not follow the last one.
-TRAINING_CONFIG_ERROR = "TrainingConfigError"
 
 QUICK = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -84,7 +91,7 @@ SYNC_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=25,
-    non_retryable_error_types=[TRAINING_CONFIG_ERROR, "WeightSyncError"],
+    non_retryable_error_types=[TRAINING_CONFIG_ERROR, WEIGHT_SYNC_ERROR],
 )
 # Every trainer activity heartbeats (train_step at its own configured timeout): a trainer
 # worker that dies is noticed within this, and its activity moves to the next worker.
@@ -96,7 +103,7 @@ FEEDER_FAILED = "feeder failed"
 
 # A ValidationError is input no retry can fix (a TrainingConfig the temporal CLI sent that
 # does not validate): the workflow fails at once with pydantic's message (rule 9).
-@workflow.defn(name="TrainingWorkflow", failure_exception_types=[ValidationError])
+@workflow.defn(name=TRAINING_WORKFLOW, failure_exception_types=[ValidationError])
 class TrainingWorkflow:
     @workflow.init
     def __init__(self, config: TrainingConfig) -> None:
@@ -421,7 +428,7 @@ class TrainingWorkflow:
             # A few tries: the next round tries again, and a sync waits for this one.
             retry_policy=RetryPolicy(
                 maximum_attempts=3,
-                non_retryable_error_types=[TRAINING_CONFIG_ERROR, "WeightSyncError"],
+                non_retryable_error_types=[TRAINING_CONFIG_ERROR, WEIGHT_SYNC_ERROR],
             ),
         )
         return result
@@ -507,20 +514,20 @@ class TrainingWorkflow:
     def rollout_finished(self, result: RolloutResult) -> None:
         self._book.record(result)
 
-    @workflow.signal
+    @workflow.signal(name=PAUSE_SIGNAL)
     def pause(self) -> None:
         self._state.paused = True
 
-    @workflow.signal
+    @workflow.signal(name=RESUME_SIGNAL)
     def resume(self) -> None:
         self._state.paused = False
 
-    @workflow.signal
+    @workflow.signal(name=STOP_SIGNAL)
     def stop(self, request: StopRequest | None = None) -> None:
         self._state.stop_requested = True
         self._state.stop_cancels_inflight = (request or StopRequest()).cancel_inflight
 
-    @workflow.update
+    @workflow.update(name=UPDATE_KNOBS)
     def update_knobs(self, update: KnobUpdate) -> Knobs:
         changes = update.model_dump(exclude_none=True)
         self._state.knobs = self._state.knobs.model_copy(update=changes)
@@ -538,7 +545,7 @@ class TrainingWorkflow:
         if self._state.stop_requested:
             raise ApplicationError("the run is stopping")
 
-    @workflow.query
+    @workflow.query(name=STATUS_QUERY)
     def status(self) -> TrainingProgress:
         state = self._state
         phase = TrainingPhase.PAUSED if state.paused else self._phase
@@ -559,6 +566,6 @@ class TrainingWorkflow:
             last=state.recent_steps[-1] if state.recent_steps else None,
         )
 
-    @workflow.query
+    @workflow.query(name=METRICS_QUERY)
     def metrics(self) -> list[StepRecord]:
         return list(self._state.recent_steps)

@@ -8,20 +8,22 @@ handle alone, so a new worker can await an agent that an earlier, crashed worker
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import ClassVar
 
 from activities.agent_contract import AgentContract
 from workflows.contracts import AgentExit, AgentHandle, AwaitRequest, LaunchRequest
-
-Heartbeat = Callable[..., None]
+from workflows.heartbeats import Heartbeat, heartbeat_interval
 
 LOG_TAIL_BYTES = 4096
 
 
-def heartbeat_interval(heartbeat_seconds: float) -> float:
-    """How often to heartbeat under a heartbeat timeout: three times per timeout."""
-    return min(max(heartbeat_seconds / 3, 0.2), 10.0)
+# An agent's await heartbeats at least this often (its heartbeat timeout is the RolloutSpec's).
+AGENT_HEARTBEAT_SECONDS = 10.0
+
+
+def agent_heartbeat_interval(heartbeat_seconds: float) -> float:
+    """How often an agent's await heartbeats (the one rule, `heartbeat_interval`)."""
+    return heartbeat_interval(heartbeat_seconds, AGENT_HEARTBEAT_SECONDS)
 
 
 class AgentRunner(ABC):
@@ -35,7 +37,7 @@ class AgentRunner(ABC):
     async def wait(
         self, request: AwaitRequest, contract: AgentContract, heartbeat: Heartbeat
     ) -> AgentExit:
-        """Await the agent's end, calling `heartbeat` at least every `heartbeat_interval`.
+        """Await the agent's end, calling `heartbeat` at least every `agent_heartbeat_interval`.
 
         Enforces the rollout timeout plus a grace itself (the workflow's timer normally acts
         first). Raises `agent_lost_error` when the agent is gone without an exit status.

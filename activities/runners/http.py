@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from activities.agent_contract import AgentContract, env_map_values
 from activities.errors import agent_lost_error, agent_service_unavailable, agent_spec_error
-from activities.runners.base import LOG_TAIL_BYTES, AgentRunner, Heartbeat, heartbeat_interval
+from activities.runners.base import LOG_TAIL_BYTES, AgentRunner, agent_heartbeat_interval
 from workflows.contracts import (
     AgentExit,
     AgentHandle,
@@ -33,6 +33,7 @@ from workflows.contracts import (
     HttpAgentSpec,
     LaunchRequest,
 )
+from workflows.heartbeats import Heartbeat
 from workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
 
 # Statuses that say the service (or what fronts it) is unavailable, not that the agent failed.
@@ -91,7 +92,7 @@ class HttpAgentRunner(AgentRunner):
         if contract.traceparent:
             headers["traceparent"] = contract.traceparent
         post = asyncio.ensure_future(self._client.post(agent.url, json=body, headers=headers))
-        interval = heartbeat_interval(spec.timeouts.heartbeat_seconds)
+        interval = agent_heartbeat_interval(spec.timeouts.heartbeat_seconds)
         try:
             while not post.done():
                 remaining = deadline - time.time()

@@ -31,7 +31,7 @@ from kr8s.asyncio.objects import Job, Secret
 
 from activities.agent_contract import AgentContract
 from activities.errors import agent_lost_error, agent_spec_error, agent_stopped_error
-from activities.runners.base import AgentRunner, Heartbeat, heartbeat_interval
+from activities.runners.base import AgentRunner, agent_heartbeat_interval
 from workflows.contracts import (
     AgentExit,
     AgentHandle,
@@ -40,6 +40,7 @@ from workflows.contracts import (
     LaunchRequest,
     RolloutSpec,
 )
+from workflows.heartbeats import Heartbeat
 from workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
 
 log = logging.getLogger(__name__)
@@ -288,7 +289,7 @@ class KubernetesJobRunner(AgentRunner):
         spec, handle = request.spec, request.handle
         name = handle.data["job"]
         api = await self.api()
-        interval = heartbeat_interval(spec.timeouts.heartbeat_seconds)
+        interval = agent_heartbeat_interval(spec.timeouts.heartbeat_seconds)
         deadline = (
             handle.started_at + spec.timeouts.agent_seconds + RUNNER_DEADLINE_GRACE.total_seconds()
         )

@@ -24,8 +24,9 @@ import psutil
 
 from activities.agent_contract import AgentContract, inherited_env
 from activities.errors import agent_lost_error, agent_spec_error, agent_stopped_error
-from activities.runners.base import LOG_TAIL_BYTES, AgentRunner, Heartbeat, heartbeat_interval
+from activities.runners.base import LOG_TAIL_BYTES, AgentRunner, agent_heartbeat_interval
 from workflows.contracts import AgentExit, AgentHandle, AwaitRequest, LaunchRequest, LocalAgentSpec
+from workflows.heartbeats import Heartbeat
 from workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
 
 log = logging.getLogger(__name__)
@@ -185,7 +186,7 @@ class LocalProcessRunner(AgentRunner):
         deadline = (
             handle.started_at + timeouts.agent_seconds + RUNNER_DEADLINE_GRACE.total_seconds()
         )
-        interval = heartbeat_interval(timeouts.heartbeat_seconds)
+        interval = agent_heartbeat_interval(timeouts.heartbeat_seconds)
         while True:
             code = _read_exit_code(attempt_dir / EXIT_FILE)
             if code is not None:

@@ -57,6 +57,7 @@ from tests.integration.training_stack import (
 from tests.serving import served
 from workflows import search_attributes as sa
 from workflows.contracts import LocalAgentSpec, RolloutResult
+from workflows.names import ROLLOUT_WORKFLOW, TRAIN_STEP
 from workflows.temporal_connection import DATA_CONVERTER
 from workflows.training_contracts import (
     TrainingConfig,
@@ -65,7 +66,6 @@ from workflows.training_contracts import (
     TrainingSummary,
     TrainStepRequest,
 )
-from workflows.training_workflow import TRAIN_STEP
 
 log = logging.getLogger(__name__)
 
@@ -365,7 +365,7 @@ class ChaosRun:
 
     async def _check_executions(self, report: ChaosReport) -> None:
         assert self.client is not None
-        query = f'DarlRun = "{self.run_id}" AND WorkflowType = "RolloutWorkflow"'
+        query = f'DarlRun = "{self.run_id}" AND WorkflowType = "{ROLLOUT_WORKFLOW}"'
         # The rollouts the run cancelled at its end report before they close: let them close.
         deadline = time.monotonic() + 60
         while True:

@@ -21,6 +21,7 @@ from workflows.contracts import (
     RolloutSpec,
     RolloutTimeouts,
 )
+from workflows.names import ROLLOUT_WORKFLOW
 from workflows.rollout_status import RolloutStatus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +107,7 @@ def test_the_readme_rollout_starts_with_the_temporal_cli(stack: Stack) -> None:
             "workflow",
             "execute",
             "--type",
-            "RolloutWorkflow",
+            ROLLOUT_WORKFLOW,
             "--task-queue",
             stack.task_queue,
             "--workflow-id",

@@ -26,10 +26,10 @@ from tests.integration.training_stack import (
     wait_for_progress,
 )
 from workflows.contracts import RolloutResult
+from workflows.names import TRAIN_STEP
 from workflows.rollout_status import RolloutStatus
 from workflows.temporal_connection import connect
 from workflows.training_contracts import TrainingPhase, TrainingSummary
-from workflows.training_workflow import TRAIN_STEP
 
 pytestmark = pytest.mark.integration
 

@@ -49,6 +49,9 @@ from trainer.policy_control import (
     sync_weights,
 )
 
+# The gateway holds new calls and keeps its upstreams: what these syncs test is the load.
+HOLD: dict[str, Any] = {"pause_mode": "hold", "register_upstreams": False}
+
 pytestmark = pytest.mark.integration
 
 # vLLM's engine makes these in a few seconds on a CPU; its API server needs ~10 s to send them.
@@ -230,7 +233,7 @@ async def test_keep_is_refused_before_anything_pauses(vllm_stack: VllmStack) -> 
         assert not server.keeps_inflight_across_load
         gateway = GatewayControl(vllm_stack.gateway_url, ADMIN_KEY, http)
         with pytest.raises(WeightSyncError, match="cannot hold calls across a restart"):
-            await sync_weights(gateway, [server], before["model_dir"], 99, "keep", 60)
+            await sync_weights(gateway, [server], before["model_dir"], 99, "keep", 60, **HOLD)
         assert (await gateway_state(http, vllm_stack))["paused"] is False
         paused = (await http.get(f"{vllm_stack.policy_url}/is_paused")).json()
     assert paused == {"is_paused": False}
@@ -279,7 +282,9 @@ async def test_a_keep_sync_in_place_carries_a_call_across_the_reload(
                 read_stream(http, vllm_stack, rollout_id, LONG_CALL, chunks)
             )
             await first_tokens(chunks)
-            outcome = await sync_weights(gateway, [server], weights, version + 1, "keep", 60)
+            outcome = await sync_weights(
+                gateway, [server], weights, version + 1, "keep", 60, **HOLD
+            )
             call_id = await asyncio.wait_for(reading, 120)
             preempted_after = await vllm_metric(http, vllm_stack, "vllm:num_preemptions_total")
             after = await ask(http, vllm_stack, rollout_id, QUESTIONS[0])
@@ -347,7 +352,7 @@ async def test_a_sync_restarts_vllm_on_the_trained_checkpoint(vllm_stack: VllmSt
 
         await until(in_flight, 30, "the long call in flight")
         syncing = asyncio.create_task(
-            sync_weights(gateway, [server], str(new_weights), new_version, "drain", 120)
+            sync_weights(gateway, [server], str(new_weights), new_version, "drain", 120, **HOLD)
         )
 
         async def gateway_paused() -> bool:

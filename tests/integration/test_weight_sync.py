@@ -40,7 +40,14 @@ async def test_a_sync_moves_every_server_to_the_new_version(
             ):
                 await asyncio.sleep(0.01)
         outcome = await sync_weights(
-            gateway, [server], str(stack.model_dir), version, inflight, drain_seconds=60
+            gateway,
+            [server],
+            str(stack.model_dir),
+            version,
+            inflight,
+            drain_seconds=60,
+            pause_mode="hold",
+            register_upstreams=False,
         )
         served = (await http.get(f"{stack.policy_url}/version")).json()["policy_version"]
         paused = (await http.get(f"{stack.policy_url}/is_paused")).json()["is_paused"]
@@ -68,7 +75,14 @@ async def test_a_sync_registers_the_policy_servers_as_the_gateways_upstreams(sta
         gateway = GatewayControl(stack.gateway_url, ADMIN_KEY, http)
         server = ReferencePolicyServer(by_name, http)
         await sync_weights(
-            gateway, [server], str(stack.model_dir), 31, "drain", 60, register_upstreams=True
+            gateway,
+            [server],
+            str(stack.model_dir),
+            31,
+            "drain",
+            60,
+            pause_mode="hold",
+            register_upstreams=True,
         )
         after = (await http.get(f"{stack.gateway_url}/admin/state", headers=admin)).json()
         assert after["upstreams"] == [by_name] and not after["paused"]

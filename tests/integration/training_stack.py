@@ -16,13 +16,14 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
-from deploy.training_cli import load_config
+from deploy.config_file import load_config
 from gateway.store import DirectoryTrajectoryStore
 from tests.accounting import assert_accounted
 from tests.integration.stack import Stack
 from trainer.digits_task import make_tasks
 from trainer.reference_backend import ReferenceTrainerSettings
 from trainer.run_files import read_metrics
+from workflows.names import TRAINING_WORKFLOW
 from workflows.training_contracts import (
     TrainingConfig,
     TrainingProgress,
@@ -32,7 +33,6 @@ from workflows.training_contracts import (
 
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "digits" / "train.yaml"
 AGENT_SERVICE = "examples.digits.agent_service:app"
-TRAINING_WORKFLOW = "TrainingWorkflow"
 
 
 def start_training_stack(root: Path, client: Client) -> Stack:

@@ -38,7 +38,7 @@ from workflows.contracts import (
     RolloutSpec,
     RolloutTimeouts,
 )
-from workflows.rollout_workflow import AGENT_LOST_ERROR
+from workflows.names import AGENT_LOST_ERROR
 
 WAIT = 10.0
 

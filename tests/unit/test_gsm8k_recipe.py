@@ -20,7 +20,7 @@ from openai import OpenAI
 from typer.testing import CliRunner
 
 from activities.rewards import RewardFunctionError, resolve, score
-from deploy.training_cli import load_config
+from deploy.config_file import load_config
 from examples.gsm8k import agent
 from examples.gsm8k.agent_service import GSM8KAgent, create_service_app
 from examples.gsm8k.prepare_data import GSM8KDataError, app, ground_truth, prepare

@@ -9,12 +9,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import typer
 import yaml
 from pydantic import ValidationError
 
-from deploy.training_cli import load_config
+from deploy.config_file import ConfigFileError, load_config
 from trainer.datasets import DatasetError, TaskTables, load_tasks
+from trainer.digits_task import DEMO
 from trainer.run_files import REWARD_PLOT, plot_rewards, read_metrics, write_step
 from workflows.training_contracts import (
     VERL_ROLLOUT_N,
@@ -83,13 +83,25 @@ def test_the_demo_config_loads_with_absolute_paths(tmp_path: Path, monkeypatch):
     assert config.backend.model_dir == str(tmp_path / ".darl" / "models" / "digits")
 
 
+def test_the_demo_config_is_the_digits_demo_recipe():
+    """examples/digits/train.yaml and trainer.digits_task.DEMO describe one recipe."""
+    config = load_config(DEMO_CONFIG)
+    assert config.group_size == DEMO.group_size
+    assert config.batch_size == DEMO.groups_per_step
+    assert config.total_steps == DEMO.steps
+    assert {k: config.backend.settings[k] for k in DEMO.trainer} == DEMO.trainer
+    tasks = [json.loads(line) for line in Path(config.dataset.path).read_text().splitlines()]
+    assert {t["max_tokens"] for t in tasks} == {DEMO.max_tokens}
+    assert {len(t["answer"]) for t in tasks} == set(range(DEMO.min_digits, DEMO.max_digits + 1))
+
+
 def test_a_bad_config_names_the_field(tmp_path: Path):
     path = tmp_path / "bad.yaml"
     path.write_text(DEMO_CONFIG.read_text().replace("group_size: 8", "group_size: 0"))
-    with pytest.raises(typer.BadParameter, match="group_size"):
+    with pytest.raises(ConfigFileError, match="group_size"):
         load_config(path)
     path.write_text("- just a list\n")
-    with pytest.raises(typer.BadParameter, match="mapping"):
+    with pytest.raises(ConfigFileError, match="mapping"):
         load_config(path)
 
 

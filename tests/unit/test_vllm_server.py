@@ -32,6 +32,9 @@ from trainer.vllm_server import (
     create_launcher_app,
 )
 
+# The gateway holds new calls and keeps its upstreams: what these syncs test is the load.
+HOLD: dict[str, Any] = {"pause_mode": "hold", "register_upstreams": False}
+
 
 def model_dir(path: Path, *tensor_files: str) -> Path:
     path.mkdir(parents=True, exist_ok=True)
@@ -133,8 +136,8 @@ async def test_keep_with_a_restarting_server_pauses_nothing() -> None:
             VllmPolicyServer("http://v", http, launcher_url="http://l"),
         ]
         with pytest.raises(WeightSyncError, match=r"\['http://v'\] restart"):
-            await sync_weights(gateway, servers, "/ckpt", 3, "keep", 10)
-        await sync_weights(gateway, servers, "/ckpt", 3, "drain", 10)
+            await sync_weights(gateway, servers, "/ckpt", 3, "keep", 10, **HOLD)
+        await sync_weights(gateway, servers, "/ckpt", 3, "drain", 10, **HOLD)
     assert calls == [
         "POST /admin/pause",
         "POST /reload_weights",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from temporalio import workflow
 
+from workflows.names import ROLLOUT_FINISHED_SIGNAL
+
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts import RolloutResult
 
@@ -19,6 +21,6 @@ class CollectorWorkflow:
         await workflow.wait_condition(lambda: len(self.results) >= expected)
         return self.results
 
-    @workflow.signal(name="rollout_finished")
+    @workflow.signal(name=ROLLOUT_FINISHED_SIGNAL)
     def rollout_finished(self, result: RolloutResult) -> None:
         self.results.append(result)

@@ -17,6 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from tests.workflow.failures import validation_failure
 from tests.workflow.test_rollout_workflow import TIMEOUT, StubAgents, spec, start, stub_worker
 from workflows.contracts import AgentExit, AgentReport, RewardSpec, RolloutTimeouts
+from workflows.names import ROLLOUT_WORKFLOW
 from workflows.rollout_status import RolloutStatus
 from workflows.rollout_workflow import RolloutWorkflow
 
@@ -111,7 +112,7 @@ async def test_a_spec_that_does_not_validate_fails_at_once(
     stubs = StubAgents()
     async with stub_worker(time_skipping_env, stubs) as queue:
         handle = await time_skipping_env.client.start_workflow(
-            "RolloutWorkflow",
+            ROLLOUT_WORKFLOW,
             {"run_id": "bad", "task": {}, "agent": {"kind": "local"}},
             id="rollout/bad-spec",
             task_queue=queue,

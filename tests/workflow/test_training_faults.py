@@ -13,6 +13,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.workflow.failures import validation_failure
 from tests.workflow.test_training_workflow import TIMEOUT, harness, tasks
+from workflows.names import TRAINING_WORKFLOW
 
 
 def cause_message(failure: pytest.ExceptionInfo[WorkflowFailureError]) -> str:
@@ -32,7 +33,7 @@ async def test_a_config_that_does_not_validate_fails_at_once(
         config["group_size"] = 0
         del config["dataset"]
         handle = await time_skipping_env.client.start_workflow(
-            "TrainingWorkflow", config, id="train/not-a-config", task_queue=h.trainer_queue
+            TRAINING_WORKFLOW, config, id="train/not-a-config", task_queue=h.trainer_queue
         )
         cause = await validation_failure(handle, TIMEOUT)
     assert "dataset" in cause.message and "group_size" in cause.message

@@ -17,6 +17,8 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
+from workflows.names import ROLLOUT_FINISHED_SIGNAL, ROLLOUT_WORKFLOW
+
 with workflow.unsafe.imports_passed_through():
     from activities.training_activities import lookup_rollouts
     from workflows.contracts import RolloutResult, RolloutSpec, rollout_workflow_id
@@ -43,7 +45,7 @@ def _member(rollout_id: str) -> int:
     return int(rollout_id.rsplit(".", 1)[1])
 
 
-@workflow.defn(name="RolloutWorkflow")
+@workflow.defn(name=ROLLOUT_WORKFLOW)
 class StubRolloutWorkflow:
     @workflow.run
     async def run(self, spec: RolloutSpec) -> RolloutResult:
@@ -79,7 +81,7 @@ class StubRolloutWorkflow:
         )
         if spec.report_to and not spec.task.get("silent"):
             await workflow.get_external_workflow_handle(spec.report_to).signal(
-                "rollout_finished", result
+                ROLLOUT_FINISHED_SIGNAL, result
             )
         return result
 
@@ -152,7 +154,7 @@ class StubTrainerActivities:
         for spec in request.specs:
             try:
                 await self.client.start_workflow(
-                    "RolloutWorkflow",
+                    ROLLOUT_WORKFLOW,
                     spec,
                     id=rollout_workflow_id(spec.rollout_id),
                     task_queue=request.task_queue,
