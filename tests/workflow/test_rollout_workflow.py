@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 from temporalio import activity
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import CancelledError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -34,6 +34,7 @@ from workflows.contracts import (
     LocalAgentSpec,
     ModelCallEvent,
     RewardSpec,
+    RolloutProgress,
     RolloutResult,
     RolloutSpec,
     RolloutTimeouts,
@@ -172,6 +173,32 @@ async def wait_until(predicate, timeout: float = 20) -> None:
             await asyncio.sleep(0.05)
 
 
+async def wait_for_status(
+    handle: WorkflowHandle, status: RolloutStatus, calls: int = 0
+) -> RolloutProgress:
+    """Poll the `status` query (what the workflow has processed) until the rollout is in
+    `status` with at least `calls` calls."""
+    async with asyncio.timeout(TIMEOUT):
+        while True:
+            progress = await handle.query(RolloutWorkflow.status)
+            if progress.status == status and progress.calls >= calls:
+                return progress
+            await asyncio.sleep(0.05)
+
+
+async def wait_for_cancel_request(handle: WorkflowHandle) -> None:
+    """Poll the history until the workflow has asked its activity to cancel."""
+    async with asyncio.timeout(TIMEOUT):
+        while True:
+            history = await handle.fetch_history()
+            if any(
+                e.HasField("activity_task_cancel_requested_event_attributes")
+                for e in history.events
+            ):
+                return
+            await asyncio.sleep(0.05)
+
+
 def agent_pid(tmp_path: Path, s: RolloutSpec, attempt: int = 1) -> int:
     handle = tmp_path / "agents" / s.rollout_id / f"attempt-{attempt}" / "handle.json"
     return json.loads(handle.read_text())["data"]["pid"]
@@ -183,7 +210,7 @@ async def test_calls_and_report_make_the_result(time_skipping_env: WorkflowEnvir
     async with stub_worker(time_skipping_env, stubs) as queue:
         handle = await start(time_skipping_env, s, queue)
         await wait_until(lambda: stubs.launches)
-        await asyncio.sleep(0.5)  # the attempt is running
+        await wait_for_status(handle, RolloutStatus.RUNNING)
         await handle.signal(RolloutWorkflow.model_calls, [call_event(s, "b", sequence=1)])
         await handle.signal(
             RolloutWorkflow.model_calls,
@@ -215,8 +242,7 @@ async def test_a_service_reply_keeps_what_the_agent_reported(
     s = spec()
     async with stub_worker(time_skipping_env, stubs) as queue:
         handle = await start(time_skipping_env, s, queue)
-        await wait_until(lambda: stubs.launches)
-        await asyncio.sleep(0.3)
+        await wait_for_status(handle, RolloutStatus.RUNNING)
         await handle.signal(RolloutWorkflow.agent_result, AgentReport(attempt=1, reward=0.5))
         stubs.release.set()
         result = await asyncio.wait_for(handle.result(), TIMEOUT)
@@ -274,7 +300,7 @@ async def test_cancelling_while_launching_stops_what_the_launch_starts(
         handle = await start(env, spec(), queue)
         await wait_until(lambda: stubs.launches)
         await handle.cancel()
-        await asyncio.sleep(0.3)
+        await wait_for_cancel_request(handle)
         stubs.launch_gate.set()  # the launch finishes after the cancellation
         with pytest.raises(WorkflowFailureError) as failure:
             await asyncio.wait_for(handle.result(), TIMEOUT)
@@ -291,7 +317,7 @@ async def test_a_call_after_the_agent_ended_stays_out(
         handle = await start(time_skipping_env, s, queue)
         await wait_until(lambda: stubs.launches)
         await handle.signal(RolloutWorkflow.model_calls, [call_event(s, "in-time", 0)])
-        await asyncio.sleep(0.3)
+        await wait_for_status(handle, RolloutStatus.RUNNING, calls=1)
         stubs.release.set()
         await asyncio.wait_for(stubs.scoring.wait(), TIMEOUT)
         stubs.release.clear()  # hold the scoring step while a late call arrives
@@ -345,8 +371,8 @@ async def test_cancelling_during_the_retry_backoff(time_skipping_env: WorkflowEn
         handle = await start(time_skipping_env, s, queue)
         await wait_until(lambda: stubs.launches)
         with time_skipping_env.auto_time_skipping_disabled():
-            await asyncio.sleep(0.5)  # attempt 1 lost, waiting out the backoff
-            assert (await handle.query(RolloutWorkflow.status)).status == RolloutStatus.FAILED_INFRA
+            # Attempt 1 lost, waiting out the backoff.
+            await wait_for_status(handle, RolloutStatus.FAILED_INFRA)
             await handle.cancel()
             with pytest.raises(WorkflowFailureError) as failure:
                 await asyncio.wait_for(handle.result(), TIMEOUT)
