@@ -23,7 +23,7 @@ from activities.rollout_activities import earlier_executions, heartbeating
 from gateway.store import DirectoryTrajectoryStore
 from trainer import run_files
 from trainer.aggregation import AggregationSettings, RolloutSample, aggregate
-from trainer.backend import StepKnobs, TrainerBackend, TrainerBackendError
+from trainer.backend import StepOverrides, TrainerBackend, TrainerBackendError
 from trainer.backends import make_backend
 from trainer.datasets import DatasetError, TaskTables
 from trainer.policy_control import (
@@ -310,7 +310,9 @@ class TrainerActivities:
                     **request.aggregation.model_dump(), pad_token_id=backend.pad_token_id
                 )
                 batch, counters = aggregate(self._samples(request), settings)
-                done = backend.train_step(request.step, batch, StepKnobs(lr=request.learning_rate))
+                done = backend.train_step(
+                    request.step, batch, StepOverrides(lr=request.learning_rate)
+                )
             aggregated = {f"aggregation/{k}": float(v) for k, v in counters.as_dict().items()}
             return TrainStepResult(
                 step=done.step,

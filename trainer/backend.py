@@ -57,7 +57,7 @@ class BatchError(TrainerBackendError, ValueError):
     """The batch lacks a key, has inconsistent shapes or holds no trainable token."""
 
 
-class StepKnobs(BaseModel):
+class StepOverrides(BaseModel):
     """Per-step overrides of the backend's settings; None keeps the configured value."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -100,7 +100,7 @@ class TrainerBackend(Protocol):
         self,
         step: int,
         batch: DataProto,
-        knobs: StepKnobs | None = None,
+        knobs: StepOverrides | None = None,
         heartbeat: Heartbeat | None = None,
     ) -> StepOutcome:
         """Idempotent per step: the saved outcome when checkpoint `step` exists (no training);

@@ -30,9 +30,9 @@ from trainer.backend import (
     CheckpointError,
     CheckpointInfo,
     CheckpointStore,
-    StepKnobs,
     StepOutcome,
     StepOutOfOrderError,
+    StepOverrides,
     validate_batch,
 )
 from trainer.tiny_model import load_model_dir
@@ -115,7 +115,7 @@ class ReferenceBackend:
         self,
         step: int,
         batch: DataProto,
-        knobs: StepKnobs | None = None,
+        knobs: StepOverrides | None = None,
         heartbeat: Heartbeat | None = None,
     ) -> StepOutcome:
         if self.store.has(step):
@@ -125,7 +125,7 @@ class ReferenceBackend:
             raise StepOutOfOrderError(f"cannot train step {step}: the latest saved is {latest}")
         started = time.monotonic()
         try:
-            metrics = self._update(step, batch, knobs or StepKnobs(), heartbeat or no_heartbeat)
+            metrics = self._update(step, batch, knobs or StepOverrides(), heartbeat or no_heartbeat)
         except BaseException:
             self._loaded_step = -1  # the model may be half updated: reload it before a retry
             raise
@@ -159,7 +159,7 @@ class ReferenceBackend:
     # --- one step ------------------------------------------------------------------------
 
     def _update(
-        self, step: int, batch: DataProto, knobs: StepKnobs, heartbeat: Heartbeat
+        self, step: int, batch: DataProto, knobs: StepOverrides, heartbeat: Heartbeat
     ) -> dict[str, float]:
         model, _, optimizer = self._require_loaded()
         data = validate_batch(batch, model.config.vocab_size)
@@ -283,7 +283,7 @@ class ReferenceBackend:
         with torch.no_grad():
             return _log_probs(self._reference, data, rows, with_entropy=False)[0]
 
-    def _actor_config(self, knobs: StepKnobs) -> ActorConfig:
+    def _actor_config(self, knobs: StepOverrides) -> ActorConfig:
         s = self.settings
         entropy_coeff = s.entropy_coeff if knobs.entropy_coeff is None else knobs.entropy_coeff
         kl_loss_coef = s.kl_loss_coef if knobs.kl_loss_coef is None else knobs.kl_loss_coef

@@ -50,9 +50,9 @@ from trainer.backend import (
     CheckpointError,
     CheckpointInfo,
     CheckpointStore,
-    StepKnobs,
     StepOutcome,
     StepOutOfOrderError,
+    StepOverrides,
 )
 from trainer.verl_batch import (
     PreparedBatch,
@@ -147,7 +147,7 @@ class VerlBackend:
         self,
         step: int,
         batch: DataProto,
-        knobs: StepKnobs | None = None,
+        knobs: StepOverrides | None = None,
         heartbeat: Heartbeat | None = None,
     ) -> StepOutcome:
         if self.store.has(step):
@@ -158,7 +158,7 @@ class VerlBackend:
         prepared = prepare_batch(batch, self.settings, self.vocab_size, seed=step)
         started = time.monotonic()
         try:
-            metrics = self._update(prepared, knobs or StepKnobs(), heartbeat or no_heartbeat)
+            metrics = self._update(prepared, knobs or StepOverrides(), heartbeat or no_heartbeat)
         except RayActorError:
             self._drop_workers()  # a lost worker: start fresh ones from the checkpoint
             raise
@@ -208,7 +208,7 @@ class VerlBackend:
     # --- one step, as verl's RayPPOTrainer.fit runs it ------------------------------------
 
     def _update(
-        self, prepared: PreparedBatch, knobs: StepKnobs, heartbeat: Heartbeat
+        self, prepared: PreparedBatch, knobs: StepOverrides, heartbeat: Heartbeat
     ) -> dict[str, float]:
         settings, data, actor = self.settings, prepared.data, self._workers()
         lr = knobs.lr if knobs.lr is not None else float(settings.actor.optim.lr)

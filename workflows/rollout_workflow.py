@@ -164,7 +164,7 @@ class RolloutWorkflow:
                 await self._stop_launched_agent()
             if RolloutStatus.CANCELLED in TRANSITIONS[self._status]:
                 self._error = "rollout was cancelled"
-                self._move(RolloutStatus.CANCELLED)
+                self._transition(RolloutStatus.CANCELLED)
                 await self._report(self._result(started))
             raise
         result = self._result(started)
@@ -184,7 +184,7 @@ class RolloutWorkflow:
                 self._finish_as(RolloutStatus.FAILED_AGENT, f"agent cannot start: {_cause(err)}")
                 return False
             return self._infra_failure(f"launching the agent failed: {_cause(err)}")
-        self._move(RolloutStatus.RUNNING)
+        self._transition(RolloutStatus.RUNNING)
         try:
             agent_exit = await self._await_agent(handle)
         except ActivityError as err:
@@ -299,7 +299,7 @@ class RolloutWorkflow:
             return False
         if agent_exit.exit_code != 0:
             return self._agent_failed(agent_exit, self._exit_message(agent_exit))
-        self._move(RolloutStatus.SCORING)
+        self._transition(RolloutStatus.SCORING)
         reward_spec = self._spec.reward
         if reward_spec.function is None:
             reward = report.reward if report is not None else None
@@ -315,7 +315,7 @@ class RolloutWorkflow:
                 self._finish_as(RolloutStatus.FAILED_INFRA, f"reward failed: {_cause(err)}")
                 return False
         self._reward = reward
-        self._move(RolloutStatus.SUCCEEDED, [sa.REWARD.value_set(reward)])
+        self._transition(RolloutStatus.SUCCEEDED, [sa.REWARD.value_set(reward)])
         return False
 
     def _agent_failed(self, agent_exit: AgentExit, why: str) -> bool:
@@ -434,9 +434,9 @@ class RolloutWorkflow:
         self._reports.pop(attempt - 1, None)
         self._accepting_signals = True
         self._error = None
-        self._move(RolloutStatus.LAUNCHING)
+        self._transition(RolloutStatus.LAUNCHING)
 
-    def _move(
+    def _transition(
         self, status: RolloutStatus, also: list[SearchAttributeUpdate[Any]] | None = None
     ) -> None:
         self._status = check_transition(self._status, status)
@@ -447,13 +447,13 @@ class RolloutWorkflow:
 
     def _infra_failure(self, error: str) -> bool:
         self._error = error
-        self._move(RolloutStatus.FAILED_INFRA)
+        self._transition(RolloutStatus.FAILED_INFRA)
         workflow.logger.warning("rollout attempt %d: %s", self._attempt, error)
         return True
 
     def _finish_as(self, status: RolloutStatus, error: str) -> None:
         self._error = error
-        self._move(status)
+        self._transition(status)
 
     def _timeout_message(self) -> str:
         return f"agent did not finish within {self._spec.timeouts.agent_seconds:g}s"

@@ -72,7 +72,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.training_groups import GroupBook
 
 
-QUICK = RetryPolicy(
+# Retries without limit, at most 30 s apart: what the run cannot go on without (a step, the
+# next tasks, starting its rollouts) waits out any outage, and only bad input fails it.
+RETRY_WITHOUT_LIMIT = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_interval=timedelta(seconds=30),
     non_retryable_error_types=[TRAINING_CONFIG_ERROR],
@@ -96,6 +98,21 @@ SYNC_RETRY = RetryPolicy(
 # Every trainer activity heartbeats (train_step at its own configured timeout): a trainer
 # worker that dies is noticed within this, and its activity moves to the next worker.
 HEARTBEAT = timedelta(seconds=10)
+# How long each activity may take, start to close (a retry starts the clock again). A sync
+# gets this beyond its drain timeout; train_step also has the config's own heartbeat timeout.
+START_TO_CLOSE = {
+    CHECK_RUN: timedelta(minutes=2),
+    INITIALIZE_POLICY: timedelta(minutes=10),
+    READ_TASKS: timedelta(minutes=5),
+    READ_VAL_TASKS: timedelta(minutes=5),
+    START_ROLLOUTS: timedelta(minutes=5),
+    CANCEL_ROLLOUTS: timedelta(minutes=5),
+    CHECK_ROLLOUTS: timedelta(minutes=5),
+    TRAIN_STEP: timedelta(hours=2),
+    SYNC_WEIGHTS: timedelta(minutes=5),
+    RESTORE_WEIGHTS: timedelta(minutes=10),
+    RECORD_STEP: timedelta(minutes=1),
+}
 RECENT_STEPS = 50
 FAILING = "failing"
 FEEDER_FAILED = "feeder failed"
@@ -129,7 +146,7 @@ class TrainingWorkflow:
         self._guard = asyncio.create_task(self._guard_weights())
         while True:
             await self._flush_records()
-            move = await self._next_move()
+            move = await self._wait_for_work()
             if move == "train":
                 await self._train_step()
             elif move == "continue":
@@ -151,7 +168,7 @@ class TrainingWorkflow:
         await workflow.execute_activity(
             CHECK_RUN,
             self._config,
-            start_to_close_timeout=timedelta(minutes=2),
+            start_to_close_timeout=START_TO_CLOSE[CHECK_RUN],
             heartbeat_timeout=HEARTBEAT,
             retry_policy=AT_START,
         )
@@ -163,9 +180,9 @@ class TrainingWorkflow:
                 backend=self._config.backend,
             ),
             result_type=TrainStepResult,
-            start_to_close_timeout=timedelta(minutes=10),
+            start_to_close_timeout=START_TO_CLOSE[INITIALIZE_POLICY],
             heartbeat_timeout=HEARTBEAT,
-            retry_policy=QUICK,
+            retry_policy=RETRY_WITHOUT_LIMIT,
         )
         await self._sync(start.policy_path, start.step)
         self._state.step = self._state.policy_version = start.step
@@ -173,19 +190,19 @@ class TrainingWorkflow:
         self._state.initialized = True
         self._publish()
 
-    async def _next_move(self) -> str:
+    async def _wait_for_work(self) -> str:
         """Wait until there is something to do: train, continue as new, or finish (the
         reason). A long silence from rollouts makes the trainer look them up."""
         try:
             await workflow.wait_condition(
-                lambda: self._move() != "wait" or bool(self._state.unwritten_records),
+                lambda: self._what_next() != "wait" or bool(self._state.unwritten_records),
                 timeout=timedelta(seconds=self._config.reconcile_after_seconds),
             )
         except TimeoutError:
             await self._reconcile()
-        return self._move()
+        return self._what_next()
 
-    def _move(self) -> str:
+    def _what_next(self) -> str:
         state, book = self._state, self._book
         feeder = self._feeder
         if feeder is not None and feeder.done() and feeder.exception() is not None:
@@ -224,11 +241,11 @@ class TrainingWorkflow:
                 learning_rate=state.knobs.learning_rate,
             ),
             result_type=TrainStepResult,
-            start_to_close_timeout=timedelta(hours=2),
+            start_to_close_timeout=START_TO_CLOSE[TRAIN_STEP],
             # A trainer worker that dies mid-step is noticed by its missing heartbeat; the
             # retry resumes from the last checkpoint and never applies a step twice (rule 5).
             heartbeat_timeout=timedelta(seconds=self._config.train_heartbeat_seconds),
-            retry_policy=QUICK,
+            retry_policy=RETRY_WITHOUT_LIMIT,
         )
         self._phase = TrainingPhase.SYNCING
         synced = await self._sync(trained.policy_path, step)
@@ -254,9 +271,8 @@ class TrainingWorkflow:
                 policy_version=version,
             ),
             result_type=SyncResult,
-            start_to_close_timeout=timedelta(
-                seconds=self._config.weight_sync.drain_timeout_seconds + 300
-            ),
+            start_to_close_timeout=START_TO_CLOSE[SYNC_WEIGHTS]
+            + timedelta(seconds=self._config.weight_sync.drain_timeout_seconds),
             heartbeat_timeout=HEARTBEAT,
             retry_policy=SYNC_RETRY,
         )
@@ -280,9 +296,9 @@ class TrainingWorkflow:
             await workflow.execute_activity(
                 CANCEL_ROLLOUTS,
                 pending,
-                start_to_close_timeout=timedelta(minutes=5),
+                start_to_close_timeout=START_TO_CLOSE[CANCEL_ROLLOUTS],
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=QUICK,
+                retry_policy=RETRY_WITHOUT_LIMIT,
             )
             await self._wait_out_cancelled()
         self._book.close()
@@ -352,9 +368,9 @@ class TrainingWorkflow:
                     epochs=self._config.epochs,
                 ),
                 result_type=TaskBatch,
-                start_to_close_timeout=timedelta(minutes=5),
+                start_to_close_timeout=START_TO_CLOSE[READ_TASKS],
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=QUICK,
+                retry_policy=RETRY_WITHOUT_LIMIT,
             )
             self._state.epoch, self._state.cursor = batch.epoch, batch.cursor
             self._state.dataset_exhausted = batch.exhausted
@@ -376,9 +392,9 @@ class TrainingWorkflow:
             await workflow.execute_activity(
                 START_ROLLOUTS,
                 StartRolloutsRequest(task_queue=self._config.rollout.task_queue, specs=specs),
-                start_to_close_timeout=timedelta(minutes=5),
+                start_to_close_timeout=START_TO_CLOSE[START_ROLLOUTS],
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=QUICK,
+                retry_policy=RETRY_WITHOUT_LIMIT,
             )
 
     async def _stop_feeding(self) -> None:
@@ -423,7 +439,7 @@ class TrainingWorkflow:
                 policy_version=self._state.policy_version,
             ),
             result_type=RestoreResult,
-            start_to_close_timeout=timedelta(minutes=10),
+            start_to_close_timeout=START_TO_CLOSE[RESTORE_WEIGHTS],
             heartbeat_timeout=HEARTBEAT,
             # A few tries: the next round tries again, and a sync waits for this one.
             retry_policy=RetryPolicy(
@@ -441,9 +457,9 @@ class TrainingWorkflow:
             READ_VAL_TASKS,
             ReadValTasksRequest(dataset=self._config.dataset, validation=self._config.validation),
             result_type=list[TaskRow],
-            start_to_close_timeout=timedelta(minutes=5),
+            start_to_close_timeout=START_TO_CLOSE[READ_VAL_TASKS],
             heartbeat_timeout=HEARTBEAT,
-            retry_policy=QUICK,
+            retry_policy=RETRY_WITHOUT_LIMIT,
         )
         await self._start_groups(rows, RolloutMode.VAL, 1)
         self._phase = TrainingPhase.ROLLING_OUT
@@ -466,9 +482,9 @@ class TrainingWorkflow:
                     run_dir=self._config.run_dir,
                     record=state.unwritten_records[0],
                 ),
-                start_to_close_timeout=timedelta(minutes=1),
+                start_to_close_timeout=START_TO_CLOSE[RECORD_STEP],
                 heartbeat_timeout=HEARTBEAT,
-                retry_policy=QUICK,
+                retry_policy=RETRY_WITHOUT_LIMIT,
             )
             state.unwritten_records.pop(0)
 
@@ -482,9 +498,9 @@ class TrainingWorkflow:
             CHECK_ROLLOUTS,
             pending,
             result_type=list[RolloutLookup],
-            start_to_close_timeout=timedelta(minutes=5),
+            start_to_close_timeout=START_TO_CLOSE[CHECK_ROLLOUTS],
             heartbeat_timeout=HEARTBEAT,
-            retry_policy=QUICK,
+            retry_policy=RETRY_WITHOUT_LIMIT,
         )
         for lookup in found:
             if lookup.result is not None:

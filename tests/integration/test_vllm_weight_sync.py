@@ -39,7 +39,7 @@ from tests.vllm_fixtures import (
     vllm_metric,
 )
 from trainer.aggregation import AggregationSettings, RolloutSample, aggregate
-from trainer.backend import StepKnobs
+from trainer.backend import StepOverrides
 from trainer.policy_control import (
     GatewayControl,
     PolicyServerSpec,
@@ -328,7 +328,7 @@ async def test_a_sync_restarts_vllm_on_the_trained_checkpoint(vllm_stack: VllmSt
         ]
         batch, _ = aggregate(samples, AggregationSettings(pad_token_id=0))
         step = vllm_stack.backend.latest_step() + 1
-        await asyncio.to_thread(vllm_stack.backend.train_step, step, batch, StepKnobs(lr=0.05))
+        await asyncio.to_thread(vllm_stack.backend.train_step, step, batch, StepOverrides(lr=0.05))
         new_weights = vllm_stack.backend.policy_path(step)
 
         # A call in flight drains on the old weights; one made during the sync is held.

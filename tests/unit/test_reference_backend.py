@@ -19,9 +19,9 @@ from trainer.backend import (
     BatchError,
     CheckpointError,
     CheckpointStore,
-    StepKnobs,
     StepOutcome,
     StepOutOfOrderError,
+    StepOverrides,
     TrainerBackend,
 )
 from trainer.policy_server import PolicyServer
@@ -244,8 +244,8 @@ def test_other_estimators_and_the_kl_loss_train(
         ppo_epochs=1,
         ppo_mini_batch_size=len(ROWS),
     )
-    first = backend.train_step(1, make_batch(backend, ROWS), StepKnobs(lr=1e-3))
-    second = backend.train_step(2, make_batch(backend, ROWS), StepKnobs(kl_loss_coef=0.5))
+    first = backend.train_step(1, make_batch(backend, ROWS), StepOverrides(lr=1e-3))
+    second = backend.train_step(2, make_batch(backend, ROWS), StepOverrides(kl_loss_coef=0.5))
     assert first.metrics["actor/lr"] == 1e-3
     # One mini-batch: step 1 trains the reference itself, step 2 a model that moved away.
     assert first.metrics["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)

@@ -30,8 +30,8 @@ from trainer.aggregation import AggregationSettings, TrainingRow, to_data_proto
 from trainer.backend import (
     BatchError,
     CheckpointError,
-    StepKnobs,
     StepOutOfOrderError,
+    StepOverrides,
     TrainerBackend,
 )
 from trainer.policy_server import PolicyServer, create_policy_app
@@ -347,7 +347,7 @@ def weights_of(path: Path) -> dict[str, torch.Tensor]:
 
 # One mini-batch of the 5 rows (padded to 6 for micro-batches of 2), as the reference backend's.
 ONE_MINI_BATCH = {"actor_rollout_ref.actor.ppo_mini_batch_size": 8}
-SECOND_KNOBS = StepKnobs(entropy_coeff=0.5)
+SECOND_KNOBS = StepOverrides(entropy_coeff=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -371,7 +371,7 @@ def verl_run(
     backend = VerlBackend(reference_start, root / "run", settings)
     try:
         backend.initialize()
-        backend.train_step(1, rollout_batch(reference_start), StepKnobs(lr=1e-3))
+        backend.train_step(1, rollout_batch(reference_start), StepOverrides(lr=1e-3))
         backend.train_step(2, rollout_batch(backend.policy_path(1)), SECOND_KNOBS)
         shutil.copytree(root / "run", root / "after-step-2")
         yield backend, root / "after-step-2"
@@ -460,7 +460,7 @@ def test_verls_step_is_the_reference_backends_step(
         reference_start, tmp_path, ReferenceTrainerSettings(lr=5e-3, ppo_mini_batch_size=8)
     )
     reference.initialize()
-    reference.train_step(1, batch, StepKnobs(lr=1e-3))
+    reference.train_step(1, batch, StepOverrides(lr=1e-3))
     reference.train_step(2, rollout_batch(backend.policy_path(1)), SECOND_KNOBS)
     assert reference.model is not None and reference.optimizer is not None
     names = [name for name, _ in reference.model.named_parameters()]
