@@ -10,7 +10,7 @@ VLLM_VENV := .venv-vllm
 VLLM_VERSION := 0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_VERSION)
 
-.PHONY: demo test lint format bench bench-training chaos dev vllm clean
+.PHONY: demo test lint typecheck format bench bench-training chaos dev vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,7 +42,7 @@ dev: $(STAMP)
 test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(MAKE) typecheck
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
@@ -58,7 +58,16 @@ chaos: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(MAKE) typecheck
+
+# mypy finds modules by path, not through the editable install's import hook, so it reads the
+# folders through a tree of links named as they install (darl.workflows -> workflows, ...).
+TYPECHECK_TREE := .darl/typecheck
+PACKAGES := workflows activities gateway trainer deploy examples
+typecheck: $(STAMP)
+	mkdir -p $(TYPECHECK_TREE)/darl
+	for p in $(PACKAGES); do ln -sfn ../../../$$p $(TYPECHECK_TREE)/darl/$$p; done
+	MYPYPATH=$(TYPECHECK_TREE) $(BIN)/mypy $(foreach p,$(filter-out examples,$(PACKAGES)),-p darl.$(p))
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from workflows.contracts import RolloutSpec
-from workflows.rollout_token import TokenClaims, mint_token
+from darl.workflows.contracts import RolloutSpec
+from darl.workflows.rollout_token import TokenClaims, mint_token
 
 # The token outlives the rollout timeout by this much, so a slow last call is not refused.
 TOKEN_SLACK_SECONDS = 300

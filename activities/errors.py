@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from temporalio.exceptions import ApplicationError
 
-from workflows.names import AGENT_LOST_ERROR, AGENT_SPEC_ERROR
+from darl.workflows.names import AGENT_LOST_ERROR, AGENT_SPEC_ERROR
 
 
 def agent_spec_error(message: str) -> ApplicationError:

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from workflows.contracts import RewardSpec, TrajectorySummary
+from darl.workflows.contracts import RewardSpec, TrajectorySummary
 
 RewardFn = Callable[[Mapping[str, Any], str | None, TrajectorySummary], float | Awaitable[float]]
 

@@ -21,11 +21,11 @@ from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities import rewards
-from activities.agent_contract import AgentContract, ContractIssuer, TaskPathError
-from activities.errors import agent_spec_error
-from activities.runners.base import AgentRunner, agent_heartbeat_interval
-from workflows.contracts import (
+from darl.activities import rewards
+from darl.activities.agent_contract import AgentContract, ContractIssuer, TaskPathError
+from darl.activities.errors import agent_spec_error
+from darl.activities.runners.base import AgentRunner, agent_heartbeat_interval
+from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
     AwaitRequest,
@@ -34,7 +34,7 @@ from workflows.contracts import (
     RolloutResult,
     RolloutSpec,
 )
-from workflows.names import (
+from darl.workflows.names import (
     AWAIT_AGENT,
     COMPUTE_REWARD,
     LAUNCH_AGENT,

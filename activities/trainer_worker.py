@@ -15,10 +15,10 @@ import httpx
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.training_activities import TrainerActivities
-from gateway.store import DirectoryTrajectoryStore
-from workflows.names import TRAINER_TASK_QUEUE
-from workflows.training_workflow import TrainingWorkflow
+from darl.activities.training_activities import TrainerActivities
+from darl.gateway.store import DirectoryTrajectoryStore
+from darl.workflows.names import TRAINER_TASK_QUEUE
+from darl.workflows.training_workflow import TrainingWorkflow
 
 
 @dataclass(frozen=True)

@@ -17,26 +17,26 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities import rewards
-from activities.agent_contract import TaskPathError, task_field
-from activities.rollout_activities import earlier_executions, heartbeating
-from gateway.store import DirectoryTrajectoryStore
-from trainer import run_files
-from trainer.aggregation import AggregationSettings, RolloutSample, aggregate
-from trainer.backend import StepOverrides, TrainerBackend, TrainerBackendError
-from trainer.backends import make_backend
-from trainer.datasets import DatasetError, TaskTables
-from trainer.policy_control import (
+from darl.activities import rewards
+from darl.activities.agent_contract import TaskPathError, task_field
+from darl.activities.rollout_activities import earlier_executions, heartbeating
+from darl.gateway.store import DirectoryTrajectoryStore
+from darl.trainer import run_files
+from darl.trainer.aggregation import AggregationSettings, RolloutSample, aggregate
+from darl.trainer.backend import StepOverrides, TrainerBackend, TrainerBackendError
+from darl.trainer.backend_factory import make_backend
+from darl.trainer.datasets import DatasetError, TaskTables
+from darl.trainer.policy_control import (
     GatewayControl,
     WeightSyncError,
     policy_server_control,
     restore_weights,
     sync_weights,
 )
-from workflows import search_attributes as sa
-from workflows.contracts import HttpAgentSpec, RolloutResult, rollout_workflow_id
-from workflows.heartbeats import heartbeat_interval
-from workflows.names import (
+from darl.workflows import search_attributes as sa
+from darl.workflows.contracts import HttpAgentSpec, RolloutResult, rollout_workflow_id
+from darl.workflows.heartbeats import heartbeat_interval
+from darl.workflows.names import (
     CANCEL_ROLLOUTS,
     CHECK_ROLLOUTS,
     CHECK_RUN,
@@ -52,8 +52,8 @@ from workflows.names import (
     TRAINING_CONFIG_ERROR,
     WEIGHT_SYNC_ERROR,
 )
-from workflows.rollout_status import RolloutStatus
-from workflows.training_contracts import (
+from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.training_contracts import (
     BackendSpec,
     DatasetSpec,
     InitializeRequest,

@@ -12,14 +12,14 @@ from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.agent_contract import ContractIssuer
-from activities.rollout_activities import GatewayNotifier, RolloutActivities
-from activities.runners.base import AgentRunner
-from activities.runners.http import HttpAgentRunner
-from activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
-from activities.runners.local import LocalProcessRunner
-from workflows.names import ROLLOUT_TASK_QUEUE
-from workflows.rollout_workflow import RolloutWorkflow
+from darl.activities.agent_contract import ContractIssuer
+from darl.activities.rollout_activities import GatewayNotifier, RolloutActivities
+from darl.activities.runners.base import AgentRunner
+from darl.activities.runners.http import HttpAgentRunner
+from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
+from darl.activities.runners.local import LocalProcessRunner
+from darl.workflows.names import ROLLOUT_TASK_QUEUE
+from darl.workflows.rollout_workflow import RolloutWorkflow
 
 log = logging.getLogger(__name__)
 

@@ -60,7 +60,7 @@ async def app(scope: dict, receive, send) -> None:
 
 
 def main() -> None:
-    from deploy.serving import serve_app
+    from darl.deploy.serving import serve_app
 
     ready = Path(sys.argv[sys.argv.index("--ready-file") + 1])
 

@@ -28,20 +28,20 @@ import httpx
 import psutil
 from temporalio.testing import WorkflowEnvironment
 
-from activities.runners.local import stop_leftover_agents
-from deploy.processes import ManagedProcess
-from workflows import search_attributes as sa
-from workflows.contracts import (
+from darl.activities.runners.local import stop_leftover_agents
+from darl.deploy.processes import ManagedProcess
+from darl.workflows import search_attributes as sa
+from darl.workflows.contracts import (
     LocalAgentSpec,
     RewardSpec,
     RolloutSpec,
     RolloutTimeouts,
     rollout_workflow_id,
 )
-from workflows.rollout_status import RolloutStatus
-from workflows.rollout_token import TokenClaims, mint_token
-from workflows.rollout_workflow import RolloutWorkflow
-from workflows.temporal_connection import DATA_CONVERTER
+from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.rollout_token import TokenClaims, mint_token
+from darl.workflows.rollout_workflow import RolloutWorkflow
+from darl.workflows.temporal_connection import DATA_CONVERTER
 
 SECRET = "bench-secret"
 ADMIN = "bench-admin"

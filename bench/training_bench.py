@@ -26,13 +26,13 @@ import psutil
 from rich.console import Console
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from deploy.demo import AGENT_SERVICE, demo_config
-from deploy.devstack import DevPorts, DevStack
-from deploy.progress import follow
-from workflows.contracts import RolloutResult
-from workflows.names import ROLLOUT_WORKFLOW, TRAINER_TASK_QUEUE, TRAINING_WORKFLOW
-from workflows.temporal_connection import connect
-from workflows.training_contracts import TrainingSummary, training_workflow_id
+from darl.deploy.demo import AGENT_SERVICE, demo_config
+from darl.deploy.devstack import DevPorts, DevStack
+from darl.deploy.progress import follow
+from darl.workflows.contracts import RolloutResult
+from darl.workflows.names import ROLLOUT_WORKFLOW, TRAINER_TASK_QUEUE, TRAINING_WORKFLOW
+from darl.workflows.temporal_connection import connect
+from darl.workflows.training_contracts import TrainingSummary, training_workflow_id
 
 PORTS = DevPorts(temporal=17233, ui=18233, gateway=18100, policy=18200, agent_service=18300)
 RUN_TIMEOUT = 15 * 60

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from deploy.cli_support import (
+from darl.deploy.cli_support import (
     Namespace,
     TemporalAddress,
     run_client,
@@ -21,11 +21,11 @@ from deploy.cli_support import (
     setup_logging,
     validation_line,
 )
-from deploy.devstack import DevPorts, DevStack
-from deploy.serving import serve_app
-from deploy.telemetry import configure_tracing
-from workflows.names import ROLLOUT_TASK_QUEUE, ROLLOUT_WORKFLOW
-from workflows.temporal_connection import (
+from darl.deploy.devstack import DevPorts, DevStack
+from darl.deploy.serving import serve_app
+from darl.deploy.telemetry import configure_tracing
+from darl.workflows.names import ROLLOUT_TASK_QUEUE, ROLLOUT_WORKFLOW
+from darl.workflows.temporal_connection import (
     DEFAULT_ADDRESS,
     DEFAULT_NAMESPACE,
     TemporalSettings,
@@ -72,8 +72,8 @@ def policy_server(
     setup_logging()
     import torch
 
-    from trainer.policy_server import PolicyServer, create_policy_app
-    from trainer.tiny_model import MODEL_PRESETS, create_model_dir
+    from darl.trainer.policy_server import PolicyServer, create_policy_app
+    from darl.trainer.tiny_model import MODEL_PRESETS, create_model_dir
 
     if model not in MODEL_PRESETS:
         raise typer.BadParameter(f"--model must be one of {sorted(MODEL_PRESETS)}")
@@ -137,9 +137,9 @@ def gateway(
 ) -> None:
     """Run the capturing OpenAI-compatible gateway."""
     setup_logging()
-    from gateway.app import Gateway, GatewaySettings, create_app, unwrap
-    from gateway.proxy import ProxySettings
-    from gateway.store import DirectoryTrajectoryStore
+    from darl.gateway.app import Gateway, GatewaySettings, create_app, unwrap
+    from darl.gateway.proxy import ProxySettings
+    from darl.gateway.store import DirectoryTrajectoryStore
 
     settings = GatewaySettings(
         token_secret=secret("DARL_TOKEN_SECRET", home).encode(),
@@ -206,8 +206,8 @@ def worker(
 ) -> None:
     """Run a rollout worker (RolloutWorkflow and the agent activities)."""
     setup_logging()
-    from activities.runners.kubernetes import KubernetesSettings
-    from activities.worker import RolloutWorkerSettings, build_worker
+    from darl.activities.runners.kubernetes import KubernetesSettings
+    from darl.activities.worker import RolloutWorkerSettings, build_worker
 
     settings = RolloutWorkerSettings(
         gateway_url=gateway_url,
@@ -298,7 +298,7 @@ def demo(
     """Start the stack, train the tiny digits model with RL while you watch, stop."""
     setup_logging()
     logging.getLogger().setLevel(logging.WARNING)
-    from deploy.demo import AGENT_SERVICE, run_demo
+    from darl.deploy.demo import AGENT_SERVICE, run_demo
 
     stack = DevStack(
         home,
@@ -325,7 +325,7 @@ def rollout(
     from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
-    from workflows.contracts import (
+    from darl.workflows.contracts import (
         RolloutResult,
         RolloutSpec,
         rollout_workflow_id,
@@ -369,8 +369,8 @@ def rollout(
 
 
 def main() -> None:
-    from deploy.training_cli import register
-    from deploy.vllm_cli import register as register_vllm
+    from darl.deploy.training_cli import register
+    from darl.deploy.vllm_cli import register as register_vllm
 
     register(app)
     register_vllm(app)

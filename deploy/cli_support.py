@@ -21,9 +21,9 @@ from pydantic import ValidationError
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
-from deploy.devstack import SECRETS_FILE
-from deploy.serving import write_ready_file
-from workflows.temporal_connection import TemporalSettings, connect
+from darl.deploy.devstack import SECRETS_FILE
+from darl.deploy.serving import write_ready_file
+from darl.workflows.temporal_connection import TemporalSettings, connect
 
 # The Temporal options every command takes, read from the temporal CLI's own variables.
 TemporalAddress = Annotated[str, typer.Option(envvar="TEMPORAL_ADDRESS")]

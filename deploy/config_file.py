@@ -8,8 +8,8 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from deploy.cli_support import one_line, validation_line
-from workflows.training_contracts import TrainingConfig
+from darl.deploy.cli_support import one_line, validation_line
+from darl.workflows.training_contracts import TrainingConfig
 
 
 class ConfigFileError(ValueError):

@@ -11,14 +11,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-import examples.digits
-from deploy.config_file import load_config
-from deploy.devstack import DevStack
-from deploy.progress import follow, web_ui_link
-from trainer.run_files import plot_rewards, read_metrics
-from workflows.names import TRAINER_TASK_QUEUE, TRAINING_WORKFLOW
-from workflows.temporal_connection import connect
-from workflows.training_contracts import (
+import darl.examples.digits
+from darl.deploy.config_file import load_config
+from darl.deploy.devstack import DevStack
+from darl.deploy.progress import follow, web_ui_link
+from darl.trainer.run_files import plot_rewards, read_metrics
+from darl.workflows.names import TRAINER_TASK_QUEUE, TRAINING_WORKFLOW
+from darl.workflows.temporal_connection import connect
+from darl.workflows.training_contracts import (
     PolicyServerSpec,
     StepRecord,
     TrainingConfig,
@@ -26,8 +26,8 @@ from workflows.training_contracts import (
     training_workflow_id,
 )
 
-DEMO_CONFIG = Path(examples.digits.__file__).parent / "train.yaml"
-AGENT_SERVICE = "examples.digits.agent_service:app"
+DEMO_CONFIG = Path(darl.examples.digits.__file__).parent / "train.yaml"
+AGENT_SERVICE = "darl.examples.digits.agent_service:app"
 
 
 def demo_config(stack: DevStack, run_id: str, steps: int | None) -> TrainingConfig:

@@ -21,10 +21,10 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.runners.local import stop_leftover_agents
-from deploy.processes import ManagedProcess, ProcessFailedError
-from workflows import search_attributes as sa
-from workflows.temporal_connection import TemporalSettings, connect
+from darl.activities.runners.local import stop_leftover_agents
+from darl.deploy.processes import ManagedProcess, ProcessFailedError
+from darl.workflows import search_attributes as sa
+from darl.workflows.temporal_connection import TemporalSettings, connect
 
 log = logging.getLogger(__name__)
 

@@ -53,7 +53,7 @@ class ManagedProcess:
     def darl(cls, name: str, args: Sequence[str], run_dir: Path, **kwargs: Any) -> ManagedProcess:
         """A `darl <args>` component with its log and ready file under `run_dir`."""
         ready = run_dir / f"{name}.ready.json"
-        argv = [sys.executable, "-m", "deploy.cli", *args, "--ready-file", str(ready)]
+        argv = [sys.executable, "-m", "darl.deploy.cli", *args, "--ready-file", str(ready)]
         return cls(name, argv, run_dir / f"{name}.log", ready_file=ready, **kwargs)
 
     def start(self) -> ManagedProcess:

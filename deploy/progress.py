@@ -10,8 +10,8 @@ from rich.console import Console
 from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError
 
-from workflows.names import METRICS_QUERY, STATUS_QUERY
-from workflows.training_contracts import StepRecord, TrainingProgress, TrainingSummary
+from darl.workflows.names import METRICS_QUERY, STATUS_QUERY
+from darl.workflows.training_contracts import StepRecord, TrainingProgress, TrainingSummary
 
 HEADER = (
     f"{'step':>5} {'reward':>7} {'±':>5} {'success':>7} {'val':>5} {'resp tok':>8} "

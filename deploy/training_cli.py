@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from deploy.cli_support import (
+from darl.deploy.cli_support import (
     CliError,
     Namespace,
     TemporalAddress,
@@ -23,10 +23,10 @@ from deploy.cli_support import (
     secret,
     setup_logging,
 )
-from deploy.config_file import ConfigFileError, load_config
-from deploy.progress import follow, status_line, step_line, web_ui_link
-from deploy.serving import serve_app
-from workflows.names import (
+from darl.deploy.config_file import ConfigFileError, load_config
+from darl.deploy.progress import follow, status_line, step_line, web_ui_link
+from darl.deploy.serving import serve_app
+from darl.workflows.names import (
     METRICS_QUERY,
     PAUSE_SIGNAL,
     RESUME_SIGNAL,
@@ -35,13 +35,13 @@ from workflows.names import (
     TRAINER_TASK_QUEUE,
     TRAINING_WORKFLOW,
 )
-from workflows.temporal_connection import (
+from darl.workflows.temporal_connection import (
     DEFAULT_ADDRESS,
     DEFAULT_NAMESPACE,
     TemporalSettings,
     connect,
 )
-from workflows.training_contracts import (
+from darl.workflows.training_contracts import (
     StepRecord,
     StopRequest,
     TrainingProgress,
@@ -185,7 +185,7 @@ def plot(
     runs_dir: Annotated[Path, typer.Option(envvar="DARL_RUNS_DIR")] = Path(".darl/runs"),
 ) -> None:
     """Draw the run's reward curve from its metrics.jsonl into reward.png."""
-    from trainer.run_files import plot_rewards
+    from darl.trainer.run_files import plot_rewards
 
     path = plot_rewards(runs_dir / run, run)
     if path is None:
@@ -207,8 +207,8 @@ def agent_service(
     home: Annotated[Path, typer.Option(envvar="DARL_HOME")] = Path(".darl"),
     ready_file: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
-    """Host an agent HTTP service (e.g. examples.digits.agent_service:app)."""
-    from examples.agent_service import STATE_DIR_ENV
+    """Host an agent HTTP service (e.g. darl.examples.digits.agent_service:app)."""
+    from darl.examples.agent_service import STATE_DIR_ENV
 
     setup_logging()
     module_name, _, attribute = target.partition(":")
@@ -239,8 +239,8 @@ def trainer_worker(
     """Run the trainer worker (TrainingWorkflow, train_step, weight sync)."""
     import torch
 
-    from activities.trainer_worker import TrainerWorkerSettings, build_trainer_worker
-    from deploy.telemetry import configure_tracing
+    from darl.activities.trainer_worker import TrainerWorkerSettings, build_trainer_worker
+    from darl.deploy.telemetry import configure_tracing
 
     setup_logging()
     torch.set_num_threads(threads)

@@ -11,8 +11,8 @@ from typing import Annotated
 
 import typer
 
-from deploy.cli_support import run_until_signalled, setup_logging
-from deploy.serving import serve_app
+from darl.deploy.cli_support import run_until_signalled, setup_logging
+from darl.deploy.serving import serve_app
 
 Host = Annotated[str, typer.Option(help="Interface to bind; loopback unless you mean it.")]
 
@@ -58,7 +58,7 @@ def vllm_server(
     """Start vLLM on a model directory and serve the launcher API: `POST /load_weights`
     {"path", "version"} restarts vLLM on that directory; `GET /status` says where it is."""
     setup_logging()
-    from trainer.vllm_server import (
+    from darl.trainer.vllm_server import (
         UNRESTORED_VERSION,
         ModelDirError,
         VllmLauncher,

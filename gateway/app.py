@@ -21,28 +21,28 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from temporalio.client import Client
 
-from gateway.auth import require_admin, rollout_claims
-from gateway.capture import CHAT, COMPLETIONS, Endpoint
-from gateway.delivery import EventDelivery
-from gateway.errors import (
+from darl.gateway.auth import require_admin, rollout_claims
+from darl.gateway.capture import CHAT, COMPLETIONS, Endpoint
+from darl.gateway.delivery import EventDelivery
+from darl.gateway.errors import (
     GatewayError,
     bad_request,
     describe_errors,
     forbidden,
     install_error_handlers,
 )
-from gateway.forwarding import Forwarder, RetrySettings
-from gateway.journal import ALIVE_INTERVAL_SECONDS, AdminState, GatewayJournal
-from gateway.metrics import GatewayMetrics
-from gateway.proxy import ModelCallProxy, ProxySettings
-from gateway.rollouts import RolloutRegistry
-from gateway.store import TrajectoryStore
-from gateway.tracing import TokenTraceContext
-from gateway.traffic import PauseGate, UpstreamPool
-from gateway.versions import UpstreamVersions
-from workflows.contracts import AgentReport
-from workflows.rollout_token import TokenClaims
-from workflows.training_contracts import PauseMode
+from darl.gateway.forwarding import Forwarder, RetrySettings
+from darl.gateway.journal import ALIVE_INTERVAL_SECONDS, AdminState, GatewayJournal
+from darl.gateway.metrics import GatewayMetrics
+from darl.gateway.proxy import ModelCallProxy, ProxySettings
+from darl.gateway.rollouts import RolloutRegistry
+from darl.gateway.store import TrajectoryStore
+from darl.gateway.tracing import TokenTraceContext
+from darl.gateway.traffic import PauseGate, UpstreamPool
+from darl.gateway.versions import UpstreamVersions
+from darl.workflows.contracts import AgentReport
+from darl.workflows.rollout_token import TokenClaims
+from darl.workflows.training_contracts import PauseMode
 
 log = logging.getLogger(__name__)
 

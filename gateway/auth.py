@@ -13,9 +13,9 @@ from collections.abc import Mapping
 
 from fastapi import Request
 
-from gateway.errors import GatewayError, forbidden, unauthorized
-from workflows.contracts import ROLLOUT_ID_PATTERN
-from workflows.rollout_token import TokenClaims, TokenError, verify_token
+from darl.gateway.errors import GatewayError, forbidden, unauthorized
+from darl.workflows.contracts import ROLLOUT_ID_PATTERN
+from darl.workflows.rollout_token import TokenClaims, TokenError, verify_token
 
 _ROLLOUT_ID = re.compile(ROLLOUT_ID_PATTERN)
 

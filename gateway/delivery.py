@@ -20,12 +20,12 @@ import logging
 import random
 from dataclasses import dataclass, field
 
-from gateway.capture import count_tokens, finish_reason
-from gateway.errors import GatewayError
-from gateway.metrics import GatewayMetrics
-from gateway.rollouts import RolloutRegistry
-from gateway.store import CallRecord, TrajectoryStore
-from workflows.contracts import ModelCallEvent
+from darl.gateway.capture import count_tokens, finish_reason
+from darl.gateway.errors import GatewayError
+from darl.gateway.metrics import GatewayMetrics
+from darl.gateway.rollouts import RolloutRegistry
+from darl.gateway.store import CallRecord, TrajectoryStore
+from darl.workflows.contracts import ModelCallEvent
 
 log = logging.getLogger(__name__)
 

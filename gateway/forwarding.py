@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 from opentelemetry.instrumentation.aiohttp_client import create_trace_config
 
-from gateway.errors import GatewayError
+from darl.gateway.errors import GatewayError
 
 log = logging.getLogger(__name__)
 

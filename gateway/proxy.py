@@ -28,7 +28,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.background import BackgroundTask
 
-from gateway.capture import (
+from darl.gateway.capture import (
     CHAT,
     CaptureError,
     Endpoint,
@@ -38,15 +38,15 @@ from gateway.capture import (
     split_sse,
     sse_data,
 )
-from gateway.delivery import EventDelivery, event_of
-from gateway.errors import GatewayError, bad_request, describe_errors, error_body
-from gateway.forwarding import Forwarder, UpstreamReply
-from gateway.metrics import GatewayMetrics
-from gateway.rollouts import RolloutRegistry, attempt_closed
-from gateway.store import CallRecord, TrajectoryStore
-from gateway.traffic import Admission, PauseGate, UpstreamPool
-from gateway.versions import UpstreamVersions, version_in
-from workflows.rollout_token import TokenClaims
+from darl.gateway.delivery import EventDelivery, event_of
+from darl.gateway.errors import GatewayError, bad_request, describe_errors, error_body
+from darl.gateway.forwarding import Forwarder, UpstreamReply
+from darl.gateway.metrics import GatewayMetrics
+from darl.gateway.rollouts import RolloutRegistry, attempt_closed
+from darl.gateway.store import CallRecord, TrajectoryStore
+from darl.gateway.traffic import Admission, PauseGate, UpstreamPool
+from darl.gateway.versions import UpstreamVersions, version_in
+from darl.workflows.rollout_token import TokenClaims
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from typing import Any
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from gateway.errors import GatewayError
-from gateway.store import TrajectoryStore
-from workflows.contracts import AgentReport, ModelCallEvent, rollout_workflow_id
-from workflows.names import AGENT_RESULT_SIGNAL, MODEL_CALLS_SIGNAL
+from darl.gateway.errors import GatewayError
+from darl.gateway.store import TrajectoryStore
+from darl.workflows.contracts import AgentReport, ModelCallEvent, rollout_workflow_id
+from darl.workflows.names import AGENT_RESULT_SIGNAL, MODEL_CALLS_SIGNAL
 
 log = logging.getLogger(__name__)
 

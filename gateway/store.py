@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from gateway.capture import CHAT, Endpoint, completion_logprobs, completion_token_ids
+from darl.gateway.capture import CHAT, Endpoint, completion_logprobs, completion_token_ids
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.auth import presented_key_from_headers
-from workflows.rollout_token import TokenError, decode_claims
+from darl.gateway.auth import presented_key_from_headers
+from darl.workflows.rollout_token import TokenError, decode_claims
 
 
 class TokenTraceContext:

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from gateway.errors import GatewayError
-from workflows.training_contracts import PauseMode
+from darl.gateway.errors import GatewayError
+from darl.workflows.training_contracts import PauseMode
 
 
 class UpstreamPool:

@@ -21,8 +21,8 @@ from typing import Literal
 
 import aiohttp
 
-from gateway.errors import GatewayError
-from gateway.forwarding import Forwarder
+from darl.gateway.errors import GatewayError
+from darl.gateway.forwarding import Forwarder
 
 log = logging.getLogger(__name__)
 

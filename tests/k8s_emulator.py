@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from deploy.serving import bind
+from darl.deploy.serving import bind
 from tests.k8s_emulator_pods import JobController, Kubelet, TaskSet, name_suffix, now
 
 

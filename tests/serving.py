@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from deploy.serving import serve_app
+from darl.deploy.serving import serve_app
 
 
 @contextlib.asynccontextmanager

@@ -20,12 +20,12 @@ import pytest
 import torch
 from temporalio.client import Client
 
-from deploy.processes import ManagedProcess
-from gateway.store import CallRecord
+from darl.deploy.processes import ManagedProcess
+from darl.gateway.store import CallRecord
+from darl.trainer.reference_backend import ReferenceBackend
+from darl.trainer.tiny_model import MODEL_PRESETS, create_model_dir, load_model_dir
+from darl.trainer.vllm_server import vllm_python
 from tests.integration.stack import ADMIN_KEY, Stack
-from trainer.reference_backend import ReferenceBackend
-from trainer.tiny_model import MODEL_PRESETS, create_model_dir, load_model_dir
-from trainer.vllm_server import vllm_python
 
 T = TypeVar("T")
 

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from verl import DataProto
 
-from gateway.capture import finish_reason
-from gateway.store import CallRecord
-from workflows.training_contracts import AggregationSpec
+from darl.gateway.capture import finish_reason
+from darl.gateway.store import CallRecord
+from darl.workflows.training_contracts import AggregationSpec
 
 
 class AggregationError(ValueError):

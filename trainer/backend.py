@@ -21,7 +21,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from verl import DataProto
 
-from workflows.heartbeats import Heartbeat
+from darl.workflows.heartbeats import Heartbeat
 
 OUTCOME_FILE = "outcome.json"
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")

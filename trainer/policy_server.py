@@ -29,22 +29,22 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from trainer.generation import (
+from darl.trainer.generation import (
     GenerationEngine,
     GenerationRejectedError,
     SamplingParams,
     Sequence,
     TokenStep,
 )
-from trainer.openai_format import (
+from darl.trainer.openai_format import (
     ChatRequest,
     ChoiceState,
     CompletionRequest,
     ResponseShape,
     message_text,
 )
-from trainer.tiny_model import load_model_dir
-from workflows.training_contracts import ServerPauseMode
+from darl.trainer.tiny_model import load_model_dir
+from darl.workflows.training_contracts import ServerPauseMode
 
 log = logging.getLogger(__name__)
 

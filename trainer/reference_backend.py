@@ -25,7 +25,7 @@ from verl.trainer.ppo import core_algos
 from verl.utils.torch_functional import entropy_from_logits, masked_mean
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
-from trainer.backend import (
+from darl.trainer.backend import (
     BatchError,
     CheckpointError,
     CheckpointInfo,
@@ -35,8 +35,8 @@ from trainer.backend import (
     StepOverrides,
     validate_batch,
 )
-from trainer.tiny_model import load_model_dir
-from workflows.heartbeats import Heartbeat, no_heartbeat
+from darl.trainer.tiny_model import load_model_dir
+from darl.workflows.heartbeats import Heartbeat, no_heartbeat
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ from verl.utils.device import get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.utils.losses import ppo_loss
 
-from trainer.backend import (
+from darl.trainer.backend import (
     CheckpointError,
     CheckpointInfo,
     CheckpointStore,
@@ -54,15 +54,15 @@ from trainer.backend import (
     StepOutOfOrderError,
     StepOverrides,
 )
-from trainer.verl_batch import (
+from darl.trainer.verl_batch import (
     PreparedBatch,
     actor_metrics,
     prepare_batch,
     worker_input,
     worker_output,
 )
-from trainer.verl_config import VerlSettings
-from workflows.heartbeats import Heartbeat, no_heartbeat
+from darl.trainer.verl_config import VerlSettings
+from darl.workflows.heartbeats import Heartbeat, no_heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -353,7 +353,7 @@ class VerlBackend:
 def _worker_env(cpu: bool) -> dict[str, str]:
     if not cpu:
         return {}
-    from trainer.verl_cpu_platform import WORKER_ENV
+    from darl.trainer.verl_cpu_platform import WORKER_ENV
 
     return dict(WORKER_ENV)
 

@@ -31,7 +31,7 @@ from verl.trainer.ppo.utils import need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
 from verl.workers.config import ActorConfig
 
-from trainer.backend import TrainerBackendError
+from darl.trainer.backend import TrainerBackendError
 
 log = logging.getLogger(__name__)
 

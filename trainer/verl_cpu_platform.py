@@ -4,7 +4,7 @@ verl's real FSDP2 actor worker (world size 1, gloo) runs the tiny model in tests
 verl ships platforms for CUDA, ROCm and NPU only: without an accelerator its auto-detection falls
 back to "nvidia" (verl/plugin/platform/platform_manager.py:117), so the worker asks for NCCL
 (verl/utils/distributed.py:89) and a "cuda" device mesh (verl/workers/engine/fsdp/utils.py:48).
-A worker process loads this module by `VERL_USE_EXTERNAL_MODULES=trainer.verl_cpu_platform`
+A worker process loads this module by `VERL_USE_EXTERNAL_MODULES=darl.trainer.verl_cpu_platform`
 and picks it by `VERL_PLATFORM=cpu` (verl/__init__.py:49, platform_manager.py:92). What stays
 out of reach on CPU even so is listed in trainer/verl_backend.py's docstring.
 """

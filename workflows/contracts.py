@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from workflows.rollout_status import RolloutStatus
+from darl.workflows.rollout_status import RolloutStatus
 
 # Rollout ids travel in URL paths (/rollouts/<id>/v1) and file names, so they stay URL-safe.
 ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"

@@ -19,8 +19,8 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows import search_attributes as sa
-    from workflows.contracts import (
+    from darl.workflows import search_attributes as sa
+    from darl.workflows.contracts import (
         AgentExit,
         AgentHandle,
         AgentReport,
@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
         TrajectorySummary,
         rollout_workflow_id,
     )
-    from workflows.names import (
+    from darl.workflows.names import (
         AGENT_LOST_ERROR,
         AGENT_RESULT_SIGNAL,
         AGENT_SPEC_ERROR,
@@ -50,7 +50,7 @@ with workflow.unsafe.imports_passed_through():
         STOP_AGENT,
         WRONG_WORKFLOW_ID_ERROR,
     )
-    from workflows.rollout_status import (
+    from darl.workflows.rollout_status import (
         TRANSITIONS,
         IllegalTransitionError,
         RolloutStatus,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
 if TYPE_CHECKING:
-    from workflows.contracts import RolloutSpec
+    from darl.workflows.contracts import RolloutSpec
 
 RUN = SearchAttributeKey.for_keyword("DarlRun")
 GROUP = SearchAttributeKey.for_keyword("DarlGroup")

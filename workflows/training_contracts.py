@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from workflows.contracts import (
+from darl.workflows.contracts import (
     ROLLOUT_ID_PATTERN,
     AgentSpec,
     Contract,
@@ -22,7 +22,7 @@ from workflows.contracts import (
     RolloutSpec,
     RolloutTimeouts,
 )
-from workflows.names import ROLLOUT_TASK_QUEUE
+from darl.workflows.names import ROLLOUT_TASK_QUEUE
 
 
 def training_workflow_id(run_id: str) -> str:

@@ -8,9 +8,9 @@ import statistics
 from dataclasses import dataclass
 from enum import StrEnum
 
-from workflows.contracts import RolloutMode, RolloutResult, RolloutSpec
-from workflows.rollout_status import RolloutStatus
-from workflows.training_contracts import (
+from darl.workflows.contracts import RolloutMode, RolloutResult, RolloutSpec
+from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.training_contracts import (
     GroupState,
     StepRecord,
     SyncResult,

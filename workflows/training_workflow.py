@@ -20,9 +20,9 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows import search_attributes as sa
-    from workflows.contracts import RolloutMode, RolloutResult
-    from workflows.names import (
+    from darl.workflows import search_attributes as sa
+    from darl.workflows.contracts import RolloutMode, RolloutResult
+    from darl.workflows.names import (
         CANCEL_ROLLOUTS,
         CHECK_ROLLOUTS,
         CHECK_RUN,
@@ -45,7 +45,7 @@ with workflow.unsafe.imports_passed_through():
         UPDATE_KNOBS,
         WEIGHT_SYNC_ERROR,
     )
-    from workflows.training_contracts import (
+    from darl.workflows.training_contracts import (
         InitializeRequest,
         Knobs,
         KnobUpdate,
@@ -69,7 +69,7 @@ with workflow.unsafe.imports_passed_through():
         TrainStepRequest,
         TrainStepResult,
     )
-    from workflows.training_groups import GroupBook
+    from darl.workflows.training_groups import GroupBook
 
 
 # Retries without limit, at most 30 s apart: what the run cannot go on without (a step, the

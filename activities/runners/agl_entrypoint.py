@@ -1,4 +1,4 @@
-"""Runs an Agent Lightning style agent: `python -m activities.runners.agl_entrypoint mod:Class`
+"""Runs an Agent Lightning style agent: `python -m darl.activities.runners.agl_entrypoint mod:Class`
 imports the class (also `mod.Class`) and calls `Class().run()`, awaited if it is a coroutine.
 Exit status 0 means the agent finished."""
 
@@ -26,7 +26,7 @@ async def _await(awaitable: Any) -> Any:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        raise SystemExit("usage: python -m activities.runners.agl_entrypoint module:Class")
+        raise SystemExit("usage: python -m darl.activities.runners.agl_entrypoint module:Class")
     result = load_class(argv[1])().run()
     if inspect.isawaitable(result):
         asyncio.run(_await(result))

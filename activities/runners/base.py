@@ -10,9 +10,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from activities.agent_contract import AgentContract
-from workflows.contracts import AgentExit, AgentHandle, AwaitRequest, LaunchRequest
-from workflows.heartbeats import Heartbeat, heartbeat_interval
+from darl.activities.agent_contract import AgentContract
+from darl.workflows.contracts import AgentExit, AgentHandle, AwaitRequest, LaunchRequest
+from darl.workflows.heartbeats import Heartbeat, heartbeat_interval
 
 LOG_TAIL_BYTES = 4096
 

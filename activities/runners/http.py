@@ -22,10 +22,10 @@ import time
 import httpx
 from pydantic import ValidationError
 
-from activities.agent_contract import AgentContract, env_map_values
-from activities.errors import agent_lost_error, agent_service_unavailable, agent_spec_error
-from activities.runners.base import LOG_TAIL_BYTES, AgentRunner, agent_heartbeat_interval
-from workflows.contracts import (
+from darl.activities.agent_contract import AgentContract, env_map_values
+from darl.activities.errors import agent_lost_error, agent_service_unavailable, agent_spec_error
+from darl.activities.runners.base import LOG_TAIL_BYTES, AgentRunner, agent_heartbeat_interval
+from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
     AgentReport,
@@ -33,8 +33,8 @@ from workflows.contracts import (
     HttpAgentSpec,
     LaunchRequest,
 )
-from workflows.heartbeats import Heartbeat
-from workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
+from darl.workflows.heartbeats import Heartbeat
+from darl.workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
 
 # Statuses that say the service (or what fronts it) is unavailable, not that the agent failed.
 _UNAVAILABLE = frozenset({502, 503, 504})

@@ -29,10 +29,10 @@ import kr8s
 import yaml
 from kr8s.asyncio.objects import Job, Secret
 
-from activities.agent_contract import AgentContract
-from activities.errors import agent_lost_error, agent_spec_error, agent_stopped_error
-from activities.runners.base import AgentRunner, agent_heartbeat_interval
-from workflows.contracts import (
+from darl.activities.agent_contract import AgentContract
+from darl.activities.errors import agent_lost_error, agent_spec_error, agent_stopped_error
+from darl.activities.runners.base import AgentRunner, agent_heartbeat_interval
+from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
     AwaitRequest,
@@ -40,8 +40,8 @@ from workflows.contracts import (
     LaunchRequest,
     RolloutSpec,
 )
-from workflows.heartbeats import Heartbeat
-from workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
+from darl.workflows.heartbeats import Heartbeat
+from darl.workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,18 @@ from pathlib import Path
 
 import psutil
 
-from activities.agent_contract import AgentContract, inherited_env
-from activities.errors import agent_lost_error, agent_spec_error, agent_stopped_error
-from activities.runners.base import LOG_TAIL_BYTES, AgentRunner, agent_heartbeat_interval
-from workflows.contracts import AgentExit, AgentHandle, AwaitRequest, LaunchRequest, LocalAgentSpec
-from workflows.heartbeats import Heartbeat
-from workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
+from darl.activities.agent_contract import AgentContract, inherited_env
+from darl.activities.errors import agent_lost_error, agent_spec_error, agent_stopped_error
+from darl.activities.runners.base import LOG_TAIL_BYTES, AgentRunner, agent_heartbeat_interval
+from darl.workflows.contracts import (
+    AgentExit,
+    AgentHandle,
+    AwaitRequest,
+    LaunchRequest,
+    LocalAgentSpec,
+)
+from darl.workflows.heartbeats import Heartbeat
+from darl.workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +255,12 @@ class LocalProcessRunner(AgentRunner):
     @staticmethod
     def _argv(agent: LocalAgentSpec, env: dict[str, str]) -> list[str]:
         if agent.entrypoint is not None:
-            return [sys.executable, "-m", "activities.runners.agl_entrypoint", agent.entrypoint]
+            return [
+                sys.executable,
+                "-m",
+                "darl.activities.runners.agl_entrypoint",
+                agent.entrypoint,
+            ]
         argv = [part.replace("{python}", sys.executable) for part in agent.command or []]
         if "/" not in argv[0] and shutil.which(argv[0], path=env.get("PATH")) is None:
             raise agent_spec_error(f"agent command {argv[0]!r} is not on PATH")

@@ -2,7 +2,7 @@
 the verl agent-lightning-like recipe): DARL POSTs a rollout, the service answers with the
 agent's report. No process start per rollout, so it is cheap.
 
-    uvicorn examples.arithmetic.agent_service:app --host 127.0.0.1 --port 8300
+    uvicorn darl.examples.arithmetic.agent_service:app --host 127.0.0.1 --port 8300
 
 It honours `Idempotency-Key`: a rollout attempt POSTed again (a worker crashed and its retry
 re-attaches) gets the answer of the run already under way, never a second run.
@@ -15,8 +15,8 @@ from typing import Any
 from fastapi import FastAPI
 from openai import AsyncOpenAI
 
-from examples.agent_service import AgentService, RolloutRequest, service_app
-from examples.arithmetic.agent import SYSTEM, final_answer
+from darl.examples.agent_service import AgentService, RolloutRequest, service_app
+from darl.examples.arithmetic.agent import SYSTEM, final_answer
 
 
 class ArithmeticService(AgentService):

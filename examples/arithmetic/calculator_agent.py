@@ -16,7 +16,7 @@ import re
 
 from openai import OpenAI
 
-from examples.arithmetic.agent import final_answer, report
+from darl.examples.arithmetic.agent import final_answer, report
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 

@@ -3,7 +3,7 @@ rollout attempt, one raw completion through the gateway, the sampled text as the
 It is deliberately lean (a shared httpx client, no SDK import per rollout): the demo needs
 thousands of rollouts in minutes on two cores.
 
-    darl agent-service examples.digits.agent_service:app --port 8300
+    darl agent-service darl.examples.digits.agent_service:app --port 8300
 
 `Idempotency-Key` is honoured: an attempt POSTed again gets the run already under way.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, HTTPException
 
-from examples.agent_service import AgentService, RolloutRequest, service_app
+from darl.examples.agent_service import AgentService, RolloutRequest, service_app
 
 # Unless the task says how many (`max_tokens`).
 MAX_TOKENS = 4

@@ -4,7 +4,7 @@ reply as its answer, for the reward to score as verl scores it. Nothing of DARL 
 DARL_TASK and the report to DARL_RESULT_URL; the SDK finds the gateway and the rollout's token
 in OPENAI_BASE_URL / OPENAI_API_KEY by itself.
 
-    python -m examples.gsm8k.agent      # with DARL_TASK='{"question": "..."}' and OPENAI_*
+    python -m darl.examples.gsm8k.agent      # with DARL_TASK='{"question": "..."}' and OPENAI_*
 
 DARL runs it per rollout with the local runner (`kind: local`); `agent_service.py` is the same
 agent as an HTTP service, which `train.yaml` uses (no process start per rollout).

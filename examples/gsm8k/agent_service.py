@@ -2,7 +2,7 @@
 attempt, the same prompt and answer as `agent.py`, through one OpenAI SDK client whose pooled
 connections every rollout shares (a step of verl's quickstart is 256 x 5 = 1,280 rollouts).
 
-    darl agent-service examples.gsm8k.agent_service:app --port 8300
+    darl agent-service darl.examples.gsm8k.agent_service:app --port 8300
 
 `Idempotency-Key` is honoured: an attempt POSTed again gets the run already under way.
 """
@@ -16,8 +16,8 @@ import openai
 from fastapi import FastAPI, HTTPException
 from openai import AsyncOpenAI
 
-from examples.agent_service import AgentService, RolloutRequest, service_app
-from examples.gsm8k.agent import MAX_TOKENS, messages
+from darl.examples.agent_service import AgentService, RolloutRequest, service_app
+from darl.examples.gsm8k.agent import MAX_TOKENS, messages
 
 
 class GSM8KAgent(AgentService):

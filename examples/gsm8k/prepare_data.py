@@ -2,7 +2,7 @@
 `openai/gsm8k`, config `main`: columns `question` and `answer`, the answer ending in
 `#### <number>`). Nothing is downloaded.
 
-    python -m examples.gsm8k.prepare_data \\
+    python -m darl.examples.gsm8k.prepare_data \\
         --train gsm8k/main/train-00000-of-00001.parquet \\
         --test gsm8k/main/test-00000-of-00001.parquet --out .darl/data/gsm8k
 

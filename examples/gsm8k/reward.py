@@ -2,7 +2,7 @@
 reply must say "#### <number>"; 1 for the right number, 0 otherwise), so DARL's rewards are the
 numbers verl's quickstart reports.
 
-    rollout: {reward: {function: examples.gsm8k.reward:gsm8k_reward}}
+    rollout: {reward: {function: darl.examples.gsm8k.reward:gsm8k_reward}}
 
 verl's scoring file needs only `re`, but importing it through the `verl` package first imports
 verl's `__init__` (torch, ray: seconds on the rollout worker's event loop). So the file is loaded
@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from activities.rewards import RewardFunctionError
+from darl.activities.rewards import RewardFunctionError
 
 SCORE_FILE = Path("utils", "reward_score", "gsm8k.py")
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from fastapi import HTTPException
 
-from examples.agent_service import STATE_DIR_ENV, AgentService, RolloutRequest, service_app
+from darl.examples.agent_service import STATE_DIR_ENV, AgentService, RolloutRequest, service_app
 
 
 class SlowService(AgentService):

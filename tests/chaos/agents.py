@@ -17,8 +17,8 @@ from typing import Any
 
 from fastapi import HTTPException
 
-from examples.agent_service import STATE_DIR_ENV, RolloutRequest, service_app
-from examples.digits.agent_service import DigitsAgent
+from darl.examples.agent_service import STATE_DIR_ENV, RolloutRequest, service_app
+from darl.examples.digits.agent_service import DigitsAgent
 from tests.chaos import RUNS_LOG
 
 

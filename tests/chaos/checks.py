@@ -9,8 +9,8 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.store import CallRecord
-from workflows.training_contracts import TrainStepRequest
+from darl.gateway.store import CallRecord
+from darl.workflows.training_contracts import TrainStepRequest
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,19 @@ import httpx
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
-from deploy.devstack import connect_when_ready, register_search_attributes
-from gateway.store import CallRecord, DirectoryTrajectoryStore
+from darl.deploy.devstack import connect_when_ready, register_search_attributes
+from darl.gateway.store import CallRecord, DirectoryTrajectoryStore
+from darl.workflows import search_attributes as sa
+from darl.workflows.contracts import LocalAgentSpec, RolloutResult
+from darl.workflows.names import ROLLOUT_WORKFLOW, TRAIN_STEP
+from darl.workflows.temporal_connection import DATA_CONVERTER
+from darl.workflows.training_contracts import (
+    TrainingConfig,
+    TrainingPhase,
+    TrainingProgress,
+    TrainingSummary,
+    TrainStepRequest,
+)
 from tests.chaos import RUNS_LOG
 from tests.chaos.checks import (
     ChaosReport,
@@ -55,17 +66,6 @@ from tests.integration.training_stack import (
     training_config,
 )
 from tests.serving import served
-from workflows import search_attributes as sa
-from workflows.contracts import LocalAgentSpec, RolloutResult
-from workflows.names import ROLLOUT_WORKFLOW, TRAIN_STEP
-from workflows.temporal_connection import DATA_CONVERTER
-from workflows.training_contracts import (
-    TrainingConfig,
-    TrainingPhase,
-    TrainingProgress,
-    TrainingSummary,
-    TrainStepRequest,
-)
 
 log = logging.getLogger(__name__)
 

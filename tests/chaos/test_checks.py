@@ -5,9 +5,9 @@ what its agent received), each check counts it, and counts nothing in the clean 
 
 from __future__ import annotations
 
-from gateway.store import CallRecord
+from darl.gateway.store import CallRecord
+from darl.workflows.training_contracts import TrainGroup, TrainMember, TrainStepRequest
 from tests.chaos.checks import ChaosReport, check_agents, check_staleness, check_versions
-from workflows.training_contracts import TrainGroup, TrainMember, TrainStepRequest
 
 RUN = "chaos-test"
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from deploy.devstack import wait_for_port
-from deploy.processes import ManagedProcess
+from darl.deploy.devstack import wait_for_port
+from darl.deploy.processes import ManagedProcess
+from darl.workflows import search_attributes as sa
+from darl.workflows.temporal_connection import TemporalSettings
 from tests.conftest import BIN
-from workflows import search_attributes as sa
-from workflows.temporal_connection import TemporalSettings
 
 
 def free_port() -> int:

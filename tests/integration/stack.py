@@ -18,10 +18,10 @@ from urllib.parse import urlparse
 import httpx
 from temporalio.client import Client, WorkflowHandle
 
-from activities.runners.local import stop_leftover_agents
-from deploy.processes import ManagedProcess
-from gateway.store import DirectoryTrajectoryStore
-from workflows.contracts import (
+from darl.activities.runners.local import stop_leftover_agents
+from darl.deploy.processes import ManagedProcess
+from darl.gateway.store import DirectoryTrajectoryStore
+from darl.workflows.contracts import (
     LocalAgentSpec,
     RewardSpec,
     RolloutResult,
@@ -29,9 +29,9 @@ from workflows.contracts import (
     RolloutTimeouts,
     rollout_workflow_id,
 )
-from workflows.rollout_status import RolloutStatus
-from workflows.rollout_token import TokenClaims, mint_token
-from workflows.rollout_workflow import RolloutWorkflow
+from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.rollout_token import TokenClaims, mint_token
+from darl.workflows.rollout_workflow import RolloutWorkflow
 
 TOKEN_SECRET = "integration-secret"
 ADMIN_KEY = "integration-admin-key"
@@ -243,7 +243,7 @@ class Stack:
     def darl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run `darl ARGS` as a user would, against this stack's Temporal and keys."""
         return subprocess.run(
-            [sys.executable, "-m", "deploy.cli", *args],
+            [sys.executable, "-m", "darl.deploy.cli", *args],
             env=self.env(),
             capture_output=True,
             text=True,

@@ -11,11 +11,11 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.app import GatewaySettings, create_app
-from gateway.store import DirectoryTrajectoryStore
+from darl.gateway.app import GatewaySettings, create_app
+from darl.gateway.store import DirectoryTrajectoryStore
+from darl.workflows.temporal_connection import TemporalSettings, connect
 from tests.integration.stack import TOKEN_SECRET, Stack
 from tests.serving import served
-from workflows.temporal_connection import TemporalSettings, connect
 
 CHUNK = {
     "id": "chatcmpl-x",

@@ -9,10 +9,10 @@ import itertools
 import uuid
 from pathlib import Path
 
+from darl.workflows.contracts import LocalAgentSpec, RolloutSpec, RolloutTimeouts
+from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.rollout_workflow import RolloutWorkflow
 from tests.integration.stack import Stack
-from workflows.contracts import LocalAgentSpec, RolloutSpec, RolloutTimeouts
-from workflows.rollout_status import RolloutStatus
-from workflows.rollout_workflow import RolloutWorkflow
 
 SLOW_AGENT = str(Path(__file__).resolve().parents[1] / "agents" / "slow_agent.py")
 

@@ -23,17 +23,17 @@ import httpx
 import pytest
 from temporalio.common import WorkflowIDReusePolicy
 
-from tests.integration.stack import Stack
-from tests.integration.test_crashes import launches, slow_spec
-from workflows.contracts import (
+from darl.workflows.contracts import (
     HttpAgentSpec,
     RolloutResult,
     RolloutSpec,
     RolloutTimeouts,
     rollout_workflow_id,
 )
-from workflows.rollout_status import RolloutStatus
-from workflows.rollout_workflow import RolloutWorkflow
+from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.rollout_workflow import RolloutWorkflow
+from tests.integration.stack import Stack
+from tests.integration.test_crashes import launches, slow_spec
 
 pytestmark = pytest.mark.integration
 

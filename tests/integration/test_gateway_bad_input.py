@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from darl.workflows.contracts import LocalAgentSpec, RolloutSpec
+from darl.workflows.rollout_status import RolloutStatus
 from tests.integration.stack import ADMIN_KEY, Stack
-from workflows.contracts import LocalAgentSpec, RolloutSpec
-from workflows.rollout_status import RolloutStatus
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import httpx
 
-from examples.arithmetic.agent_service import ArithmeticService, create_service_app
-from tests.integration.stack import ADMIN_KEY, Stack
-from tests.serving import served
-from workflows.contracts import (
+from darl.examples.arithmetic.agent_service import ArithmeticService, create_service_app
+from darl.workflows.contracts import (
     HttpAgentSpec,
     RewardSpec,
     RolloutSpec,
     RolloutTimeouts,
 )
-from workflows.rollout_status import RolloutStatus
+from darl.workflows.rollout_status import RolloutStatus
+from tests.integration.stack import ADMIN_KEY, Stack
+from tests.serving import served
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

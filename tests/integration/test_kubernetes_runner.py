@@ -17,12 +17,9 @@ import yaml
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
-from activities.agent_contract import ContractIssuer
-from activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings, job_name
-from tests.integration.stack import Stack
-from tests.k8s_emulator import KubernetesEmulator
-from tests.k8s_schema import validate
-from workflows.contracts import (
+from darl.activities.agent_contract import ContractIssuer
+from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings, job_name
+from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
     AwaitRequest,
@@ -32,7 +29,10 @@ from workflows.contracts import (
     RolloutSpec,
     RolloutTimeouts,
 )
-from workflows.rollout_status import RolloutStatus
+from darl.workflows.rollout_status import RolloutStatus
+from tests.integration.stack import Stack
+from tests.k8s_emulator import KubernetesEmulator
+from tests.k8s_schema import validate
 
 pytestmark = pytest.mark.integration
 
@@ -213,7 +213,7 @@ async def test_a_rollout_runs_its_agent_as_a_job_end_to_end(
     Pod running the example OpenAI-SDK agent, the real gateway and policy server: everything
     but the cluster is real. With `kill_worker`, the worker is SIGKILLed while the Job runs and
     its replacement re-attaches to the same Job (one Job, one attempt)."""
-    agent = [sys.executable, "-m", "examples.arithmetic.agent"]
+    agent = [sys.executable, "-m", "darl.examples.arithmetic.agent"]
     if kill_worker:
         agent = ["sh", "-c", "sleep 4; exec " + " ".join(agent)]
     template = tmp_path / "arithmetic-job.yaml"

@@ -12,17 +12,17 @@ from pathlib import Path
 
 from temporalio.client import WorkflowHandle
 
-from tests.conftest import BIN
-from tests.integration.stack import Stack
-from workflows.contracts import (
+from darl.workflows.contracts import (
     LocalAgentSpec,
     RewardSpec,
     RolloutResult,
     RolloutSpec,
     RolloutTimeouts,
 )
-from workflows.names import ROLLOUT_WORKFLOW
-from workflows.rollout_status import RolloutStatus
+from darl.workflows.names import ROLLOUT_WORKFLOW
+from darl.workflows.rollout_status import RolloutStatus
+from tests.conftest import BIN
+from tests.integration.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT_TIMEOUT = 240
@@ -48,9 +48,9 @@ async def results(handles: list[WorkflowHandle]) -> list[RolloutResult]:
 
 async def test_twenty_example_rollouts_are_captured_exactly(stack: Stack) -> None:
     answered_before = len(stack.policy_responses())
-    specs = [example_spec("examples.arithmetic.agent", i) for i in range(10)] + [
+    specs = [example_spec("darl.examples.arithmetic.agent", i) for i in range(10)] + [
         example_spec(
-            "examples.arithmetic.calculator_agent", i, {"AGENT_STREAM": "1" if i % 2 else "0"}
+            "darl.examples.arithmetic.calculator_agent", i, {"AGENT_STREAM": "1" if i % 2 else "0"}
         )
         for i in range(10, 20)
     ]

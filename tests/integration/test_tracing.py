@@ -19,22 +19,22 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from temporalio.testing import WorkflowEnvironment
 
-from activities.worker import RolloutWorkerSettings, build_worker
-from gateway.app import GatewaySettings, create_app
-from gateway.store import DirectoryTrajectoryStore
-from tests.serving import served
-from trainer.policy_server import PolicyServer, create_policy_app
-from trainer.tiny_model import create_model_dir
-from workflows.contracts import (
+from darl.activities.worker import RolloutWorkerSettings, build_worker
+from darl.gateway.app import GatewaySettings, create_app
+from darl.gateway.store import DirectoryTrajectoryStore
+from darl.trainer.policy_server import PolicyServer, create_policy_app
+from darl.trainer.tiny_model import create_model_dir
+from darl.workflows.contracts import (
     LocalAgentSpec,
     RewardSpec,
     RolloutSpec,
     RolloutTimeouts,
     rollout_workflow_id,
 )
-from workflows.rollout_status import RolloutStatus
-from workflows.rollout_workflow import RolloutWorkflow
-from workflows.temporal_connection import TemporalSettings, connect
+from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.rollout_workflow import RolloutWorkflow
+from darl.workflows.temporal_connection import TemporalSettings, connect
+from tests.serving import served
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ async def test_one_trace_covers_the_rollout(
                         rollout_id=f"trace-{uuid.uuid4().hex[:8]}",
                         task={"question": "What is 1 + 1?", "answer": "2"},
                         agent=LocalAgentSpec(
-                            command=["{python}", "-m", "examples.arithmetic.agent"]
+                            command=["{python}", "-m", "darl.examples.arithmetic.agent"]
                         ),
                         reward=RewardSpec(function="numeric_match"),
                         timeouts=RolloutTimeouts(agent_seconds=120),

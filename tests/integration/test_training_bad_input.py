@@ -21,7 +21,8 @@ from temporalio.client import WorkflowFailureError
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.testing import WorkflowEnvironment
 
-from deploy.cli_support import failure_text
+from darl.deploy.cli_support import failure_text
+from darl.workflows.training_contracts import TrainingConfig, training_workflow_id
 from tests.integration.stack import Stack
 from tests.integration.training_stack import (
     TRAINING_WORKFLOW,
@@ -30,7 +31,6 @@ from tests.integration.training_stack import (
     training_config,
     training_result,
 )
-from workflows.training_contracts import TrainingConfig, training_workflow_id
 
 pytestmark = pytest.mark.integration
 

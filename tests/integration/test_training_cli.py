@@ -50,7 +50,7 @@ def temporal(stack: Stack, *args: str) -> dict | list | str:
 
 def darl(stack: Stack, *args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", *args],
+        [sys.executable, "-m", "darl.deploy.cli", *args],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,

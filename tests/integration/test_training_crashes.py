@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from deploy.devstack import connect_when_ready, register_search_attributes
+from darl.deploy.devstack import connect_when_ready, register_search_attributes
+from darl.workflows.contracts import RolloutResult
+from darl.workflows.names import TRAIN_STEP
+from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.temporal_connection import connect
+from darl.workflows.training_contracts import TrainingPhase, TrainingSummary
 from tests.integration.dev_server import DevServer
 from tests.integration.stack import Stack
 from tests.integration.test_crashes import launches, slow_spec
@@ -25,11 +30,6 @@ from tests.integration.training_stack import (
     training_result,
     wait_for_progress,
 )
-from workflows.contracts import RolloutResult
-from workflows.names import TRAIN_STEP
-from workflows.rollout_status import RolloutStatus
-from workflows.temporal_connection import connect
-from workflows.training_contracts import TrainingPhase, TrainingSummary
 
 pytestmark = pytest.mark.integration
 

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from darl.trainer.digits_task import TEST
+from darl.trainer.run_files import read_metrics
+from darl.workflows.training_contracts import StepRecord
 from tests.integration.stack import Stack
 from tests.integration.training_stack import (
     check_finished_run,
@@ -21,9 +24,6 @@ from tests.integration.training_stack import (
     training_config,
     training_result,
 )
-from trainer.digits_task import TEST
-from trainer.run_files import read_metrics
-from workflows.training_contracts import StepRecord
 
 pytestmark = pytest.mark.integration
 

@@ -19,6 +19,8 @@ import torch
 from safetensors.torch import load_file
 from temporalio.testing import WorkflowEnvironment
 
+from darl.trainer.run_files import read_metrics
+from darl.trainer.verl_backend import ACTOR_DIR, HF_DIR
 from tests.integration.stack import Stack
 from tests.integration.training_stack import (
     check_finished_run,
@@ -28,8 +30,6 @@ from tests.integration.training_stack import (
     training_config,
     training_result,
 )
-from trainer.run_files import read_metrics
-from trainer.verl_backend import ACTOR_DIR, HF_DIR
 
 pytestmark = pytest.mark.integration
 

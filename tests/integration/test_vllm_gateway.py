@@ -16,10 +16,10 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from gateway.store import CallRecord
+from darl.gateway.store import CallRecord
+from darl.workflows.rollout_status import RolloutStatus
 from tests.integration.test_rollouts_e2e import example_spec
 from tests.vllm_fixtures import VllmStack, running_vllm_stack
-from workflows.rollout_status import RolloutStatus
 
 pytestmark = pytest.mark.integration
 
@@ -88,8 +88,8 @@ def assert_vllm_answers_the_same(stack: VllmStack, record: CallRecord) -> None:
 async def test_agent_rollouts_record_what_vllm_answered(vllm_stack: VllmStack) -> None:
     """Real OpenAI-SDK agents (one call whole; two calls streamed, the second carrying the
     first's answer): the workflow's counts and the store's records match vLLM's answers."""
-    specs = [example_spec("examples.arithmetic.agent", i) for i in (0, 1)] + [
-        example_spec("examples.arithmetic.calculator_agent", i, {"AGENT_STREAM": "1"})
+    specs = [example_spec("darl.examples.arithmetic.agent", i) for i in (0, 1)] + [
+        example_spec("darl.examples.arithmetic.calculator_agent", i, {"AGENT_STREAM": "1"})
         for i in (2, 3)
     ]
     handles = [await vllm_stack.start_rollout(s) for s in specs]

@@ -19,7 +19,17 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from gateway.store import CallRecord
+from darl.gateway.store import CallRecord
+from darl.trainer.aggregation import AggregationSettings, RolloutSample, aggregate
+from darl.trainer.backend import StepOverrides
+from darl.trainer.policy_control import (
+    GatewayControl,
+    PolicyServerSpec,
+    VllmPolicyServer,
+    WeightSyncError,
+    policy_server_control,
+    sync_weights,
+)
 from tests.integration.stack import ADMIN_KEY
 from tests.vllm_fixtures import (
     VllmStack,
@@ -37,16 +47,6 @@ from tests.vllm_fixtures import (
     streamed_ids,
     until,
     vllm_metric,
-)
-from trainer.aggregation import AggregationSettings, RolloutSample, aggregate
-from trainer.backend import StepOverrides
-from trainer.policy_control import (
-    GatewayControl,
-    PolicyServerSpec,
-    VllmPolicyServer,
-    WeightSyncError,
-    policy_server_control,
-    sync_weights,
 )
 
 # The gateway holds new calls and keeps its upstreams: what these syncs test is the load.

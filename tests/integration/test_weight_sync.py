@@ -10,9 +10,9 @@ import threading
 import httpx
 import pytest
 
+from darl.trainer.policy_control import GatewayControl, ReferencePolicyServer, sync_weights
 from tests.integration.stack import ADMIN_KEY, Stack
 from tests.integration.test_gateway_control import CHAT, call
-from trainer.policy_control import GatewayControl, ReferencePolicyServer, sync_weights
 
 pytestmark = pytest.mark.integration
 

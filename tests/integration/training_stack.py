@@ -16,23 +16,23 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
-from deploy.config_file import load_config
-from gateway.store import DirectoryTrajectoryStore
-from tests.accounting import assert_accounted
-from tests.integration.stack import Stack
-from trainer.digits_task import make_tasks
-from trainer.reference_backend import ReferenceTrainerSettings
-from trainer.run_files import read_metrics
-from workflows.names import TRAINING_WORKFLOW
-from workflows.training_contracts import (
+from darl.deploy.config_file import load_config
+from darl.gateway.store import DirectoryTrajectoryStore
+from darl.trainer.digits_task import make_tasks
+from darl.trainer.reference_backend import ReferenceTrainerSettings
+from darl.trainer.run_files import read_metrics
+from darl.workflows.names import TRAINING_WORKFLOW
+from darl.workflows.training_contracts import (
     TrainingConfig,
     TrainingProgress,
     TrainingSummary,
     training_workflow_id,
 )
+from tests.accounting import assert_accounted
+from tests.integration.stack import Stack
 
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "digits" / "train.yaml"
-AGENT_SERVICE = "examples.digits.agent_service:app"
+AGENT_SERVICE = "darl.examples.digits.agent_service:app"
 
 
 def start_training_stack(root: Path, client: Client) -> Stack:

@@ -20,9 +20,9 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse
 from temporalio.exceptions import ApplicationError
 
-from activities.agent_contract import ContractIssuer
-from activities.runners.http import HttpAgentRunner
-from examples.agent_service import (
+from darl.activities.agent_contract import ContractIssuer
+from darl.activities.runners.http import HttpAgentRunner
+from darl.examples.agent_service import (
     LOST,
     STATE_DIR_ENV,
     AgentService,
@@ -30,15 +30,15 @@ from examples.agent_service import (
     RolloutRequest,
     service_app,
 )
-from tests.serving import served
-from workflows.contracts import (
+from darl.workflows.contracts import (
     AgentHandle,
     AwaitRequest,
     HttpAgentSpec,
     RolloutSpec,
     RolloutTimeouts,
 )
-from workflows.names import AGENT_LOST_ERROR
+from darl.workflows.names import AGENT_LOST_ERROR
+from tests.serving import served
 
 WAIT = 10.0
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from verl.trainer.ppo import core_algos
 from verl.workers.config.actor import FSDPActorConfig
 
-from gateway.store import CallRecord, DirectoryTrajectoryStore
-from trainer.aggregation import (
+from darl.gateway.store import CallRecord, DirectoryTrajectoryStore
+from darl.trainer.aggregation import (
     AggregationCounters,
     AggregationSettings,
     EmptyBatchError,

@@ -8,14 +8,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gateway.journal import (
+from darl.gateway.journal import (
     OUTAGE_MARGIN_SECONDS,
     OUTAGES_FILE,
     AdminState,
     GatewayJournal,
     Outage,
 )
-from gateway.store import DirectoryTrajectoryStore
+from darl.gateway.store import DirectoryTrajectoryStore
 
 
 def test_admin_state_is_loaded_back_whole_by_a_new_journal(tmp_path: Path) -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from workflows.contracts import HttpAgentSpec, RolloutMode, RolloutResult
-from workflows.rollout_status import RolloutStatus
-from workflows.training_contracts import (
+from darl.workflows.contracts import HttpAgentSpec, RolloutMode, RolloutResult
+from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.training_contracts import (
     BackendSpec,
     Counters,
     DatasetSpec,
@@ -22,7 +22,7 @@ from workflows.training_contracts import (
     TrainingState,
     WeightSyncSettings,
 )
-from workflows.training_groups import GroupBook
+from darl.workflows.training_groups import GroupBook
 
 GROUP = 4
 

@@ -19,14 +19,14 @@ import yaml
 from openai import OpenAI
 from typer.testing import CliRunner
 
-from activities.rewards import RewardFunctionError, resolve, score
-from deploy.config_file import load_config
-from examples.gsm8k import agent
-from examples.gsm8k.agent_service import GSM8KAgent, create_service_app
-from examples.gsm8k.prepare_data import GSM8KDataError, app, ground_truth, prepare
-from examples.gsm8k.reward import gsm8k_reward, verl_gsm8k
-from trainer.datasets import load_tasks
-from workflows.contracts import RewardSpec, TrajectorySummary
+from darl.activities.rewards import RewardFunctionError, resolve, score
+from darl.deploy.config_file import load_config
+from darl.examples.gsm8k import agent
+from darl.examples.gsm8k.agent_service import GSM8KAgent, create_service_app
+from darl.examples.gsm8k.prepare_data import GSM8KDataError, app, ground_truth, prepare
+from darl.examples.gsm8k.reward import gsm8k_reward, verl_gsm8k
+from darl.trainer.datasets import load_tasks
+from darl.workflows.contracts import RewardSpec, TrajectorySummary
 
 REPO = Path(__file__).parents[2]
 CONFIG = REPO / "examples" / "gsm8k" / "train.yaml"
@@ -196,7 +196,7 @@ def test_no_reply_scores_zero_and_a_task_without_truth_is_a_non_retryable_error(
 
 
 def test_darl_scores_a_rollout_with_it():
-    spec = RewardSpec(function="examples.gsm8k.reward:gsm8k_reward")
+    spec = RewardSpec(function="darl.examples.gsm8k.reward:gsm8k_reward")
     summary = TrajectorySummary(
         rollout_id="r", attempt=1, calls=1, prompt_tokens=90, completion_tokens=60, call_ids=["c"]
     )
@@ -208,7 +208,7 @@ def test_darl_scores_a_rollout_with_it():
 def test_scoring_does_not_import_torch():
     # The rollout worker imports the reward on first use, on its event loop.
     code = (
-        "import sys; from examples.gsm8k.reward import gsm8k_reward; "
+        "import sys; from darl.examples.gsm8k.reward import gsm8k_reward; "
         "assert gsm8k_reward({'ground_truth': '3'}, '#### 3') == 1.0; "
         "print(sorted(m for m in ('torch', 'ray', 'verl') if m in sys.modules))"
     )
@@ -409,7 +409,7 @@ def test_every_backend_setting_is_a_key_of_verls_ppo_trainer():
 
 
 def test_verl_takes_the_settings_and_updates_on_quickstart_sized_mini_batches():
-    from trainer.verl_config import build_verl_config
+    from darl.trainer.verl_config import build_verl_config
 
     config = load_config(CONFIG)
     settings = build_verl_config(Path(config.backend.model_dir), config.backend.settings)

@@ -18,9 +18,9 @@ import typer
 import typer.main
 import yaml
 
+from darl.workflows import search_attributes
+from darl.workflows.training_contracts import TrainingConfig
 from tests.k8s_schema import InvalidObject, validate
-from workflows import search_attributes
-from workflows.training_contracts import TrainingConfig
 
 REPO = Path(__file__).parents[2]
 K8S = REPO / "deploy" / "k8s"
@@ -359,8 +359,8 @@ def test_the_trainer_gets_a_gpu_unless_the_cpu_component_takes_it_away():
 
 
 def _darl_commands() -> dict[str, Any]:
-    from deploy.cli import app
-    from deploy.training_cli import register
+    from darl.deploy.cli import app
+    from darl.deploy.training_cli import register
 
     full = typer.Typer()
     full.registered_commands = list(app.registered_commands)

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.agent_contract import ContractIssuer
-from activities.runners.kubernetes import (
+from darl.activities.agent_contract import ContractIssuer
+from darl.activities.runners.kubernetes import (
     JobRateLimiter,
     KubernetesJobRunner,
     KubernetesSettings,
     job_name,
 )
+from darl.workflows.contracts import KubernetesAgentSpec, RolloutSpec, RolloutTimeouts
 from tests.k8s_schema import validate
-from workflows.contracts import KubernetesAgentSpec, RolloutSpec, RolloutTimeouts
 
 TEMPLATE = Path(__file__).parents[1] / "k8s_fixtures" / "loose-job.yaml"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -14,15 +14,15 @@ import psutil
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.agent_contract import ContractIssuer
-from activities.runners.local import (
+from darl.activities.agent_contract import ContractIssuer
+from darl.activities.runners.local import (
     EXIT_FILE,
     HANDLE_FILE,
     LAUNCH_MARKER,
     LocalProcessRunner,
     stop_leftover_agents,
 )
-from workflows.contracts import (
+from darl.workflows.contracts import (
     AwaitRequest,
     LaunchRequest,
     LocalAgentSpec,

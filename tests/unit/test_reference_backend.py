@@ -14,8 +14,8 @@ import pytest
 import torch
 from verl import DataProto
 
-from trainer import digits_task
-from trainer.backend import (
+from darl.trainer import digits_task
+from darl.trainer.backend import (
     BatchError,
     CheckpointError,
     CheckpointStore,
@@ -24,14 +24,14 @@ from trainer.backend import (
     StepOverrides,
     TrainerBackend,
 )
-from trainer.policy_server import PolicyServer
-from trainer.reference_backend import (
+from darl.trainer.policy_server import PolicyServer
+from darl.trainer.reference_backend import (
     OPTIMIZER_JSON,
     OPTIMIZER_TENSORS,
     ReferenceBackend,
     ReferenceTrainerSettings,
 )
-from trainer.tiny_model import MODEL_PRESETS, create_model_dir, load_model_dir
+from darl.trainer.tiny_model import MODEL_PRESETS, create_model_dir, load_model_dir
 
 SETTINGS = ReferenceTrainerSettings(lr=1e-2, ppo_mini_batch_size=4, ppo_epochs=2, shuffle=True)
 

@@ -3,8 +3,8 @@ from decimal import Decimal
 
 import pytest
 
-from activities.rewards import RewardFunctionError, final_number, score
-from workflows.contracts import RewardSpec, TrajectorySummary
+from darl.activities.rewards import RewardFunctionError, final_number, score
+from darl.workflows.contracts import RewardSpec, TrajectorySummary
 
 SUMMARY = TrajectorySummary(
     rollout_id="r", attempt=1, calls=2, prompt_tokens=10, completion_tokens=5, call_ids=["a", "b"]

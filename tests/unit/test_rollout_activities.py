@@ -15,10 +15,10 @@ import pytest
 from temporalio.activity import ActivityCancellationDetails
 from temporalio.testing import ActivityEnvironment
 
-from activities.agent_contract import ContractIssuer
-from activities.rollout_activities import RolloutActivities
-from activities.runners.local import LocalProcessRunner, stop_leftover_agents
-from workflows.contracts import (
+from darl.activities.agent_contract import ContractIssuer
+from darl.activities.rollout_activities import RolloutActivities
+from darl.activities.runners.local import LocalProcessRunner, stop_leftover_agents
+from darl.workflows.contracts import (
     AwaitRequest,
     LaunchRequest,
     LocalAgentSpec,

@@ -1,6 +1,6 @@
 import pytest
 
-from workflows.rollout_status import (
+from darl.workflows.rollout_status import (
     FINAL_STATUSES,
     TRANSITIONS,
     IllegalTransitionError,

@@ -1,6 +1,6 @@
 import pytest
 
-from workflows.rollout_token import (
+from darl.workflows.rollout_token import (
     TokenClaims,
     TokenError,
     TokenExpiredError,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.digits_task import DEMO, TEST, TaskSpecError, digits_reward, make_tasks, success
-from trainer.tiny_model import (
+from darl.trainer.digits_task import DEMO, TEST, TaskSpecError, digits_reward, make_tasks, success
+from darl.trainer.tiny_model import (
     IM_END,
     MODEL_PRESETS,
     SPEC_FILE,

@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.store import CallRecord, DirectoryTrajectoryStore
+from darl.gateway.store import CallRecord, DirectoryTrajectoryStore
 
 token_lists = st.lists(st.integers(0, 200), max_size=12)
 

@@ -25,25 +25,25 @@ from verl.workers.config.actor import FSDPActorConfig
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
-from tests.serving import served
-from trainer.aggregation import AggregationSettings, TrainingRow, to_data_proto
-from trainer.backend import (
+from darl.trainer.aggregation import AggregationSettings, TrainingRow, to_data_proto
+from darl.trainer.backend import (
     BatchError,
     CheckpointError,
     StepOutOfOrderError,
     StepOverrides,
     TrainerBackend,
 )
-from trainer.policy_server import PolicyServer, create_policy_app
-from trainer.reference_backend import (
+from darl.trainer.policy_server import PolicyServer, create_policy_app
+from darl.trainer.reference_backend import (
     OPTIMIZER_TENSORS,
     ReferenceBackend,
     ReferenceTrainerSettings,
 )
-from trainer.tiny_model import MODEL_PRESETS, create_model_dir, load_model_dir
-from trainer.verl_backend import ACTOR_DIR, VerlBackend
-from trainer.verl_batch import PADDING_UID, prepare_batch, worker_input
-from trainer.verl_config import VerlConfigError, VerlSettings, build_verl_config
+from darl.trainer.tiny_model import MODEL_PRESETS, create_model_dir, load_model_dir
+from darl.trainer.verl_backend import ACTOR_DIR, VerlBackend
+from darl.trainer.verl_batch import PADDING_UID, prepare_batch, worker_input
+from darl.trainer.verl_config import VerlConfigError, VerlSettings, build_verl_config
+from tests.serving import served
 
 # Small batches, float32 compute (FSDP's mixed precision is bf16 unless told), a Ray of our own.
 CPU_RUN = {

@@ -12,8 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.vllm_fixtures import assert_group_gone
-from trainer.policy_control import (
+from darl.trainer.policy_control import (
     GatewayControl,
     PolicyServerSpec,
     ReferencePolicyServer,
@@ -22,7 +21,7 @@ from trainer.policy_control import (
     policy_server_control,
     sync_weights,
 )
-from trainer.vllm_server import (
+from darl.trainer.vllm_server import (
     ModelDirError,
     VllmLauncher,
     VllmServerError,
@@ -31,6 +30,7 @@ from trainer.vllm_server import (
     check_model_dir,
     create_launcher_app,
 )
+from tests.vllm_fixtures import assert_group_gone
 
 # The gateway holds new calls and keeps its upstreams: what these syncs test is the load.
 HOLD: dict[str, Any] = {"pause_mode": "hold", "register_upstreams": False}

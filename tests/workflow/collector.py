@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-from workflows.names import ROLLOUT_FINISHED_SIGNAL
+from darl.workflows.names import ROLLOUT_FINISHED_SIGNAL
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.contracts import RolloutResult
+    from darl.workflows.contracts import RolloutResult
 
 
 @workflow.defn

@@ -14,12 +14,12 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
+from darl.workflows.contracts import AgentExit, AgentReport, RewardSpec, RolloutTimeouts
+from darl.workflows.names import ROLLOUT_WORKFLOW
+from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.rollout_workflow import RolloutWorkflow
 from tests.workflow.failures import validation_failure
 from tests.workflow.test_rollout_workflow import TIMEOUT, StubAgents, spec, start, stub_worker
-from workflows.contracts import AgentExit, AgentReport, RewardSpec, RolloutTimeouts
-from workflows.names import ROLLOUT_WORKFLOW
-from workflows.rollout_status import RolloutStatus
-from workflows.rollout_workflow import RolloutWorkflow
 
 OUTAGE = "the gateway gateway was killed and was down 3.2s from 10:00:00"
 

@@ -21,11 +21,10 @@ from temporalio.exceptions import CancelledError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.errors import agent_lost_error
-from activities.runners.local import stop_leftover_agents
-from activities.worker import RolloutWorkerSettings, build_worker
-from tests.workflow.collector import CollectorWorkflow
-from workflows.contracts import (
+from darl.activities.errors import agent_lost_error
+from darl.activities.runners.local import stop_leftover_agents
+from darl.activities.worker import RolloutWorkerSettings, build_worker
+from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
     AgentReport,
@@ -40,8 +39,9 @@ from workflows.contracts import (
     RolloutTimeouts,
     rollout_workflow_id,
 )
-from workflows.rollout_status import RolloutStatus
-from workflows.rollout_workflow import RolloutWorkflow
+from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.rollout_workflow import RolloutWorkflow
+from tests.workflow.collector import CollectorWorkflow
 
 TIMEOUT = 60  # no test here should take more than a few seconds
 

@@ -11,9 +11,9 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
+from darl.workflows.names import TRAINING_WORKFLOW
 from tests.workflow.failures import validation_failure
 from tests.workflow.test_training_workflow import TIMEOUT, harness, tasks
-from workflows.names import TRAINING_WORKFLOW
 
 
 def cause_message(failure: pytest.ExceptionInfo[WorkflowFailureError]) -> str:

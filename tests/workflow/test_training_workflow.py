@@ -15,10 +15,8 @@ from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.accounting import assert_accounted
-from tests.workflow.training_stubs import StubRolloutWorkflow, StubTrainerActivities
-from workflows.contracts import HttpAgentSpec, RolloutMode
-from workflows.training_contracts import (
+from darl.workflows.contracts import HttpAgentSpec, RolloutMode
+from darl.workflows.training_contracts import (
     BackendSpec,
     DatasetSpec,
     KnobUpdate,
@@ -30,8 +28,10 @@ from workflows.training_contracts import (
     WeightSyncSettings,
     training_workflow_id,
 )
-from workflows.training_groups import GroupBook
-from workflows.training_workflow import TrainingWorkflow
+from darl.workflows.training_groups import GroupBook
+from darl.workflows.training_workflow import TrainingWorkflow
+from tests.accounting import assert_accounted
+from tests.workflow.training_stubs import StubRolloutWorkflow, StubTrainerActivities
 
 TIMEOUT = 120
 
@@ -293,9 +293,9 @@ def test_group_book_accounts_a_report_for_an_unknown_rollout():
         backend=BackendSpec(model_dir="m"),
         weight_sync=WeightSyncSettings(gateway_admin_url="http://g", policy_servers=["http://p"]),
     )
-    from workflows.contracts import RolloutResult
-    from workflows.rollout_status import RolloutStatus
-    from workflows.training_contracts import TrainingState
+    from darl.workflows.contracts import RolloutResult
+    from darl.workflows.rollout_status import RolloutStatus
+    from darl.workflows.training_contracts import TrainingState
 
     book = GroupBook(config, TrainingState())
     book.record(

@@ -17,13 +17,13 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
-from workflows.names import ROLLOUT_FINISHED_SIGNAL, ROLLOUT_WORKFLOW
+from darl.workflows.names import ROLLOUT_FINISHED_SIGNAL, ROLLOUT_WORKFLOW
 
 with workflow.unsafe.imports_passed_through():
-    from activities.training_activities import lookup_rollouts
-    from workflows.contracts import RolloutResult, RolloutSpec, rollout_workflow_id
-    from workflows.rollout_status import RolloutStatus
-    from workflows.training_contracts import (
+    from darl.activities.training_activities import lookup_rollouts
+    from darl.workflows.contracts import RolloutResult, RolloutSpec, rollout_workflow_id
+    from darl.workflows.rollout_status import RolloutStatus
+    from darl.workflows.training_contracts import (
         InitializeRequest,
         ReadTasksRequest,
         ReadValTasksRequest,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.backend import TrainerBackend
-from trainer.reference_backend import ReferenceBackend, ReferenceTrainerSettings
-from workflows.training_contracts import BackendSpec
+from darl.trainer.backend import TrainerBackend
+from darl.trainer.reference_backend import ReferenceBackend, ReferenceTrainerSettings
+from darl.workflows.training_contracts import BackendSpec
 
 
 def make_backend(spec: BackendSpec, checkpoint_dir: Path) -> TrainerBackend:
@@ -16,8 +16,8 @@ def make_backend(spec: BackendSpec, checkpoint_dir: Path) -> TrainerBackend:
     subclass) for settings the backend does not have or refuses."""
     model_dir = Path(spec.model_dir)
     if spec.name == "verl":
-        from trainer.verl_backend import VerlBackend
-        from trainer.verl_config import build_verl_config
+        from darl.trainer.verl_backend import VerlBackend
+        from darl.trainer.verl_config import build_verl_config
 
         return VerlBackend(model_dir, checkpoint_dir, build_verl_config(model_dir, spec.settings))
     return ReferenceBackend(model_dir, checkpoint_dir, ReferenceTrainerSettings(**spec.settings))
