@@ -36,7 +36,7 @@ SPEC_FILE = "darl_tiny_model.json"
 # readable text, and the vocabulary stays small enough for RL from scratch on a CPU.
 ALPHABET = "".join(c for c in string.printable if c not in "\x0b\x0c\r")
 
-# The digits toy task (trainer/digits_task.py) needs only these: a 15-token vocabulary makes a
+# The digits toy task (examples/digits/task.py) needs only these: a 15-token vocabulary makes a
 # random policy's answers short and its rewards learnable from scratch in a few thousand samples.
 DIGITS_ALPHABET = "0123456789="
 

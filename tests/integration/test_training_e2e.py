@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from darl.trainer.digits_task import TEST
+from darl.examples.digits.task import TEST
 from darl.trainer.run_files import read_metrics
 from darl.workflows.training_contracts import StepRecord
 from tests.integration.stack import Stack
@@ -44,7 +44,7 @@ def training_stack(dev_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[Sta
 
 
 async def test_the_digits_model_learns(training_stack: Stack):
-    """The TEST recipe of trainer/digits_task.py, on-policy, through every real component."""
+    """The TEST recipe of examples/digits/task.py, on-policy, through every real component."""
     stack = training_stack
     config = training_config(
         stack,

@@ -14,7 +14,7 @@ import pytest
 import torch
 from verl import DataProto
 
-from darl.trainer import digits_task
+from darl.examples.digits import task as digits_task
 from darl.trainer.backend import (
     BatchError,
     CheckpointError,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from darl.trainer.digits_task import DEMO, TEST, TaskSpecError, digits_reward, make_tasks, success
+from darl.examples.digits.task import DEMO, TEST, TaskSpecError, digits_reward, make_tasks, success
 from darl.trainer.tiny_model import (
     IM_END,
     MODEL_PRESETS,

@@ -13,8 +13,8 @@ import yaml
 from pydantic import ValidationError
 
 from darl.deploy.config_file import ConfigFileError, load_config
+from darl.examples.digits.task import DEMO
 from darl.trainer.datasets import DatasetError, TaskTables, load_tasks
-from darl.trainer.digits_task import DEMO
 from darl.trainer.run_files import REWARD_PLOT, plot_rewards, read_metrics, write_step
 from darl.workflows.training_contracts import (
     VERL_ROLLOUT_N,
@@ -84,7 +84,7 @@ def test_the_demo_config_loads_with_absolute_paths(tmp_path: Path, monkeypatch):
 
 
 def test_the_demo_config_is_the_digits_demo_recipe():
-    """examples/digits/train.yaml and darl.trainer.digits_task.DEMO describe one recipe."""
+    """examples/digits/train.yaml and darl.examples.digits.task.DEMO describe one recipe."""
     config = load_config(DEMO_CONFIG)
     assert config.group_size == DEMO.group_size
     assert config.batch_size == DEMO.groups_per_step
