@@ -29,12 +29,12 @@ from darl.trainer.backend import (
     BatchError,
     CheckpointError,
     CheckpointInfo,
-    CheckpointStore,
     StepOutcome,
     StepOutOfOrderError,
     StepOverrides,
-    validate_batch,
 )
+from darl.trainer.batch_checks import validate_batch
+from darl.trainer.checkpoints import CheckpointStore
 from darl.trainer.tiny_model import load_model_dir
 from darl.workflows.heartbeats import Heartbeat, no_heartbeat
 

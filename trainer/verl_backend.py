@@ -49,11 +49,11 @@ from verl.workers.utils.losses import ppo_loss
 from darl.trainer.backend import (
     CheckpointError,
     CheckpointInfo,
-    CheckpointStore,
     StepOutcome,
     StepOutOfOrderError,
     StepOverrides,
 )
+from darl.trainer.checkpoints import CheckpointStore
 from darl.trainer.verl_batch import (
     PreparedBatch,
     actor_metrics,

@@ -17,7 +17,8 @@ from verl.utils.metric import reduce_metrics
 from verl.utils.py_functional import rename_dict
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
-from darl.trainer.backend import BatchError, validate_batch
+from darl.trainer.backend import BatchError
+from darl.trainer.batch_checks import validate_batch
 from darl.trainer.verl_config import VerlSettings
 
 PADDING_UID = "darl-padding"

@@ -18,12 +18,12 @@ from darl.examples.digits import task as digits_task
 from darl.trainer.backend import (
     BatchError,
     CheckpointError,
-    CheckpointStore,
     StepOutcome,
     StepOutOfOrderError,
     StepOverrides,
     TrainerBackend,
 )
+from darl.trainer.checkpoints import CheckpointStore
 from darl.trainer.policy_server import PolicyServer
 from darl.trainer.reference_backend import (
     OPTIMIZER_JSON,
