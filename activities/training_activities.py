@@ -53,9 +53,8 @@ from darl.workflows.names import (
     WEIGHT_SYNC_ERROR,
 )
 from darl.workflows.rollout_status import RolloutStatus
-from darl.workflows.training_contracts import (
-    BackendSpec,
-    DatasetSpec,
+from darl.workflows.training_config import BackendSpec, DatasetSpec, TrainingConfig
+from darl.workflows.training_messages import (
     InitializeRequest,
     ReadTasksRequest,
     ReadValTasksRequest,
@@ -67,7 +66,6 @@ from darl.workflows.training_contracts import (
     SyncResult,
     TaskBatch,
     TaskRow,
-    TrainingConfig,
     TrainStepRequest,
     TrainStepResult,
 )

@@ -32,7 +32,8 @@ from darl.deploy.progress import follow
 from darl.workflows.contracts import RolloutResult
 from darl.workflows.names import ROLLOUT_WORKFLOW, TRAINER_TASK_QUEUE, TRAINING_WORKFLOW
 from darl.workflows.temporal_connection import connect
-from darl.workflows.training_contracts import TrainingSummary, training_workflow_id
+from darl.workflows.training_config import training_workflow_id
+from darl.workflows.training_messages import TrainingSummary
 
 PORTS = DevPorts(temporal=17233, ui=18233, gateway=18100, policy=18200, agent_service=18300)
 RUN_TIMEOUT = 15 * 60

@@ -9,7 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from darl.deploy.cli_support import one_line, validation_line
-from darl.workflows.training_contracts import TrainingConfig
+from darl.workflows.training_config import TrainingConfig
 
 
 class ConfigFileError(ValueError):

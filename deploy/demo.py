@@ -18,13 +18,9 @@ from darl.deploy.progress import follow, web_ui_link
 from darl.trainer.run_files import plot_rewards, read_metrics
 from darl.workflows.names import TRAINER_TASK_QUEUE, TRAINING_WORKFLOW
 from darl.workflows.temporal_connection import connect
-from darl.workflows.training_contracts import (
-    PolicyServerSpec,
-    StepRecord,
-    TrainingConfig,
-    TrainingSummary,
-    training_workflow_id,
-)
+from darl.workflows.training_config import PolicyServerSpec, TrainingConfig, training_workflow_id
+from darl.workflows.training_messages import TrainingSummary
+from darl.workflows.training_state import StepRecord
 
 DEMO_CONFIG = Path(darl.examples.digits.__file__).parent / "train.yaml"
 AGENT_SERVICE = "darl.examples.digits.agent_service:app"

@@ -11,7 +11,8 @@ from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError
 
 from darl.workflows.names import METRICS_QUERY, STATUS_QUERY
-from darl.workflows.training_contracts import StepRecord, TrainingProgress, TrainingSummary
+from darl.workflows.training_messages import TrainingProgress, TrainingSummary
+from darl.workflows.training_state import StepRecord
 
 HEADER = (
     f"{'step':>5} {'reward':>7} {'±':>5} {'success':>7} {'val':>5} {'resp tok':>8} "

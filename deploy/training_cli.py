@@ -41,13 +41,9 @@ from darl.workflows.temporal_connection import (
     TemporalSettings,
     connect,
 )
-from darl.workflows.training_contracts import (
-    StepRecord,
-    StopRequest,
-    TrainingProgress,
-    TrainingSummary,
-    training_workflow_id,
-)
+from darl.workflows.training_config import training_workflow_id
+from darl.workflows.training_messages import StopRequest, TrainingProgress, TrainingSummary
+from darl.workflows.training_state import StepRecord
 
 Run = Annotated[str, typer.Argument(help="The run id (its workflow is train/<run id>).")]
 UiUrl = Annotated[str, typer.Option(envvar="DARL_UI_URL", help="The Temporal Web UI.")]

@@ -42,7 +42,7 @@ from darl.gateway.traffic import PauseGate, UpstreamPool
 from darl.gateway.versions import UpstreamVersions
 from darl.workflows.contracts import AgentReport
 from darl.workflows.rollout_token import TokenClaims
-from darl.workflows.training_contracts import PauseMode
+from darl.workflows.training_config import PauseMode
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from darl.workflows.training_contracts import PauseMode
+from darl.workflows.training_config import PauseMode
 
 log = logging.getLogger(__name__)
 

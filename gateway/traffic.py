@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from darl.gateway.errors import GatewayError
-from darl.workflows.training_contracts import PauseMode
+from darl.workflows.training_config import PauseMode
 
 
 class UpstreamPool:

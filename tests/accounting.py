@@ -3,7 +3,7 @@ every rollout the run started ended in exactly one counter (or is still out)."""
 
 from __future__ import annotations
 
-from darl.workflows.training_contracts import Counters
+from darl.workflows.training_state import Counters
 
 
 def assert_accounted(c: Counters, inflight: int = 0) -> None:

@@ -23,7 +23,7 @@ from verl import DataProto
 
 from darl.gateway.capture import finish_reason
 from darl.gateway.store import CallRecord
-from darl.workflows.training_contracts import AggregationSpec
+from darl.workflows.training_config import AggregationSpec
 
 
 class AggregationError(ValueError):

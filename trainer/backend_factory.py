@@ -8,7 +8,7 @@ from pathlib import Path
 
 from darl.trainer.backend import TrainerBackend
 from darl.trainer.reference_backend import ReferenceBackend, ReferenceTrainerSettings
-from darl.workflows.training_contracts import BackendSpec
+from darl.workflows.training_config import BackendSpec
 
 
 def make_backend(spec: BackendSpec, checkpoint_dir: Path) -> TrainerBackend:

@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from darl.workflows.training_contracts import ServerPauseMode
+from darl.workflows.training_config import ServerPauseMode
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import httpx
 
-from darl.workflows.training_contracts import (
+from darl.workflows.training_config import (
     InflightMode,
     PauseMode,
     PolicyServerSpec,

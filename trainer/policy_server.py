@@ -44,7 +44,7 @@ from darl.trainer.openai_format import (
     message_text,
 )
 from darl.trainer.tiny_model import load_model_dir
-from darl.workflows.training_contracts import ServerPauseMode
+from darl.workflows.training_config import ServerPauseMode
 
 log = logging.getLogger(__name__)
 

@@ -10,18 +10,15 @@ from enum import StrEnum
 
 from darl.workflows.contracts import RolloutMode, RolloutResult, RolloutSpec
 from darl.workflows.rollout_status import RolloutStatus
-from darl.workflows.training_contracts import (
-    GroupState,
-    StepRecord,
+from darl.workflows.training_config import TrainingConfig, TrainingMode
+from darl.workflows.training_messages import (
     SyncResult,
     TaskRow,
     TrainGroup,
-    TrainingConfig,
-    TrainingMode,
-    TrainingState,
     TrainMember,
     TrainStepResult,
 )
+from darl.workflows.training_state import GroupState, StepRecord, TrainingState
 
 
 @dataclass(frozen=True)

@@ -45,9 +45,10 @@ with workflow.unsafe.imports_passed_through():
         UPDATE_KNOBS,
         WEIGHT_SYNC_ERROR,
     )
-    from darl.workflows.training_contracts import (
+    from darl.workflows.training_config import TrainingConfig
+    from darl.workflows.training_groups import GroupBook
+    from darl.workflows.training_messages import (
         InitializeRequest,
-        Knobs,
         KnobUpdate,
         ReadTasksRequest,
         ReadValTasksRequest,
@@ -55,21 +56,18 @@ with workflow.unsafe.imports_passed_through():
         RestoreResult,
         RolloutLookup,
         StartRolloutsRequest,
-        StepRecord,
         StopRequest,
         SyncRequest,
         SyncResult,
         TaskBatch,
         TaskRow,
-        TrainingConfig,
         TrainingPhase,
         TrainingProgress,
-        TrainingState,
         TrainingSummary,
         TrainStepRequest,
         TrainStepResult,
     )
-    from darl.workflows.training_groups import GroupBook
+    from darl.workflows.training_state import Knobs, StepRecord, TrainingState
 
 
 # Retries without limit, at most 30 s apart: what the run cannot go on without (a step, the

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from darl.gateway.store import CallRecord
-from darl.workflows.training_contracts import TrainStepRequest
+from darl.workflows.training_messages import TrainStepRequest
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,8 @@ from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import LocalAgentSpec, RolloutResult
 from darl.workflows.names import ROLLOUT_WORKFLOW, TRAIN_STEP
 from darl.workflows.temporal_connection import DATA_CONVERTER
-from darl.workflows.training_contracts import (
-    TrainingConfig,
+from darl.workflows.training_config import TrainingConfig
+from darl.workflows.training_messages import (
     TrainingPhase,
     TrainingProgress,
     TrainingSummary,

@@ -6,7 +6,7 @@ what its agent received), each check counts it, and counts nothing in the clean 
 from __future__ import annotations
 
 from darl.gateway.store import CallRecord
-from darl.workflows.training_contracts import TrainGroup, TrainMember, TrainStepRequest
+from darl.workflows.training_messages import TrainGroup, TrainMember, TrainStepRequest
 from tests.chaos.checks import ChaosReport, check_agents, check_staleness, check_versions
 
 RUN = "chaos-test"

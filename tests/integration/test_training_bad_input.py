@@ -22,7 +22,7 @@ from temporalio.common import WorkflowIDReusePolicy
 from temporalio.testing import WorkflowEnvironment
 
 from darl.deploy.cli_support import failure_text
-from darl.workflows.training_contracts import TrainingConfig, training_workflow_id
+from darl.workflows.training_config import TrainingConfig, training_workflow_id
 from tests.integration.stack import Stack
 from tests.integration.training_stack import (
     TRAINING_WORKFLOW,

@@ -17,7 +17,7 @@ from darl.workflows.contracts import RolloutResult
 from darl.workflows.names import TRAIN_STEP
 from darl.workflows.rollout_status import RolloutStatus
 from darl.workflows.temporal_connection import connect
-from darl.workflows.training_contracts import TrainingPhase, TrainingSummary
+from darl.workflows.training_messages import TrainingPhase, TrainingSummary
 from tests.integration.dev_server import DevServer
 from tests.integration.stack import Stack
 from tests.integration.test_crashes import launches, slow_spec

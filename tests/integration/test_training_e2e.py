@@ -14,7 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from darl.examples.digits.task import TEST
 from darl.trainer.run_files import read_metrics
-from darl.workflows.training_contracts import StepRecord
+from darl.workflows.training_state import StepRecord
 from tests.integration.stack import Stack
 from tests.integration.training_stack import (
     check_finished_run,

@@ -22,12 +22,8 @@ from darl.gateway.store import DirectoryTrajectoryStore
 from darl.trainer.reference_backend import ReferenceTrainerSettings
 from darl.trainer.run_files import read_metrics
 from darl.workflows.names import TRAINING_WORKFLOW
-from darl.workflows.training_contracts import (
-    TrainingConfig,
-    TrainingProgress,
-    TrainingSummary,
-    training_workflow_id,
-)
+from darl.workflows.training_config import TrainingConfig, training_workflow_id
+from darl.workflows.training_messages import TrainingProgress, TrainingSummary
 from tests.accounting import assert_accounted
 from tests.integration.stack import Stack
 

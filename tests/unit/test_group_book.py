@@ -10,19 +10,17 @@ import pytest
 
 from darl.workflows.contracts import HttpAgentSpec, RolloutMode, RolloutResult
 from darl.workflows.rollout_status import RolloutStatus
-from darl.workflows.training_contracts import (
+from darl.workflows.training_config import (
     BackendSpec,
-    Counters,
     DatasetSpec,
-    Knobs,
     RolloutSettings,
-    TaskRow,
     TrainingConfig,
     TrainingMode,
-    TrainingState,
     WeightSyncSettings,
 )
 from darl.workflows.training_groups import GroupBook
+from darl.workflows.training_messages import TaskRow
+from darl.workflows.training_state import Counters, Knobs, TrainingState
 
 GROUP = 4
 

@@ -19,7 +19,7 @@ import typer.main
 import yaml
 
 from darl.workflows import search_attributes
-from darl.workflows.training_contracts import TrainingConfig
+from darl.workflows.training_config import TrainingConfig
 from tests.k8s_schema import InvalidObject, validate
 
 REPO = Path(__file__).parents[2]

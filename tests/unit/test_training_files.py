@@ -16,7 +16,7 @@ from darl.deploy.config_file import ConfigFileError, load_config
 from darl.examples.digits.task import DEMO
 from darl.trainer.datasets import DatasetError, TaskTables, load_tasks
 from darl.trainer.run_files import REWARD_PLOT, plot_rewards, read_metrics, write_step
-from darl.workflows.training_contracts import (
+from darl.workflows.training_config import (
     VERL_ROLLOUT_N,
     PolicyServerSpec,
     TrainingConfig,

@@ -16,19 +16,21 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from darl.workflows.contracts import HttpAgentSpec, RolloutMode
-from darl.workflows.training_contracts import (
+from darl.workflows.training_config import (
     BackendSpec,
     DatasetSpec,
-    KnobUpdate,
     RolloutSettings,
-    StopRequest,
     TrainingConfig,
-    TrainingProgress,
-    TrainingSummary,
     WeightSyncSettings,
     training_workflow_id,
 )
 from darl.workflows.training_groups import GroupBook
+from darl.workflows.training_messages import (
+    KnobUpdate,
+    StopRequest,
+    TrainingProgress,
+    TrainingSummary,
+)
 from darl.workflows.training_workflow import TrainingWorkflow
 from tests.accounting import assert_accounted
 from tests.workflow.training_stubs import StubRolloutWorkflow, StubTrainerActivities
@@ -295,7 +297,7 @@ def test_group_book_accounts_a_report_for_an_unknown_rollout():
     )
     from darl.workflows.contracts import RolloutResult
     from darl.workflows.rollout_status import RolloutStatus
-    from darl.workflows.training_contracts import TrainingState
+    from darl.workflows.training_state import TrainingState
 
     book = GroupBook(config, TrainingState())
     book.record(

@@ -23,7 +23,8 @@ with workflow.unsafe.imports_passed_through():
     from darl.activities.training_activities import lookup_rollouts
     from darl.workflows.contracts import RolloutResult, RolloutSpec, rollout_workflow_id
     from darl.workflows.rollout_status import RolloutStatus
-    from darl.workflows.training_contracts import (
+    from darl.workflows.training_config import TrainingConfig
+    from darl.workflows.training_messages import (
         InitializeRequest,
         ReadTasksRequest,
         ReadValTasksRequest,
@@ -35,7 +36,6 @@ with workflow.unsafe.imports_passed_through():
         SyncResult,
         TaskBatch,
         TaskRow,
-        TrainingConfig,
         TrainStepRequest,
         TrainStepResult,
     )

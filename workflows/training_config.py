@@ -1,28 +1,23 @@
-"""Contracts of the training loop: the run's config, the state it carries across
-continue-as-new, and the inputs and outputs of the trainer's activities.
-
-JSON-friendly pydantic models, so `temporal workflow start --type TrainingWorkflow
---task-queue darl-trainer --input-file config.json` works with plain JSON.
-"""
+"""A training run's config: the TrainingConfig a user starts a TrainingWorkflow with (YAML for
+`darl train`, JSON for `temporal workflow start --type TrainingWorkflow --task-queue
+darl-trainer --input-file config.json`) and the settings it is made of."""
 
 from __future__ import annotations
 
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from darl.workflows.contracts import (
     ROLLOUT_ID_PATTERN,
     AgentSpec,
     Contract,
     RewardSpec,
-    RolloutMode,
-    RolloutResult,
-    RolloutSpec,
     RolloutTimeouts,
 )
 from darl.workflows.names import ROLLOUT_TASK_QUEUE
+from darl.workflows.training_state import Knobs, TrainingState
 
 
 def training_workflow_id(run_id: str) -> str:
@@ -163,14 +158,6 @@ class BackendSpec(Contract):
     settings: dict[str, Any] = Field(default_factory=dict)
 
 
-class Knobs(Contract):
-    """What a running training can change through the `update_knobs` update."""
-
-    learning_rate: float | None = Field(default=None, gt=0, le=1)
-    max_inflight: int = Field(default=64, ge=1, le=100_000)
-    max_staleness: int = Field(default=1, ge=0, le=1000)
-
-
 class TrainingConfig(Contract):
     run_id: str = Field(pattern=ROLLOUT_ID_PATTERN)
     dataset: DatasetSpec
@@ -245,269 +232,3 @@ class TrainingConfig(Contract):
     @property
     def least_group_size(self) -> int:
         return self.min_group_size if self.min_group_size is not None else self.group_size
-
-
-# --- state carried across continue-as-new ---------------------------------------------------
-
-
-class State(BaseModel):
-    """Workflow state: mutable, but as strict about its fields as a contract."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class GroupState(State):
-    """A GRPO group: its task, the version it was started at, who is still out, who came back."""
-
-    group_id: str
-    mode: RolloutMode = RolloutMode.TRAIN
-    step: int = 0  # for validation groups: the step they validate
-    policy_version: int
-    pending: list[str]
-    results: list[RolloutResult] = Field(default_factory=list)
-    started_at: float
-
-
-class Counters(State):
-    """Every rollout the run started ends in exactly one of the rollout buckets."""
-
-    rollouts_started: int = 0
-    rollouts_trained: int = 0
-    rollouts_in_dropped_groups: int = 0
-    rollouts_failed: int = 0  # finished without a reward (agent failure, timeout, infra)
-    rollouts_cancelled: int = 0
-    rollouts_validated: int = 0
-    # Complete when the run ended, but no step was left to train them.
-    rollouts_left_over: int = 0
-    groups_trained: int = 0
-    groups_dropped_stale: int = 0
-    groups_dropped_small: int = 0
-    groups_dropped_equal: int = 0
-    duplicate_reports: int = 0
-    unknown_reports: int = 0
-    reconciled_rollouts: int = 0
-
-    def ended(self) -> int:
-        """Rollouts whose end is counted; equals `rollouts_started` once nothing is out."""
-        return (
-            self.rollouts_trained
-            + self.rollouts_in_dropped_groups
-            + self.rollouts_failed
-            + self.rollouts_cancelled
-            + self.rollouts_validated
-            + self.rollouts_left_over
-        )
-
-
-class StepRecord(Contract):
-    """One training step as the `metrics` query and `metrics.jsonl` show it."""
-
-    step: int
-    policy_version: int
-    time: float
-    rollouts: int
-    groups: int
-    reward_mean: float
-    reward_std: float
-    success_rate: float
-    response_tokens_mean: float
-    staleness_mean: float
-    paused_seconds: float
-    # Over the last few steps (one step's own window can be a moment long in async mode).
-    rollouts_per_minute: float
-    # Rollouts ended so far in the run (any counter).
-    rollouts_ended: int = 0
-    train_seconds: float
-    trainer: dict[str, float] = Field(default_factory=dict)
-    val_reward_mean: float | None = None
-    val_success_rate: float | None = None
-
-
-class TrainingState(State):
-    step: int = 0
-    policy_version: int = 0
-    # The checkpoint of `policy_version`, as the policy servers load it.
-    policy_path: str | None = None
-    initialized: bool = False
-    epoch: int = 0
-    cursor: int = 0
-    dataset_exhausted: bool = False
-    groups: dict[str, GroupState] = Field(default_factory=dict)
-    # Complete train groups waiting for a step, oldest first.
-    ready: list[str] = Field(default_factory=list)
-    counters: Counters = Field(default_factory=Counters)
-    knobs: Knobs = Field(default_factory=Knobs)
-    recent_steps: list[StepRecord] = Field(default_factory=list)
-    paused: bool = False
-    stop_requested: bool = False
-    stop_cancels_inflight: bool = True
-    runs: int = 1
-    started_at: float = 0.0
-    # Step records (or their late validation results) not yet written to disk.
-    unwritten_records: list[StepRecord] = Field(default_factory=list)
-    # Rollouts that failed since the last one that succeeded, and the last one's error.
-    failed_in_a_row: int = 0
-    last_failure: str | None = None
-
-
-# --- signals, updates, queries ---------------------------------------------------------------
-
-
-class StopRequest(Contract):
-    """`cancel_inflight` False lets running rollouts finish (they are not trained)."""
-
-    cancel_inflight: bool = True
-
-
-class KnobUpdate(Contract):
-    learning_rate: float | None = Field(default=None, gt=0, le=1)
-    max_inflight: int | None = Field(default=None, ge=1, le=100_000)
-    max_staleness: int | None = Field(default=None, ge=0, le=1000)
-
-
-class TrainingPhase(StrEnum):
-    STARTING = "starting"
-    ROLLING_OUT = "rolling_out"
-    TRAINING = "training"
-    SYNCING = "syncing"
-    VALIDATING = "validating"
-    PAUSED = "paused"
-    STOPPING = "stopping"
-    FINISHED = "finished"
-
-
-class TrainingProgress(Contract):
-    """The answer of the `status` query."""
-
-    run_id: str
-    phase: TrainingPhase
-    step: int
-    policy_version: int
-    epoch: int
-    cursor: int
-    inflight_rollouts: int
-    ready_groups: int
-    paused: bool
-    knobs: Knobs
-    counters: Counters
-    runs: int
-    history_length: int
-    last: StepRecord | None = None
-
-
-class TrainingSummary(Contract):
-    run_id: str
-    steps: int
-    policy_version: int
-    stopped: bool
-    reason: str
-    counters: Counters
-    # Rollouts still out when the run ended (they did not report within cancel_wait_seconds).
-    inflight_at_end: int = 0
-    last: StepRecord | None = None
-    run_dir: str | None = None
-
-
-# --- activity inputs and outputs -------------------------------------------------------------
-
-
-class TaskRow(Contract):
-    epoch: int
-    position: int
-    task: dict[str, Any]
-
-
-class ReadTasksRequest(Contract):
-    dataset: DatasetSpec
-    epoch: int
-    cursor: int
-    count: int
-    epochs: int
-
-
-class TaskBatch(Contract):
-    rows: list[TaskRow]
-    epoch: int
-    cursor: int
-    exhausted: bool
-
-
-class ReadValTasksRequest(Contract):
-    dataset: DatasetSpec
-    validation: ValidationSpec
-
-
-class StartRolloutsRequest(Contract):
-    task_queue: str
-    specs: list[RolloutSpec]
-
-
-class TrainMember(Contract):
-    rollout_id: str
-    attempt: int
-    call_ids: list[str]
-    reward: float
-
-
-class TrainGroup(Contract):
-    group_id: str
-    members: list[TrainMember]
-
-
-class TrainStepRequest(Contract):
-    run_id: str
-    run_dir: str | None
-    step: int
-    backend: BackendSpec
-    aggregation: AggregationSpec
-    groups: list[TrainGroup]
-    learning_rate: float | None = None
-
-
-class TrainStepResult(Contract):
-    step: int
-    policy_path: str
-    metrics: dict[str, float]
-    seconds: float
-
-
-class InitializeRequest(Contract):
-    run_id: str
-    run_dir: str | None
-    backend: BackendSpec
-
-
-class SyncRequest(Contract):
-    weight_sync: WeightSyncSettings
-    policy_path: str
-    policy_version: int
-
-
-class SyncResult(Contract):
-    paused_seconds: float
-    drained: bool | None = None
-
-
-class RestoreResult(Contract):
-    """What `restore_weights` found: the servers that were behind and were loaded again."""
-
-    restored: list[str] = Field(default_factory=list)
-
-
-class RecordStepRequest(Contract):
-    run_id: str
-    run_dir: str | None
-    record: StepRecord
-
-
-class RolloutLookup(Contract):
-    """What `check_rollouts` finds of a rollout the trainer has not heard from."""
-
-    rollout_id: str
-    result: RolloutResult | None = None
-    running: bool = False
-    # How it closed when it left no result (terminated, failed, timed_out, not found).
-    closed_as: str | None = None
-
-
-TrainingConfig.model_rebuild()

@@ -1,0 +1,186 @@
+"""What crosses Temporal to and from a TrainingWorkflow besides its config: its signals,
+update and queries, and the inputs and outputs of the trainer's activities."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from darl.workflows.contracts import (
+    Contract,
+    RolloutResult,
+    RolloutSpec,
+)
+from darl.workflows.training_config import (
+    AggregationSpec,
+    BackendSpec,
+    DatasetSpec,
+    TrainingConfig,
+    ValidationSpec,
+    WeightSyncSettings,
+)
+from darl.workflows.training_state import Counters, Knobs, StepRecord
+
+# --- signals, updates, queries ---------------------------------------------------------------
+
+
+class StopRequest(Contract):
+    """`cancel_inflight` False lets running rollouts finish (they are not trained)."""
+
+    cancel_inflight: bool = True
+
+
+class KnobUpdate(Contract):
+    learning_rate: float | None = Field(default=None, gt=0, le=1)
+    max_inflight: int | None = Field(default=None, ge=1, le=100_000)
+    max_staleness: int | None = Field(default=None, ge=0, le=1000)
+
+
+class TrainingPhase(StrEnum):
+    STARTING = "starting"
+    ROLLING_OUT = "rolling_out"
+    TRAINING = "training"
+    SYNCING = "syncing"
+    VALIDATING = "validating"
+    PAUSED = "paused"
+    STOPPING = "stopping"
+    FINISHED = "finished"
+
+
+class TrainingProgress(Contract):
+    """The answer of the `status` query."""
+
+    run_id: str
+    phase: TrainingPhase
+    step: int
+    policy_version: int
+    epoch: int
+    cursor: int
+    inflight_rollouts: int
+    ready_groups: int
+    paused: bool
+    knobs: Knobs
+    counters: Counters
+    runs: int
+    history_length: int
+    last: StepRecord | None = None
+
+
+class TrainingSummary(Contract):
+    run_id: str
+    steps: int
+    policy_version: int
+    stopped: bool
+    reason: str
+    counters: Counters
+    # Rollouts still out when the run ended (they did not report within cancel_wait_seconds).
+    inflight_at_end: int = 0
+    last: StepRecord | None = None
+    run_dir: str | None = None
+
+
+# --- activity inputs and outputs -------------------------------------------------------------
+
+
+class TaskRow(Contract):
+    epoch: int
+    position: int
+    task: dict[str, Any]
+
+
+class ReadTasksRequest(Contract):
+    dataset: DatasetSpec
+    epoch: int
+    cursor: int
+    count: int
+    epochs: int
+
+
+class TaskBatch(Contract):
+    rows: list[TaskRow]
+    epoch: int
+    cursor: int
+    exhausted: bool
+
+
+class ReadValTasksRequest(Contract):
+    dataset: DatasetSpec
+    validation: ValidationSpec
+
+
+class StartRolloutsRequest(Contract):
+    task_queue: str
+    specs: list[RolloutSpec]
+
+
+class TrainMember(Contract):
+    rollout_id: str
+    attempt: int
+    call_ids: list[str]
+    reward: float
+
+
+class TrainGroup(Contract):
+    group_id: str
+    members: list[TrainMember]
+
+
+class TrainStepRequest(Contract):
+    run_id: str
+    run_dir: str | None
+    step: int
+    backend: BackendSpec
+    aggregation: AggregationSpec
+    groups: list[TrainGroup]
+    learning_rate: float | None = None
+
+
+class TrainStepResult(Contract):
+    step: int
+    policy_path: str
+    metrics: dict[str, float]
+    seconds: float
+
+
+class InitializeRequest(Contract):
+    run_id: str
+    run_dir: str | None
+    backend: BackendSpec
+
+
+class SyncRequest(Contract):
+    weight_sync: WeightSyncSettings
+    policy_path: str
+    policy_version: int
+
+
+class SyncResult(Contract):
+    paused_seconds: float
+    drained: bool | None = None
+
+
+class RestoreResult(Contract):
+    """What `restore_weights` found: the servers that were behind and were loaded again."""
+
+    restored: list[str] = Field(default_factory=list)
+
+
+class RecordStepRequest(Contract):
+    run_id: str
+    run_dir: str | None
+    record: StepRecord
+
+
+class RolloutLookup(Contract):
+    """What `check_rollouts` finds of a rollout the trainer has not heard from."""
+
+    rollout_id: str
+    result: RolloutResult | None = None
+    running: bool = False
+    # How it closed when it left no result (terminated, failed, timed_out, not found).
+    closed_as: str | None = None
+
+
+TrainingConfig.model_rebuild()

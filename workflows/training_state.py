@@ -1,0 +1,123 @@
+"""What a TrainingWorkflow carries across continue-as-new: its groups, counters, step records
+and knobs, as data (the GroupBook in training_groups.py works on it)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from darl.workflows.contracts import (
+    Contract,
+    RolloutMode,
+    RolloutResult,
+)
+
+
+class Knobs(Contract):
+    """What a running training can change through the `update_knobs` update."""
+
+    learning_rate: float | None = Field(default=None, gt=0, le=1)
+    max_inflight: int = Field(default=64, ge=1, le=100_000)
+    max_staleness: int = Field(default=1, ge=0, le=1000)
+
+
+# --- state carried across continue-as-new ---------------------------------------------------
+
+
+class State(BaseModel):
+    """Workflow state: mutable, but as strict about its fields as a contract."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class GroupState(State):
+    """A GRPO group: its task, the version it was started at, who is still out, who came back."""
+
+    group_id: str
+    mode: RolloutMode = RolloutMode.TRAIN
+    step: int = 0  # for validation groups: the step they validate
+    policy_version: int
+    pending: list[str]
+    results: list[RolloutResult] = Field(default_factory=list)
+    started_at: float
+
+
+class Counters(State):
+    """Every rollout the run started ends in exactly one of the rollout buckets."""
+
+    rollouts_started: int = 0
+    rollouts_trained: int = 0
+    rollouts_in_dropped_groups: int = 0
+    rollouts_failed: int = 0  # finished without a reward (agent failure, timeout, infra)
+    rollouts_cancelled: int = 0
+    rollouts_validated: int = 0
+    # Complete when the run ended, but no step was left to train them.
+    rollouts_left_over: int = 0
+    groups_trained: int = 0
+    groups_dropped_stale: int = 0
+    groups_dropped_small: int = 0
+    groups_dropped_equal: int = 0
+    duplicate_reports: int = 0
+    unknown_reports: int = 0
+    reconciled_rollouts: int = 0
+
+    def ended(self) -> int:
+        """Rollouts whose end is counted; equals `rollouts_started` once nothing is out."""
+        return (
+            self.rollouts_trained
+            + self.rollouts_in_dropped_groups
+            + self.rollouts_failed
+            + self.rollouts_cancelled
+            + self.rollouts_validated
+            + self.rollouts_left_over
+        )
+
+
+class StepRecord(Contract):
+    """One training step as the `metrics` query and `metrics.jsonl` show it."""
+
+    step: int
+    policy_version: int
+    time: float
+    rollouts: int
+    groups: int
+    reward_mean: float
+    reward_std: float
+    success_rate: float
+    response_tokens_mean: float
+    staleness_mean: float
+    paused_seconds: float
+    # Over the last few steps (one step's own window can be a moment long in async mode).
+    rollouts_per_minute: float
+    # Rollouts ended so far in the run (any counter).
+    rollouts_ended: int = 0
+    train_seconds: float
+    trainer: dict[str, float] = Field(default_factory=dict)
+    val_reward_mean: float | None = None
+    val_success_rate: float | None = None
+
+
+class TrainingState(State):
+    step: int = 0
+    policy_version: int = 0
+    # The checkpoint of `policy_version`, as the policy servers load it.
+    policy_path: str | None = None
+    initialized: bool = False
+    epoch: int = 0
+    cursor: int = 0
+    dataset_exhausted: bool = False
+    groups: dict[str, GroupState] = Field(default_factory=dict)
+    # Complete train groups waiting for a step, oldest first.
+    ready: list[str] = Field(default_factory=list)
+    counters: Counters = Field(default_factory=Counters)
+    knobs: Knobs = Field(default_factory=Knobs)
+    recent_steps: list[StepRecord] = Field(default_factory=list)
+    paused: bool = False
+    stop_requested: bool = False
+    stop_cancels_inflight: bool = True
+    runs: int = 1
+    started_at: float = 0.0
+    # Step records (or their late validation results) not yet written to disk.
+    unwritten_records: list[StepRecord] = Field(default_factory=list)
+    # Rollouts that failed since the last one that succeeded, and the last one's error.
+    failed_in_a_row: int = 0
+    last_failure: str | None = None
