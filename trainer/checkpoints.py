@@ -4,14 +4,29 @@ folder per saved step, each published atomically with the step's outcome beside 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
+import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from darl.trainer.backend import CheckpointError, StepOutcome
+from verl import DataProto
+
+from darl.trainer.backend import (
+    CheckpointError,
+    CheckpointInfo,
+    StepOutcome,
+    StepOutOfOrderError,
+    StepOverrides,
+)
+from darl.workflows.heartbeats import Heartbeat, no_heartbeat
+
+log = logging.getLogger(__name__)
 
 OUTCOME_FILE = "outcome.json"
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
@@ -83,6 +98,77 @@ class CheckpointStore:
         except (OSError, ValueError) as err:
             raise CheckpointError(f"cannot read the outcome of step {step}: {err}") from err
         return StepOutcome.model_validate({**saved, "checkpoint": self.step_dir(step)})
+
+
+class CheckpointedBackend(ABC):
+    """The step discipline both backends share: a step already checkpointed is returned as it
+    was (a retried activity); a step must follow the latest checkpoint; an update that fails
+    leaves the model to be reloaded before the next try; the step is published atomically,
+    and a step another writer published first is loaded instead of ours."""
+
+    store: CheckpointStore
+    _loaded_step: int
+
+    @abstractmethod
+    def initialize(self) -> CheckpointInfo: ...
+
+    def train_step(
+        self,
+        step: int,
+        batch: DataProto,
+        knobs: StepOverrides | None = None,
+        heartbeat: Heartbeat | None = None,
+    ) -> StepOutcome:
+        if self.store.has(step):
+            return self.store.read_outcome(step)
+        latest = self.initialize().step
+        if step != latest + 1:
+            raise StepOutOfOrderError(f"cannot train step {step}: the latest saved is {latest}")
+        prepared = self._prepare(step, batch)
+        started = time.monotonic()
+        try:
+            metrics = self._update(prepared, knobs or StepOverrides(), heartbeat or no_heartbeat)
+        except BaseException as err:
+            self._update_failed(err)
+            raise
+        seconds = time.monotonic() - started
+        metrics["timing_s/train_step"] = seconds
+        outcome = StepOutcome(
+            step=step, metrics=metrics, checkpoint=self.store.step_dir(step), seconds=seconds
+        )
+        if self._publish_step(outcome):
+            self._loaded_step = step
+        else:
+            log.warning("step %d was published by another writer; loading theirs", step)
+            self._load_step(step)
+        return self.store.read_outcome(step)
+
+    def latest_step(self) -> int:
+        return self.store.latest()
+
+    def checkpoint_steps(self) -> list[int]:
+        return self.store.steps()
+
+    def _prepare(self, step: int, batch: DataProto) -> Any:
+        """The batch as `_update` takes it (before the step's clock starts)."""
+        return batch
+
+    def _update_failed(self, err: BaseException) -> None:
+        self._loaded_step = -1  # the model may be half updated: reload it before a retry
+
+    @abstractmethod
+    def _update(
+        self, prepared: Any, knobs: StepOverrides, heartbeat: Heartbeat
+    ) -> dict[str, float]:
+        """Train one step in memory; its metrics."""
+
+    @abstractmethod
+    def _publish_step(self, outcome: StepOutcome) -> bool:
+        """Write the step's checkpoint with `store.publish`; False if another writer won."""
+
+    @abstractmethod
+    def _load_step(self, step: int) -> None:
+        """Load the checkpoint of `step` (another writer's)."""
 
 
 def _fsync(path: Path) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Literal
 
@@ -30,13 +29,12 @@ from darl.trainer.backend import (
     CheckpointError,
     CheckpointInfo,
     StepOutcome,
-    StepOutOfOrderError,
     StepOverrides,
 )
 from darl.trainer.batch_checks import validate_batch
-from darl.trainer.checkpoints import CheckpointStore
+from darl.trainer.checkpoints import CheckpointedBackend, CheckpointStore
 from darl.trainer.tiny_model import load_model_dir
-from darl.workflows.heartbeats import Heartbeat, no_heartbeat
+from darl.workflows.heartbeats import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +70,7 @@ class ReferenceTrainerSettings(BaseModel):
     seed: int = 0
 
 
-class ReferenceBackend:
+class ReferenceBackend(CheckpointedBackend):
     """Trains the model in `initial_model_dir` on CPU, checkpointing under `checkpoint_dir`.
     Not safe for two threads at once; two processes on one directory never publish a step
     twice (the loser reloads the winner's checkpoint)."""
@@ -111,56 +109,33 @@ class ReferenceBackend:
             self._load(latest)
         return CheckpointInfo(step=latest, path=self.store.step_dir(latest))
 
-    def train_step(
-        self,
-        step: int,
-        batch: DataProto,
-        knobs: StepOverrides | None = None,
-        heartbeat: Heartbeat | None = None,
-    ) -> StepOutcome:
-        if self.store.has(step):
-            return self.store.read_outcome(step)
-        latest = self.initialize().step
-        if step != latest + 1:
-            raise StepOutOfOrderError(f"cannot train step {step}: the latest saved is {latest}")
-        started = time.monotonic()
-        try:
-            metrics = self._update(step, batch, knobs or StepOverrides(), heartbeat or no_heartbeat)
-        except BaseException:
-            self._loaded_step = -1  # the model may be half updated: reload it before a retry
-            raise
-        seconds = time.monotonic() - started
-        metrics["timing_s/train_step"] = seconds
-        outcome = StepOutcome(
-            step=step, metrics=metrics, checkpoint=self.store.step_dir(step), seconds=seconds
-        )
+    def _publish_step(self, outcome: StepOutcome) -> bool:
         model, tokenizer, optimizer = self._require_loaded()
-        if self.store.publish(step, lambda d: self._save(d, model, tokenizer, optimizer, outcome)):
-            self._loaded_step = step
-        else:
-            log.warning("step %d was published by another writer; loading theirs", step)
-            self._load(step)
-        return self.store.read_outcome(step)
+        return self.store.publish(
+            outcome.step, lambda d: self._save(d, model, tokenizer, optimizer, outcome)
+        )
+
+    def _load_step(self, step: int) -> None:
+        self._load(step)
 
     def policy_path(self, step: int) -> Path:
         if not self.store.has(step):
             raise CheckpointError(f"no checkpoint for step {step} in {self.store.root}")
         return self.store.step_dir(step)
 
-    def latest_step(self) -> int:
-        return self.store.latest()
-
-    def checkpoint_steps(self) -> list[int]:
-        return self.store.steps()
-
     def close(self) -> None:
         """Nothing to let go of: the model lives in this process."""
 
     # --- one step ------------------------------------------------------------------------
 
+    def _prepare(self, step: int, batch: DataProto) -> tuple[int, DataProto]:
+        # The step seeds the order of the mini-batches.
+        return step, batch
+
     def _update(
-        self, step: int, batch: DataProto, knobs: StepOverrides, heartbeat: Heartbeat
+        self, prepared: tuple[int, DataProto], knobs: StepOverrides, heartbeat: Heartbeat
     ) -> dict[str, float]:
+        step, batch = prepared
         model, _, optimizer = self._require_loaded()
         data = validate_batch(batch, model.config.vocab_size)
         config = self._actor_config(knobs)

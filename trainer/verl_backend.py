@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -50,10 +49,9 @@ from darl.trainer.backend import (
     CheckpointError,
     CheckpointInfo,
     StepOutcome,
-    StepOutOfOrderError,
     StepOverrides,
 )
-from darl.trainer.checkpoints import CheckpointStore
+from darl.trainer.checkpoints import CheckpointedBackend, CheckpointStore
 from darl.trainer.verl_batch import (
     PreparedBatch,
     actor_metrics,
@@ -62,7 +60,7 @@ from darl.trainer.verl_batch import (
     worker_output,
 )
 from darl.trainer.verl_config import VerlSettings
-from darl.workflows.heartbeats import Heartbeat, no_heartbeat
+from darl.workflows.heartbeats import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +105,7 @@ class DarlActorWorker(ActorRolloutRefWorker):
 # --- the backend ---------------------------------------------------------------------------
 
 
-class VerlBackend:
+class VerlBackend(CheckpointedBackend):
     """Trains `initial_model_dir` with verl's workers, checkpointing under `checkpoint_dir`.
     Holds a Ray worker group (and starts Ray when none is running): call `close()` when done.
     Not safe for two threads at once; two processes on one directory never publish a step
@@ -143,51 +141,26 @@ class VerlBackend:
             self._load(actor, latest)
         return CheckpointInfo(step=latest, path=self.policy_path(latest))
 
-    def train_step(
-        self,
-        step: int,
-        batch: DataProto,
-        knobs: StepOverrides | None = None,
-        heartbeat: Heartbeat | None = None,
-    ) -> StepOutcome:
-        if self.store.has(step):
-            return self.store.read_outcome(step)
-        latest = self.initialize().step
-        if step != latest + 1:
-            raise StepOutOfOrderError(f"cannot train step {step}: the latest saved is {latest}")
-        prepared = prepare_batch(batch, self.settings, self.vocab_size, seed=step)
-        started = time.monotonic()
-        try:
-            metrics = self._update(prepared, knobs or StepOverrides(), heartbeat or no_heartbeat)
-        except RayActorError:
+    def _prepare(self, step: int, batch: DataProto) -> PreparedBatch:
+        return prepare_batch(batch, self.settings, self.vocab_size, seed=step)
+
+    def _update_failed(self, err: BaseException) -> None:
+        if isinstance(err, RayActorError):
             self._drop_workers()  # a lost worker: start fresh ones from the checkpoint
-            raise
-        except BaseException:
-            self._loaded_step = -1  # the actor may be half updated: reload it before a retry
-            raise
-        seconds = time.monotonic() - started
-        metrics["timing_s/train_step"] = seconds
-        outcome = StepOutcome(
-            step=step, metrics=metrics, checkpoint=self.store.step_dir(step), seconds=seconds
-        )
-        if self._publish(self._workers(), outcome):
-            self._loaded_step = step
         else:
-            log.warning("step %d was published by another writer; loading theirs", step)
-            self._load(self._workers(), step)
-        return self.store.read_outcome(step)
+            self._loaded_step = -1  # the actor may be half updated: reload it before a retry
+
+    def _publish_step(self, outcome: StepOutcome) -> bool:
+        return self._publish(self._workers(), outcome)
+
+    def _load_step(self, step: int) -> None:
+        self._load(self._workers(), step)
 
     def policy_path(self, step: int) -> Path:
         path = self.store.step_dir(step) / ACTOR_DIR / HF_DIR
         if not self.store.has(step) or not path.is_dir():
             raise CheckpointError(f"no HF model for step {step} in {self.store.root}")
         return path
-
-    def latest_step(self) -> int:
-        return self.store.latest()
-
-    def checkpoint_steps(self) -> list[int]:
-        return self.store.steps()
 
     def close(self) -> None:
         """Stop the workers (and Ray, when this backend started it)."""
