@@ -1,0 +1,117 @@
+"""The routes the trainer and the rollout workers call (the admin key guards them): pause and
+resume around a weight sync, the upstreams, an attempt's closed mark and its close; and the
+operator's health and metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+
+from darl.gateway.bodies import read_model
+from darl.gateway.dependencies import admin, gateway_of
+from darl.workflows.training_config import PauseMode
+
+router = APIRouter()
+ADMIN = [Depends(admin)]
+
+
+class PauseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: PauseMode = "hold"
+    # Wait for in-flight calls to finish before answering, at most this long.
+    drain_timeout_seconds: float | None = Field(default=None, ge=0, le=3600)
+
+
+class ResumeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy_version: int | None = None
+
+
+class UpstreamsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    upstreams: list[str] = Field(min_length=1)
+
+
+class CloseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    # When the attempt's agent started (epoch seconds): outages since then touched it.
+    started_at: float | None = None
+
+
+@router.post("/admin/pause", dependencies=ADMIN)
+async def pause(request: Request) -> dict[str, Any]:
+    gateway = gateway_of(request)
+    body = await read_model(request, PauseRequest, gateway.settings.max_body_bytes)
+    gateway.gate.pause(body.mode)
+    gateway.save_state()
+    drained = None
+    if body.drain_timeout_seconds is not None:
+        drained = await gateway.gate.drain(body.drain_timeout_seconds)
+    return {**gateway.state(), "drained": drained}
+
+
+@router.post("/admin/resume", dependencies=ADMIN)
+async def resume(request: Request) -> dict[str, Any]:
+    gateway = gateway_of(request)
+    body = await read_model(request, ResumeRequest, gateway.settings.max_body_bytes)
+    was_paused = gateway.gate.paused
+    gateway.gate.resume(body.policy_version)
+    gateway.save_state()
+    if was_paused:
+        gateway.metrics.pause_seconds.observe(gateway.gate.last_pause_seconds)
+    return gateway.state()
+
+
+@router.get("/admin/state", dependencies=ADMIN)
+async def state(request: Request) -> dict[str, Any]:
+    return gateway_of(request).state()
+
+
+@router.put("/admin/upstreams", dependencies=ADMIN)
+async def set_upstreams(request: Request) -> dict[str, Any]:
+    gateway = gateway_of(request)
+    body = await read_model(request, UpstreamsRequest, gateway.settings.max_body_bytes)
+    gateway.pool.set(body.upstreams)
+    gateway.save_state()
+    return gateway.state()
+
+
+@router.get("/admin/rollouts/{rollout_id}/attempts/{attempt}", dependencies=ADMIN)
+async def attempt_state(request: Request, rollout_id: str, attempt: int) -> dict[str, Any]:
+    """Whether the attempt was closed (its agent ended), by this gateway or an earlier one."""
+    gateway = gateway_of(request)
+    closed = gateway.registry.is_closed(rollout_id, attempt) or await gateway.store.is_closed(
+        rollout_id, attempt
+    )
+    return {"closed": closed}
+
+
+@router.post("/admin/rollouts/{rollout_id}/attempts/{attempt}/close", dependencies=ADMIN)
+async def close_attempt(request: Request, rollout_id: str, attempt: int) -> dict[str, Any]:
+    """The worker's word that the attempt's agent ended: refuse its calls from now on and
+    deliver its pending call events (503 if Temporal is unreachable: retry). The answer
+    says what DARL did to the attempt: its 5xx answers and the gateway's outages since
+    the agent started."""
+    gateway = gateway_of(request)
+    body = await read_model(request, CloseRequest, gateway.settings.max_body_bytes)
+    delivered = await gateway.delivery.close_attempt(rollout_id, attempt)
+    incidents = await gateway.incidents(rollout_id, attempt, body.started_at)
+    return {"closed": True, "delivered": delivered, "infra_incidents": incidents}
+
+
+# --- operations ---------------------------------------------------------------------------
+
+
+@router.get("/healthz")
+async def healthz(request: Request) -> dict[str, Any]:
+    return {"status": "ok", "paused": gateway_of(request).gate.paused}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    registry = gateway_of(request).metrics.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
