@@ -72,7 +72,8 @@ def policy_server(
     setup_logging()
     import torch
 
-    from darl.trainer.policy_server import PolicyServer, create_policy_app
+    from darl.trainer.policy_app import create_policy_app
+    from darl.trainer.policy_server import PolicyServer
     from darl.trainer.tiny_model import MODEL_PRESETS, create_model_dir
 
     if model not in MODEL_PRESETS:

@@ -20,18 +20,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
-from pydantic import BaseModel, ConfigDict, ValidationError
+from prometheus_client import CollectorRegistry, Counter
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from darl.trainer.generation import (
     GenerationEngine,
-    GenerationRejectedError,
     SamplingParams,
     Sequence,
     TokenStep,
@@ -44,7 +40,6 @@ from darl.trainer.openai_format import (
     message_text,
 )
 from darl.trainer.tiny_model import load_model_dir
-from darl.workflows.training_config import ServerPauseMode
 
 log = logging.getLogger(__name__)
 
@@ -95,20 +90,6 @@ def _load_into(model: Any, state: dict[str, Any]) -> None:
             f"{unexpected[:5]}, other shapes {misshapen[:5]}"
         )
     model.load_state_dict(state, strict=False)
-
-
-def _error(status: int, message: str) -> JSONResponse:
-    kind = "BadRequestError" if status < 500 else "InternalServerError"
-    return JSONResponse(
-        {"object": "error", "message": message, "type": kind, "param": None, "code": status},
-        status_code=status,
-    )
-
-
-class ReloadRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    path: str
-    version: int
 
 
 class PolicyServer:
@@ -357,119 +338,3 @@ class PolicyServer:
         self.engine.run_between_steps(load)
         await asyncio.wrap_future(done)
         await asyncio.to_thread(self._record_load, path, version)
-
-
-def create_policy_app(server: PolicyServer) -> FastAPI:
-    app = FastAPI(title="DARL reference policy server")
-    app.state.server = server
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(400, f"invalid request: {exc.errors()[0]['msg']}")
-
-    async def parse(request: Request, schema: type[BaseModel]) -> Any:
-        try:
-            return schema.model_validate(json.loads(await request.body()))
-        except ValidationError as err:
-            e = err.errors()[0]
-            raise BadRequest(f"{'.'.join(map(str, e['loc']))}: {e['msg']}") from err
-        except ValueError as err:
-            raise BadRequest(f"body is not valid JSON: {err}") from err
-
-    @app.exception_handler(GenerationRejectedError)
-    async def rejected(_: Request, exc: GenerationRejectedError) -> JSONResponse:
-        return _error(400, str(exc))
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        req: ChatRequest = await parse(request, ChatRequest)
-        shape = ResponseShape(
-            "chat",
-            server.model_name,
-            server.tokenizer,
-            server.chat_prompt(req),
-            with_logprobs=req.logprobs,
-            with_token_ids=req.return_token_ids,
-        )
-        req_max = req.max_completion_tokens or req.max_tokens
-        params = req.sampling(
-            default_max_tokens=req_max or 64, top_logprobs=req.top_logprobs if req.logprobs else 0
-        )
-        return await server.generate(request, shape, params, req.n, req.stream, req.include_usage)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        req: CompletionRequest = await parse(request, CompletionRequest)
-        shape = ResponseShape(
-            "completion",
-            server.model_name,
-            server.tokenizer,
-            server.completion_prompt(req),
-            with_logprobs=req.logprobs is not None,
-            with_token_ids=req.return_token_ids,
-        )
-        params = req.sampling(default_max_tokens=16, top_logprobs=req.logprobs or 0)
-        return await server.generate(request, shape, params, req.n, req.stream, req.include_usage)
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": server.model_name,
-                    "object": "model",
-                    "owned_by": "darl",
-                    "max_model_len": server.engine.max_model_len,
-                }
-            ],
-        }
-
-    @app.post("/pause")
-    async def pause(mode: ServerPauseMode = "abort", timeout: float = 600.0) -> dict[str, Any]:
-        """vLLM's meaning: `wait` answers once the requests in flight have finished."""
-        server.engine.pause(mode)
-        drained = None
-        if mode == "wait":
-            drained = await asyncio.to_thread(server.engine.wait_idle, timeout)
-        return {"paused": True, "mode": mode, "drained": drained}
-
-    @app.post("/resume")
-    async def resume() -> dict[str, Any]:
-        server.engine.resume()
-        return {"paused": False}
-
-    @app.get("/is_paused")
-    async def is_paused() -> dict[str, Any]:
-        return {"is_paused": server.engine.paused}
-
-    @app.post("/reload_weights")
-    async def reload_weights(body: ReloadRequest) -> dict[str, Any]:
-        await server.reload_weights(Path(body.path), body.version)
-        return {"policy_version": server.policy_version}
-
-    @app.get("/version")
-    async def version() -> dict[str, Any]:
-        return {"policy_version": server.policy_version, "model": server.model_name}
-
-    @app.get("/health")
-    @app.get("/healthz")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok"}
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(server.registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.exception_handler(GenerationFailedError)
-    async def failed(_: Request, exc: GenerationFailedError) -> JSONResponse:
-        return _error(500, str(exc))
-
-    @app.exception_handler(BadRequest)
-    async def bad_request(_: Request, exc: BadRequest) -> JSONResponse:
-        return _error(400, str(exc))
-
-    FastAPIInstrumentor.instrument_app(
-        app, excluded_urls="health,healthz,metrics", exclude_spans=["receive", "send"]
-    )
-    return app

@@ -22,7 +22,8 @@ from temporalio.testing import WorkflowEnvironment
 from darl.activities.worker import RolloutWorkerSettings, build_worker
 from darl.gateway.app import GatewaySettings, create_app
 from darl.gateway.store import DirectoryTrajectoryStore
-from darl.trainer.policy_server import PolicyServer, create_policy_app
+from darl.trainer.policy_app import create_policy_app
+from darl.trainer.policy_server import PolicyServer
 from darl.trainer.tiny_model import create_model_dir
 from darl.workflows.contracts import (
     LocalAgentSpec,

@@ -15,12 +15,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from darl.trainer.policy_app import create_policy_app
 from darl.trainer.policy_server import (
     CALL_ID_HEADER,
     UNRESTORED_VERSION,
     VERSION_HEADER,
     PolicyServer,
-    create_policy_app,
 )
 from darl.trainer.tiny_model import create_model_dir
 from tests.serving import served

@@ -33,7 +33,8 @@ from darl.trainer.backend import (
     StepOverrides,
     TrainerBackend,
 )
-from darl.trainer.policy_server import PolicyServer, create_policy_app
+from darl.trainer.policy_app import create_policy_app
+from darl.trainer.policy_server import PolicyServer
 from darl.trainer.reference_backend import (
     OPTIMIZER_TENSORS,
     ReferenceBackend,

@@ -1,0 +1,183 @@
+"""The reference policy server's HTTP API, vLLM's shape: `/v1/chat/completions`,
+`/v1/completions`, `/v1/models`; `/pause`, `/resume`, `/is_paused`; `/reload_weights` and
+`/version`; health and metrics. Errors answer with vLLM's error body."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from darl.trainer.generation import GenerationRejectedError
+from darl.trainer.openai_format import ChatRequest, CompletionRequest, ResponseShape
+from darl.trainer.policy_server import BadRequest, GenerationFailedError, PolicyServer
+from darl.workflows.training_config import ServerPauseMode
+
+router = APIRouter()
+
+
+def create_policy_app(server: PolicyServer) -> FastAPI:
+    app = FastAPI(title="DARL reference policy server")
+    app.state.server = server
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(GenerationRejectedError, _status(400))
+    app.add_exception_handler(BadRequest, _status(400))
+    app.add_exception_handler(GenerationFailedError, _status(500))
+    app.include_router(router)
+    FastAPIInstrumentor.instrument_app(
+        app, excluded_urls="health,healthz,metrics", exclude_spans=["receive", "send"]
+    )
+    return app
+
+
+def server_of(request: Request) -> PolicyServer:
+    server: PolicyServer = request.app.state.server
+    return server
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    kind = "BadRequestError" if status < 500 else "InternalServerError"
+    return JSONResponse(
+        {"object": "error", "message": message, "type": kind, "param": None, "code": status},
+        status_code=status,
+    )
+
+
+async def _invalid(_: Request, exc: Exception) -> JSONResponse:
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else [{"msg": str(exc)}]
+    return _error(400, f"invalid request: {errors[0]['msg']}")
+
+
+def _status(status: int) -> Any:
+    """An exception handler answering `status` with the exception's message."""
+
+    async def handler(_: Request, exc: Exception) -> JSONResponse:
+        return _error(status, str(exc))
+
+    return handler
+
+
+async def parse(request: Request, schema: type[BaseModel]) -> Any:
+    try:
+        return schema.model_validate(json.loads(await request.body()))
+    except ValidationError as err:
+        e = err.errors()[0]
+        raise BadRequest(f"{'.'.join(map(str, e['loc']))}: {e['msg']}") from err
+    except ValueError as err:
+        raise BadRequest(f"body is not valid JSON: {err}") from err
+
+
+class ReloadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    version: int
+
+
+@router.post("/v1/chat/completions")
+async def chat(request: Request) -> Response:
+    server = server_of(request)
+    req: ChatRequest = await parse(request, ChatRequest)
+    shape = ResponseShape(
+        "chat",
+        server.model_name,
+        server.tokenizer,
+        server.chat_prompt(req),
+        with_logprobs=req.logprobs,
+        with_token_ids=req.return_token_ids,
+    )
+    req_max = req.max_completion_tokens or req.max_tokens
+    params = req.sampling(
+        default_max_tokens=req_max or 64, top_logprobs=req.top_logprobs if req.logprobs else 0
+    )
+    return await server.generate(request, shape, params, req.n, req.stream, req.include_usage)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    server = server_of(request)
+    req: CompletionRequest = await parse(request, CompletionRequest)
+    shape = ResponseShape(
+        "completion",
+        server.model_name,
+        server.tokenizer,
+        server.completion_prompt(req),
+        with_logprobs=req.logprobs is not None,
+        with_token_ids=req.return_token_ids,
+    )
+    params = req.sampling(default_max_tokens=16, top_logprobs=req.logprobs or 0)
+    return await server.generate(request, shape, params, req.n, req.stream, req.include_usage)
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict[str, Any]:
+    server = server_of(request)
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": server.model_name,
+                "object": "model",
+                "owned_by": "darl",
+                "max_model_len": server.engine.max_model_len,
+            }
+        ],
+    }
+
+
+@router.post("/pause")
+async def pause(
+    request: Request, mode: ServerPauseMode = "abort", timeout: float = 600.0
+) -> dict[str, Any]:
+    """vLLM's meaning: `wait` answers once the requests in flight have finished."""
+    server = server_of(request)
+    server.engine.pause(mode)
+    drained = None
+    if mode == "wait":
+        drained = await asyncio.to_thread(server.engine.wait_idle, timeout)
+    return {"paused": True, "mode": mode, "drained": drained}
+
+
+@router.post("/resume")
+async def resume(request: Request) -> dict[str, Any]:
+    server = server_of(request)
+    server.engine.resume()
+    return {"paused": False}
+
+
+@router.get("/is_paused")
+async def is_paused(request: Request) -> dict[str, Any]:
+    server = server_of(request)
+    return {"is_paused": server.engine.paused}
+
+
+@router.post("/reload_weights")
+async def reload_weights(request: Request, body: ReloadRequest) -> dict[str, Any]:
+    server = server_of(request)
+    await server.reload_weights(Path(body.path), body.version)
+    return {"policy_version": server.policy_version}
+
+
+@router.get("/version")
+async def version(request: Request) -> dict[str, Any]:
+    server = server_of(request)
+    return {"policy_version": server.policy_version, "model": server.model_name}
+
+
+@router.get("/health")
+@router.get("/healthz")
+async def health() -> dict[str, Any]:
+    return {"status": "ok"}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    server = server_of(request)
+    return Response(generate_latest(server.registry), media_type=CONTENT_TYPE_LATEST)
