@@ -30,6 +30,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from darl.activities.runners.local import stop_leftover_agents
 from darl.deploy.processes import ManagedProcess
+from darl.deploy.temporal_connection import DATA_CONVERTER
 from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import (
     LocalAgentSpec,
@@ -41,7 +42,6 @@ from darl.workflows.contracts import (
 from darl.workflows.rollout_status import RolloutStatus
 from darl.workflows.rollout_token import TokenClaims, mint_token
 from darl.workflows.rollout_workflow import RolloutWorkflow
-from darl.workflows.temporal_connection import DATA_CONVERTER
 
 SECRET = "bench-secret"
 ADMIN = "bench-admin"

@@ -29,9 +29,9 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from darl.deploy.demo import AGENT_SERVICE, demo_config
 from darl.deploy.devstack import DevPorts, DevStack
 from darl.deploy.progress import follow
+from darl.deploy.temporal_connection import connect
 from darl.workflows.contracts import RolloutResult
 from darl.workflows.names import ROLLOUT_WORKFLOW, TRAINER_TASK_QUEUE, TRAINING_WORKFLOW
-from darl.workflows.temporal_connection import connect
 from darl.workflows.training_config import training_workflow_id
 from darl.workflows.training_messages import TrainingSummary
 

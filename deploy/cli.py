@@ -24,13 +24,13 @@ from darl.deploy.cli_support import (
 from darl.deploy.devstack import DevPorts, DevStack
 from darl.deploy.serving import serve_app
 from darl.deploy.telemetry import configure_tracing
-from darl.workflows.names import ROLLOUT_TASK_QUEUE, ROLLOUT_WORKFLOW
-from darl.workflows.temporal_connection import (
+from darl.deploy.temporal_connection import (
     DEFAULT_ADDRESS,
     DEFAULT_NAMESPACE,
     TemporalSettings,
     connect,
 )
+from darl.workflows.names import ROLLOUT_TASK_QUEUE, ROLLOUT_WORKFLOW
 
 app = typer.Typer(no_args_is_help=True, help="DARL: durable agentic RL on Temporal.")
 

@@ -23,7 +23,7 @@ from temporalio.worker import Worker
 
 from darl.deploy.devstack import SECRETS_FILE
 from darl.deploy.serving import write_ready_file
-from darl.workflows.temporal_connection import TemporalSettings, connect
+from darl.deploy.temporal_connection import TemporalSettings, connect
 
 # The Temporal options every command takes, read from the temporal CLI's own variables.
 TemporalAddress = Annotated[str, typer.Option(envvar="TEMPORAL_ADDRESS")]

@@ -15,9 +15,9 @@ import darl.examples.digits
 from darl.deploy.config_file import load_config
 from darl.deploy.devstack import DevStack
 from darl.deploy.progress import follow, web_ui_link
+from darl.deploy.temporal_connection import connect
 from darl.trainer.run_files import plot_rewards, read_metrics
 from darl.workflows.names import TRAINER_TASK_QUEUE, TRAINING_WORKFLOW
-from darl.workflows.temporal_connection import connect
 from darl.workflows.training_config import PolicyServerSpec, TrainingConfig, training_workflow_id
 from darl.workflows.training_messages import TrainingSummary
 from darl.workflows.training_state import StepRecord

@@ -23,8 +23,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from darl.activities.runners.local import stop_leftover_agents
 from darl.deploy.processes import ManagedProcess, ProcessFailedError
+from darl.deploy.temporal_connection import TemporalSettings, connect
 from darl.workflows import search_attributes as sa
-from darl.workflows.temporal_connection import TemporalSettings, connect
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,12 @@ from darl.deploy.cli_support import (
 from darl.deploy.config_file import ConfigFileError, load_config
 from darl.deploy.progress import follow, status_line, step_line, web_ui_link
 from darl.deploy.serving import serve_app
+from darl.deploy.temporal_connection import (
+    DEFAULT_ADDRESS,
+    DEFAULT_NAMESPACE,
+    TemporalSettings,
+    connect,
+)
 from darl.workflows.names import (
     METRICS_QUERY,
     PAUSE_SIGNAL,
@@ -34,12 +40,6 @@ from darl.workflows.names import (
     STOP_SIGNAL,
     TRAINER_TASK_QUEUE,
     TRAINING_WORKFLOW,
-)
-from darl.workflows.temporal_connection import (
-    DEFAULT_ADDRESS,
-    DEFAULT_NAMESPACE,
-    TemporalSettings,
-    connect,
 )
 from darl.workflows.training_config import training_workflow_id
 from darl.workflows.training_messages import StopRequest, TrainingProgress, TrainingSummary

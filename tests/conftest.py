@@ -11,8 +11,8 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.testing import WorkflowEnvironment
 
+from darl.deploy.temporal_connection import DATA_CONVERTER
 from darl.workflows import search_attributes as sa
-from darl.workflows.temporal_connection import DATA_CONVERTER
 
 BIN = Path(sys.executable).parent
 

@@ -36,11 +36,11 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 from darl.deploy.devstack import connect_when_ready, register_search_attributes
+from darl.deploy.temporal_connection import DATA_CONVERTER
 from darl.gateway.store import CallRecord, DirectoryTrajectoryStore
 from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import LocalAgentSpec, RolloutResult
 from darl.workflows.names import ROLLOUT_WORKFLOW, TRAIN_STEP
-from darl.workflows.temporal_connection import DATA_CONVERTER
 from darl.workflows.training_config import TrainingConfig
 from darl.workflows.training_messages import (
     TrainingPhase,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from darl.deploy.devstack import wait_for_port
 from darl.deploy.processes import ManagedProcess
+from darl.deploy.temporal_connection import TemporalSettings
 from darl.workflows import search_attributes as sa
-from darl.workflows.temporal_connection import TemporalSettings
 from tests.conftest import BIN
 
 

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
+from darl.deploy.temporal_connection import TemporalSettings, connect
 from darl.gateway.app import GatewaySettings, create_app
 from darl.gateway.store import DirectoryTrajectoryStore
-from darl.workflows.temporal_connection import TemporalSettings, connect
 from tests.integration.stack import TOKEN_SECRET, Stack
 from tests.serving import served
 

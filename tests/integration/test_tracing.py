@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from temporalio.testing import WorkflowEnvironment
 
 from darl.activities.worker import RolloutWorkerSettings, build_worker
+from darl.deploy.temporal_connection import TemporalSettings, connect
 from darl.gateway.app import GatewaySettings, create_app
 from darl.gateway.store import DirectoryTrajectoryStore
 from darl.trainer.policy_app import create_policy_app
@@ -34,7 +35,6 @@ from darl.workflows.contracts import (
 )
 from darl.workflows.rollout_status import RolloutStatus
 from darl.workflows.rollout_workflow import RolloutWorkflow
-from darl.workflows.temporal_connection import TemporalSettings, connect
 from tests.serving import served
 
 

@@ -13,10 +13,10 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from darl.deploy.devstack import connect_when_ready, register_search_attributes
+from darl.deploy.temporal_connection import connect
 from darl.workflows.contracts import RolloutResult
 from darl.workflows.names import TRAIN_STEP
 from darl.workflows.rollout_status import RolloutStatus
-from darl.workflows.temporal_connection import connect
 from darl.workflows.training_messages import TrainingPhase, TrainingSummary
 from tests.integration.dev_server import DevServer
 from tests.integration.stack import Stack
