@@ -63,7 +63,7 @@ lint: $(STAMP)
 # mypy finds modules by path, not through the editable install's import hook, so it reads the
 # folders through a tree of links named as they install (darl.workflows -> workflows, ...).
 TYPECHECK_TREE := .darl/typecheck
-PACKAGES := workflows activities gateway trainer deploy examples
+PACKAGES := workflows activities gateway serving trainer deploy examples
 typecheck: $(STAMP)
 	mkdir -p $(TYPECHECK_TREE)/darl
 	for p in $(PACKAGES); do ln -sfn ../../../$$p $(TYPECHECK_TREE)/darl/$$p; done

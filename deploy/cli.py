@@ -72,9 +72,9 @@ def policy_server(
     setup_logging()
     import torch
 
-    from darl.trainer.policy_app import create_policy_app
-    from darl.trainer.policy_server import PolicyServer
-    from darl.trainer.tiny_model import MODEL_PRESETS, create_model_dir
+    from darl.serving.policy_app import create_policy_app
+    from darl.serving.policy_server import PolicyServer
+    from darl.serving.tiny_model import MODEL_PRESETS, create_model_dir
 
     if model not in MODEL_PRESETS:
         raise typer.BadParameter(f"--model must be one of {sorted(MODEL_PRESETS)}")

@@ -58,7 +58,7 @@ def vllm_server(
     """Start vLLM on a model directory and serve the launcher API: `POST /load_weights`
     {"path", "version"} restarts vLLM on that directory; `GET /status` says where it is."""
     setup_logging()
-    from darl.trainer.vllm_server import (
+    from darl.serving.vllm_server import (
         UNRESTORED_VERSION,
         ModelDirError,
         VllmLauncher,

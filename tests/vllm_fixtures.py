@@ -22,9 +22,9 @@ from temporalio.client import Client
 
 from darl.deploy.processes import ManagedProcess
 from darl.gateway.store import CallRecord
+from darl.serving.tiny_model import MODEL_PRESETS, create_model_dir, load_model_dir
+from darl.serving.vllm_server import vllm_python
 from darl.trainer.reference_backend import ReferenceBackend
-from darl.trainer.tiny_model import MODEL_PRESETS, create_model_dir, load_model_dir
-from darl.trainer.vllm_server import vllm_python
 from tests.integration.stack import ADMIN_KEY, Stack
 
 T = TypeVar("T")

@@ -24,6 +24,7 @@ from verl.trainer.ppo import core_algos
 from verl.utils.torch_functional import entropy_from_logits, masked_mean
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
+from darl.serving.tiny_model import load_model_dir
 from darl.trainer.backend import (
     BatchError,
     CheckpointError,
@@ -33,7 +34,6 @@ from darl.trainer.backend import (
 )
 from darl.trainer.batch_checks import validate_batch
 from darl.trainer.checkpoints import CheckpointedBackend, CheckpointStore
-from darl.trainer.tiny_model import load_model_dir
 from darl.workflows.heartbeats import Heartbeat
 
 log = logging.getLogger(__name__)

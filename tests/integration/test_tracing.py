@@ -23,9 +23,9 @@ from darl.activities.worker import RolloutWorkerSettings, build_worker
 from darl.deploy.temporal_connection import TemporalSettings, connect
 from darl.gateway.app import GatewaySettings, create_app
 from darl.gateway.store import DirectoryTrajectoryStore
-from darl.trainer.policy_app import create_policy_app
-from darl.trainer.policy_server import PolicyServer
-from darl.trainer.tiny_model import create_model_dir
+from darl.serving.policy_app import create_policy_app
+from darl.serving.policy_server import PolicyServer
+from darl.serving.tiny_model import create_model_dir
 from darl.workflows.contracts import (
     LocalAgentSpec,
     RewardSpec,

@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
-FOLDERS = ["workflows", "activities", "gateway", "trainer", "deploy", "examples"]
+FOLDERS = ["workflows", "activities", "gateway", "serving", "trainer", "deploy", "examples"]
 
 
 def test_the_wheel_installs_every_folder_under_darl_and_nothing_else(tmp_path: Path):

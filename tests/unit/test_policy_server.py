@@ -15,14 +15,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from darl.trainer.policy_app import create_policy_app
-from darl.trainer.policy_server import (
+from darl.serving.policy_app import create_policy_app
+from darl.serving.policy_server import (
     CALL_ID_HEADER,
     UNRESTORED_VERSION,
     VERSION_HEADER,
     PolicyServer,
 )
-from darl.trainer.tiny_model import create_model_dir
+from darl.serving.tiny_model import create_model_dir
 from tests.serving import served
 
 
@@ -447,7 +447,7 @@ async def test_a_state_file_naming_an_unloadable_checkpoint_starts_unrestored(
     unfit_checkpoint(model_dir, path, checkpoint)
     state_file = tmp_path / "policy.json"
     state_file.write_text(json.dumps({"path": str(path), "version": 9}))
-    with caplog.at_level(logging.ERROR, logger="darl.trainer.policy_server"):
+    with caplog.at_level(logging.ERROR, logger="darl.serving.policy_server"):
         policy = PolicyServer(model_dir, max_batch=8, state_file=state_file)
     assert policy.policy_version == UNRESTORED_VERSION == -1
     (error,) = [r for r in caplog.records if r.levelno == logging.ERROR]

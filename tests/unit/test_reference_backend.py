@@ -15,6 +15,8 @@ import torch
 from verl import DataProto
 
 from darl.examples.digits import task as digits_task
+from darl.serving.policy_server import PolicyServer
+from darl.serving.tiny_model import MODEL_PRESETS, create_model_dir, load_model_dir
 from darl.trainer.backend import (
     BatchError,
     CheckpointError,
@@ -24,14 +26,12 @@ from darl.trainer.backend import (
     TrainerBackend,
 )
 from darl.trainer.checkpoints import CheckpointStore
-from darl.trainer.policy_server import PolicyServer
 from darl.trainer.reference_backend import (
     OPTIMIZER_JSON,
     OPTIMIZER_TENSORS,
     ReferenceBackend,
     ReferenceTrainerSettings,
 )
-from darl.trainer.tiny_model import MODEL_PRESETS, create_model_dir, load_model_dir
 
 SETTINGS = ReferenceTrainerSettings(lr=1e-2, ppo_mini_batch_size=4, ppo_epochs=2, shuffle=True)
 
@@ -334,7 +334,7 @@ def test_a_step_that_fails_midway_is_retried_from_the_saved_state(
 def sample(
     backend: ReferenceBackend, prompts: list[str], max_tokens: int, generator: torch.Generator
 ) -> tuple[list[list[int]], list[list[int]], list[str]]:
-    """Temperature-1 sampling as trainer/generation.py does it (EOS ends and is kept)."""
+    """Temperature-1 sampling as serving/generation.py does it (EOS ends and is kept)."""
     model, tokenizer = backend.model, backend.tokenizer
     assert model is not None and tokenizer is not None
     eos = {tokenizer.eos_token_id, tokenizer.pad_token_id}

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from darl.examples.digits.task import DEMO, TEST, TaskSpecError, digits_reward, make_tasks, success
-from darl.trainer.tiny_model import (
+from darl.serving.tiny_model import (
     IM_END,
     MODEL_PRESETS,
     SPEC_FILE,

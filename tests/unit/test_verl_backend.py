@@ -25,6 +25,9 @@ from verl.workers.config.actor import FSDPActorConfig
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
+from darl.serving.policy_app import create_policy_app
+from darl.serving.policy_server import PolicyServer
+from darl.serving.tiny_model import MODEL_PRESETS, create_model_dir, load_model_dir
 from darl.trainer.aggregation import AggregationSettings, TrainingRow, to_data_proto
 from darl.trainer.backend import (
     BatchError,
@@ -33,14 +36,11 @@ from darl.trainer.backend import (
     StepOverrides,
     TrainerBackend,
 )
-from darl.trainer.policy_app import create_policy_app
-from darl.trainer.policy_server import PolicyServer
 from darl.trainer.reference_backend import (
     OPTIMIZER_TENSORS,
     ReferenceBackend,
     ReferenceTrainerSettings,
 )
-from darl.trainer.tiny_model import MODEL_PRESETS, create_model_dir, load_model_dir
 from darl.trainer.verl_backend import ACTOR_DIR, VerlBackend
 from darl.trainer.verl_batch import PADDING_UID, prepare_batch, worker_input
 from darl.trainer.verl_config import VerlConfigError, VerlSettings, build_verl_config

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from darl.trainer.vllm_server import (
+from darl.serving.vllm_server import (
     VllmLauncher,
     VllmServerError,
     check_model_dir,
@@ -155,7 +155,7 @@ async def test_watch_tries_again_after_a_revival_that_failed(
     server = FakeVllmServer(base, version=2)
     launcher = VllmLauncher(server)  # type: ignore[arg-type]
     server.failures = 1
-    with caplog.at_level(logging.ERROR, logger="darl.trainer.vllm_server"):
+    with caplog.at_level(logging.ERROR, logger="darl.serving.vllm_server"):
         async with watching(launcher):
             server.alive = False
             await until(lambda: launcher.revivals == 1)

@@ -12,6 +12,15 @@ from typing import Any
 import httpx
 import pytest
 
+from darl.serving.vllm_server import (
+    ModelDirError,
+    VllmLauncher,
+    VllmServerError,
+    VllmServerProcess,
+    VllmSettings,
+    check_model_dir,
+    create_launcher_app,
+)
 from darl.trainer.policy_control import (
     GatewayControl,
     PolicyServerSpec,
@@ -20,15 +29,6 @@ from darl.trainer.policy_control import (
     WeightSyncError,
     policy_server_control,
     sync_weights,
-)
-from darl.trainer.vllm_server import (
-    ModelDirError,
-    VllmLauncher,
-    VllmServerError,
-    VllmServerProcess,
-    VllmSettings,
-    check_model_dir,
-    create_launcher_app,
 )
 from tests.vllm_fixtures import assert_group_gone
 

@@ -16,9 +16,9 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from darl.trainer.generation import GenerationRejectedError
-from darl.trainer.openai_format import ChatRequest, CompletionRequest, ResponseShape
-from darl.trainer.policy_server import BadRequest, GenerationFailedError, PolicyServer
+from darl.serving.generation import GenerationRejectedError
+from darl.serving.openai_format import ChatRequest, CompletionRequest, ResponseShape
+from darl.serving.policy_server import BadRequest, GenerationFailedError, PolicyServer
 from darl.workflows.training_config import ServerPauseMode
 
 router = APIRouter()

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedTokenizerFast
 
-from darl.trainer.generation import SamplingParams, TokenStep
+from darl.serving.generation import SamplingParams, TokenStep
 
 
 class _Request(BaseModel):

@@ -26,20 +26,20 @@ from prometheus_client import CollectorRegistry, Counter
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from darl.trainer.generation import (
+from darl.serving.generation import (
     GenerationEngine,
     SamplingParams,
     Sequence,
     TokenStep,
 )
-from darl.trainer.openai_format import (
+from darl.serving.openai_format import (
     ChatRequest,
     ChoiceState,
     CompletionRequest,
     ResponseShape,
     message_text,
 )
-from darl.trainer.tiny_model import load_model_dir
+from darl.serving.tiny_model import load_model_dir
 
 log = logging.getLogger(__name__)
 
