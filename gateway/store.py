@@ -21,7 +21,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from darl.gateway.capture import CHAT, Endpoint, completion_logprobs, completion_token_ids
+from darl.gateway.capture import (
+    CHAT,
+    Endpoint,
+    completion_logprobs,
+    completion_token_ids,
+    finish_reason,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,9 @@ class CallRecord:
 
     def completion_logprobs(self, choice: int = 0) -> list[float] | None:
         return completion_logprobs(self.endpoint, self.response, choice)
+
+    def finish_reason(self) -> str | None:
+        return finish_reason(self.response)
 
 
 class TrajectoryStore(Protocol):

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 from verl import DataProto
 
-from darl.gateway.capture import finish_reason
 from darl.gateway.store import CallRecord
 from darl.workflows.training_config import AggregationSpec
 
@@ -142,7 +141,7 @@ def _drafts(
     drafts: list[_Draft] = []
     for record in records:
         counters.calls += 1
-        if finish_reason(record.response) == "length":
+        if record.finish_reason() == "length":
             counters.length_finished_calls += 1
         ids, logprobs = _completion(record, counters)
         prompt = list(record.prompt_token_ids)
