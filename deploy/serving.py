@@ -44,6 +44,13 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+# How long a server keeps an idle connection open: longer than any client's idle expiry (httpx
+# and the OpenAI SDK 5 s, the gateway's aiohttp pool 30 s), so the client always closes an idle
+# connection first. With uvicorn's 5 s both ends closed at once now and then, and an agent that
+# reused the connection got a ReadError from a gateway that never saw its call.
+KEEP_ALIVE_SECONDS = 75
+
+
 async def serve_app(
     app: Any,
     host: str,
@@ -65,6 +72,7 @@ async def serve_app(
         access_log=False,
         # Annotated int; uvicorn waits on it with asyncio.wait_for, which takes seconds as float.
         timeout_graceful_shutdown=graceful_seconds,  # type: ignore[arg-type]
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )
     server = _Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
