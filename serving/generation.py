@@ -68,6 +68,9 @@ class Sequence:
     text: str = ""
     finish_reason: FinishReason | None = None
     cancelled: bool = False
+    # The tokens this sequence may sample next, given those it has generated (None: any);
+    # how structured output (a forced tool call) constrains decoding.
+    allowed_tokens: Callable[[list[int]], list[int]] | None = None
     _emitted_text: str = ""
 
     def emit(self, item: TokenStep | str) -> None:
@@ -258,19 +261,36 @@ class GenerationEngine:
         generators: list[torch.Generator],
         active: list[int],
     ) -> torch.Tensor:
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        batch_logprobs = torch.log_softmax(logits.float(), dim=-1)
         chosen = torch.full((len(batch),), self.tokenizer.pad_token_id, dtype=torch.long)
         for i in active:
             seq = batch[i]
-            token = self._pick(seq.params, logits[i], generators[i])
+            row, logprobs = logits[i], batch_logprobs[i]
+            if seq.allowed_tokens is not None:
+                # Logprobs of the logits sampled from, before temperature (vLLM's default
+                # `raw_logprobs`): vLLM masks a structured output's logits before its sampler,
+                # so a forced token has logprob 0.0. Unconstrained, these are the model's own
+                # logprobs, what the trainer recomputes.
+                row = self._constrain(row.float(), seq.allowed_tokens(seq.token_ids))
+                logprobs = torch.log_softmax(row, dim=-1)
+            token = self._pick(seq.params, row, generators[i])
             chosen[i] = token
             k = seq.params.top_logprobs
             top = []
             if k > 0:
-                values, ids = logprobs[i].topk(k)
-                top = list(zip(ids.tolist(), values.tolist(), strict=True))
-            self._append(seq, token, float(logprobs[i, token]), top)
+                values, ids = logprobs.topk(k)
+                # A masked-out token (-inf) is no alternative (and no JSON number).
+                top = [
+                    (t, v) for t, v in zip(ids.tolist(), values.tolist(), strict=True) if v > -1e30
+                ]
+            self._append(seq, token, float(logprobs[token]), top)
         return chosen
+
+    def _constrain(self, row: torch.Tensor, allowed: list[int]) -> torch.Tensor:
+        """The row with every token but `allowed` masked out (only EOS when none is)."""
+        keep = torch.zeros_like(row, dtype=torch.bool)
+        keep[allowed or [self.tokenizer.eos_token_id]] = True
+        return row.masked_fill(~keep, float("-inf"))
 
     @staticmethod
     def _pick(params: SamplingParams, logits: torch.Tensor, generator: torch.Generator) -> int:

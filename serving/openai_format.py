@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedTokenizerFast
 
 from darl.serving.generation import SamplingParams, TokenStep
+from darl.serving.tool_calls import ToolCallStream, ToolChoice, split_tool_calls
 
 
 class _Request(BaseModel):
@@ -54,6 +55,19 @@ class ChatRequest(_Request):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int = Field(default=0, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's `/tokenize`: chat messages (with tools) or a prompt."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    messages: list[dict[str, Any]] | None = Field(default=None, min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    add_generation_prompt: bool = True
 
 
 class CompletionRequest(_Request):
@@ -63,14 +77,46 @@ class CompletionRequest(_Request):
 
 
 def message_text(content: Any) -> str:
-    """OpenAI message content: a string, None, or a list of parts of which text is kept."""
+    """OpenAI message content: a string, None, or a list of text parts. Any other part (an
+    image, audio) raises ValueError: the tiny model takes text only, and dropping a part would
+    answer a question the client did not ask."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        texts = []
+        for part in content:
+            kind = part.get("type", "text") if isinstance(part, dict) else None
+            if kind != "text":
+                raise ValueError(f"a content part of type {kind!r}: this model takes text only")
+            texts.append(str(part.get("text", "")))
+        return "".join(texts)
     raise ValueError("message content must be a string or a list of parts")
+
+
+def template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A request message as the chat template reads it: role, text content, and an
+    assistant's tool calls (name and arguments; a string of arguments is kept verbatim).
+    Raises ValueError for content or calls it cannot render."""
+    role = str(message.get("role", "user"))
+    out: dict[str, Any] = {"role": role, "content": message_text(message.get("content"))}
+    calls = message.get("tool_calls")
+    if calls:
+        if not isinstance(calls, list):
+            raise ValueError("tool_calls must be a list")
+        out["tool_calls"] = [_template_call(call) for call in calls]
+    return out
+
+
+def _template_call(call: Any) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ValueError("a tool call needs function.name")
+    arguments = function.get("arguments", "{}")
+    if not isinstance(arguments, str | dict):
+        raise ValueError("a tool call's function.arguments must be a JSON string or object")
+    return {"function": {"name": function["name"], "arguments": arguments}}
 
 
 @dataclass
@@ -80,6 +126,8 @@ class ChoiceState:
     text: str = ""
     steps: list[TokenStep] = field(default_factory=list)
     finish_reason: str | None = None
+    # Splits the streamed text into content and tool calls (a chat with tools to parse).
+    tool_stream: ToolCallStream | None = None
 
 
 def _token_str(tokenizer: PreTrainedTokenizerFast, token_id: int) -> str:
@@ -135,6 +183,7 @@ class ResponseShape:
     prompt_ids: list[int]
     with_logprobs: bool
     with_token_ids: bool
+    tools: ToolChoice | None = None  # a chat whose answers are parsed for tool calls
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -178,6 +227,15 @@ class ResponseShape:
         }
         if self.kind == "chat":
             choice["message"] = {"role": "assistant", "content": c.text}
+            if self.tools is not None:
+                content, calls = split_tool_calls(c.text)
+                empty = self.tools.empty_content() if calls else ""
+                choice["message"] = {
+                    "role": "assistant",
+                    "content": content or empty,
+                    "tool_calls": calls,
+                }
+                choice["finish_reason"] = self.tools.finish_reason(bool(calls), c.finish_reason)
             choice["logprobs"] = (
                 {"content": [chat_logprob_entry(self.tokenizer, s) for s in c.steps]}
                 if self.with_logprobs
@@ -228,6 +286,10 @@ class ResponseShape:
         choice: dict[str, Any] = {"index": c.index, "finish_reason": finish_reason}
         if self.kind == "chat":
             choice["delta"] = {"content": step.text}
+            if self.tools is not None:
+                choice["delta"], choice["finish_reason"] = self._tool_delta(
+                    c, step.text, finish_reason
+                )
             choice["logprobs"] = (
                 {"content": [chat_logprob_entry(self.tokenizer, step)]}
                 if self.with_logprobs
@@ -244,6 +306,26 @@ class ResponseShape:
         out["choices"] = [choice]
         return out
 
+    def _tool_delta(
+        self, c: ChoiceState, text: str, finish_reason: str | None
+    ) -> tuple[dict[str, Any], str | None]:
+        """A chat chunk's delta and finish reason when tool calls are parsed: content outside
+        `<tool_call>` blocks, each call whole in the chunk of the token that closes it
+        (`{"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"}}]}`), and
+        `{}` while text is held back."""
+        stream = c.tool_stream
+        if stream is None:
+            stream = c.tool_stream = ToolCallStream()
+        content, calls = stream.feed(text, final=finish_reason is not None)
+        delta: dict[str, Any] = {}
+        if content:
+            delta["content"] = content
+        if calls:
+            delta["tool_calls"] = calls
+        if finish_reason is not None and self.tools is not None:
+            finish_reason = self.tools.finish_reason(bool(stream.calls), finish_reason)
+        return delta, finish_reason
+
     def finish_chunk(self, c: ChoiceState) -> dict[str, Any]:
         """Ends a choice that finished without a new token (an abort)."""
         out = self._head(chunk=True)
@@ -254,6 +336,8 @@ class ResponseShape:
         }
         if self.kind == "chat":
             choice["delta"] = {}
+            if self.tools is not None:
+                choice["delta"], choice["finish_reason"] = self._tool_delta(c, "", c.finish_reason)
         else:
             choice["text"] = ""
         if self.with_token_ids:

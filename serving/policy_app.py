@@ -1,6 +1,6 @@
-"""The reference policy server's HTTP API, vLLM's shape: `/v1/chat/completions`,
-`/v1/completions`, `/v1/models`; `/pause`, `/resume`, `/is_paused`; `/reload_weights` and
-`/version`; health and metrics. Errors answer with vLLM's error body."""
+"""The reference policy server's HTTP API, vLLM's shape: `/v1/chat/completions` (with function
+tools), `/v1/completions`, `/v1/models`, `/tokenize`; `/pause`, `/resume`, `/is_paused`;
+`/reload_weights` and `/version`; health and metrics. Errors answer with vLLM's error body."""
 
 from __future__ import annotations
 
@@ -17,7 +17,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from darl.serving.generation import GenerationRejectedError
-from darl.serving.openai_format import ChatRequest, CompletionRequest, ResponseShape
+from darl.serving.openai_format import (
+    ChatRequest,
+    CompletionRequest,
+    ResponseShape,
+    TokenizeRequest,
+)
 from darl.serving.policy_server import BadRequest, GenerationFailedError, PolicyServer
 from darl.workflows.training_config import ServerPauseMode
 
@@ -85,19 +90,43 @@ class ReloadRequest(BaseModel):
 async def chat(request: Request) -> Response:
     server = server_of(request)
     req: ChatRequest = await parse(request, ChatRequest)
+    tools = server.tool_choice(req)
     shape = ResponseShape(
         "chat",
         server.model_name,
         server.tokenizer,
-        server.chat_prompt(req),
+        server.chat_prompt(req.messages, req.tools),
         with_logprobs=req.logprobs,
         with_token_ids=req.return_token_ids,
+        tools=tools if tools.parses else None,
     )
     req_max = req.max_completion_tokens or req.max_tokens
     params = req.sampling(
         default_max_tokens=req_max or 64, top_logprobs=req.top_logprobs if req.logprobs else 0
     )
-    return await server.generate(request, shape, params, req.n, req.stream, req.include_usage)
+    return await server.generate(
+        request,
+        shape,
+        params,
+        req.n,
+        req.stream,
+        req.include_usage,
+        constraint=server.tool_constraint(tools),
+    )
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> dict[str, Any]:
+    """vLLM's shape: `{"count", "tokens", "max_model_len", "token_strs"}`."""
+    server = server_of(request)
+    req: TokenizeRequest = await parse(request, TokenizeRequest)
+    tokens = server.tokenize(req)
+    return {
+        "count": len(tokens),
+        "max_model_len": server.engine.max_model_len,
+        "tokens": tokens,
+        "token_strs": None,
+    }
 
 
 @router.post("/v1/completions")

@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
@@ -37,9 +37,17 @@ from darl.serving.openai_format import (
     ChoiceState,
     CompletionRequest,
     ResponseShape,
-    message_text,
+    TokenizeRequest,
+    template_message,
 )
 from darl.serving.tiny_model import load_model_dir
+from darl.serving.tool_calls import (
+    ToolCallConstraint,
+    ToolChoice,
+    ToolSpecError,
+    character_tokens,
+    parse_tool_choice,
+)
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +117,9 @@ class PolicyServer:
     ) -> None:
         model, tokenizer = load_model_dir(model_dir)
         self.tokenizer = tokenizer
+        self._token_chars = character_tokens(
+            lambda t: str(tokenizer.decode([t])), len(tokenizer), set(tokenizer.all_special_ids)
+        )
         self.model_name = model_name
         self.policy_version = 0
         self.state_file = state_file
@@ -127,18 +138,54 @@ class PolicyServer:
 
     # --- requests ------------------------------------------------------------------------
 
-    def chat_prompt(self, req: ChatRequest) -> list[int]:
+    def tool_choice(self, req: ChatRequest) -> ToolChoice:
         try:
-            messages = [
-                {"role": str(m.get("role", "user")), "content": message_text(m.get("content"))}
-                for m in req.messages
-            ]
+            return parse_tool_choice(req.tools, req.tool_choice)
+        except ToolSpecError as err:
+            raise BadRequest(str(err)) from err
+
+    def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        """The prompt's token ids as the model dir's chat template renders it (with the
+        tools' signatures when there are tools, as vLLM renders them for every tool_choice)."""
+        try:
+            rendered = [template_message(m) for m in messages]
         except ValueError as err:
             raise BadRequest(str(err)) from err
+        # transformers types tools as dicts or python functions (a list is invariant).
+        schemas: list[dict[Any, Any] | Callable[..., Any]] | None = list(tools) if tools else None
         text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
+            rendered,
+            tools=schemas,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
         )
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def tokenize(self, req: TokenizeRequest) -> list[int]:
+        """vLLM's `/tokenize`: a chat's prompt (as `/v1/chat/completions` would build it) or
+        a prompt string's ids."""
+        if req.messages is not None:
+            if req.tools is not None:
+                # The same checks a chat request's tools get.
+                try:
+                    parse_tool_choice(req.tools, "none")
+                except ToolSpecError as err:
+                    raise BadRequest(str(err)) from err
+            return self.chat_prompt(req.messages, req.tools, req.add_generation_prompt)
+        if req.prompt is not None:
+            return self.tokenizer(req.prompt, add_special_tokens=False)["input_ids"]
+        raise BadRequest("tokenize needs `messages` or `prompt`")
+
+    def tool_constraint(self, choice: ToolChoice) -> ToolCallConstraint | None:
+        """The decoding constraint of a forced tool_choice (None for auto and none)."""
+        if not choice.forced:
+            return None
+        return ToolCallConstraint(choice.grammar(), self._token_chars, self.tokenizer.eos_token_id)
 
     def completion_prompt(self, req: CompletionRequest) -> list[int]:
         if isinstance(req.prompt, str):
@@ -190,7 +237,10 @@ class PolicyServer:
         n: int,
         stream: bool,
         include_usage: bool,
+        constraint: ToolCallConstraint | None = None,
     ) -> Response:
+        """Generate `n` choices and answer them whole or streamed; `constraint` restricts
+        every choice's tokens (a forced tool call)."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         sequences = [
@@ -200,6 +250,7 @@ class PolicyServer:
                 params=params if params.seed is None else replace(params, seed=params.seed + i),
                 loop=loop,
                 events=events,
+                allowed_tokens=constraint.allowed if constraint is not None else None,
             )
             for i in range(n)
         ]

@@ -2,8 +2,9 @@
 
 Saved as a Hugging Face model directory (config.json, model.safetensors, tokenizer.json with a
 ChatML chat template), so what DARL's reference server serves is what vLLM could load too.
-The tokenizer has one token per character of its alphabet (BPE without merges; printable ASCII
-unless the spec names a smaller one); any other character becomes `<|unk|>`.
+The tokenizer has one token per character of its alphabet (byte-level BPE without merges;
+printable ASCII unless the spec names a smaller one); each byte of any other character becomes
+`<|unk|>`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 UNK = "<|unk|>"
@@ -23,14 +24,68 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 
+# ChatML, and function tools as Hermes / Qwen2.5 write them: the tools' signatures in the system
+# block, an assistant's calls as `<tool_call>` JSON after its content (no separator, so a call the
+# model generated renders back as the same characters), tool results in a user block. Messages
+# without tools or tool calls render as plain ChatML did before tools (trained toy tasks depend
+# on those bytes). A tool is rendered field by field, not with `tool | tojson`: vLLM passes
+# `tool.model_dump()` (with `"description": null` and more) where a client sent less.
+# Call arguments: a string (OpenAI's form) verbatim, an object (vLLM parses the string into one)
+# with `tojson`, which gives the same bytes for canonical JSON (", " and ": ").
 CHAT_TEMPLATE = (
-    "{% for message in messages %}"
+    # No whitespace control (`-`) and no newline right after a `%}` (HF's jinja trims it):
+    # every character outside the tags below is output as written.
+    "{% macro render_tool(tool) %}"
+    "{% set f = tool['function'] if tool['function'] is defined else tool %}"
+    '{"type": "function", "function": {"name": {{ f["name"] | tojson }}'
+    "{% if f['description'] is defined and f['description'] is not none %}"
+    ', "description": {{ f["description"] | tojson }}'
+    "{% endif %}"
+    "{% if f['parameters'] is defined and f['parameters'] is not none %}"
+    ', "parameters": {{ f["parameters"] | tojson }}'
+    "{% endif %}"
+    "{{ '}}' }}"
+    "{% endmacro %}"
+    "{% set ns = namespace(first=0) %}"
+    "{% if tools %}"
+    "<|im_start|>system\n"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set ns.first = 1 %}"
+    "{{ messages[0]['content'] }}\n\n"
+    "{% endif %}"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}{{ '\\n' }}{{ render_tool(tool) }}{% endfor %}"
+    "{{ '\\n' }}</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{% endif %}"
+    "{% for message in messages[ns.first:] %}"
+    "{% if message['role'] == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ message['content'] }}\n</tool_response><|im_end|>\n"
+    "{% elif message['tool_calls'] is defined and message['tool_calls'] %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% endif %}"
+    "{% for call in message['tool_calls'] %}"
+    "{% set c = call['function'] if call['function'] is defined else call %}"
+    "<tool_call>{{ '\\n' }}"
+    '{"name": {{ c["name"] | tojson }}, "arguments": '
+    "{% if c['arguments'] is string %}{{ c['arguments'] }}"
+    "{% else %}{{ c['arguments'] | tojson }}{% endif %}"
+    "{{ '}' }}\n</tool_call>"
+    "{% endfor %}"
+    "<|im_end|>\n"
+    "{% else %}"
     "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 SPEC_FILE = "darl_tiny_model.json"
+# Bumped when the tokenizer files change for the same spec (2: byte-level vocabulary names).
+TOKENIZER_FORMAT = 2
 
 # One token per printable ASCII character (and tab, newline): whatever the model samples is
 # readable text, and the vocabulary stays small enough for RL from scratch on a CPU.
@@ -72,16 +127,39 @@ MODEL_PRESETS: dict[str, TinyModelSpec] = {
 }
 
 
+def _byte_level_names() -> dict[str, str]:
+    """GPT-2's byte-to-unicode table for ASCII: how a byte-level BPE vocabulary spells each
+    character (`Ġ` for a space, `Ċ` for a newline, a printable character as itself)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    names, extra = {}, 0
+    for byte in range(128):
+        if byte in printable:
+            names[chr(byte)] = chr(byte)
+        else:
+            names[chr(byte)] = chr(256 + extra)
+        extra += byte not in printable
+    return names
+
+
 def build_tokenizer(spec: TinyModelSpec | None = None) -> PreTrainedTokenizerFast:
     """One token per character of the spec's alphabet after `<|unk|>` (id 0), then the special
-    tokens; raises ModelSpecError for an empty alphabet or a repeated character."""
+    tokens; raises ModelSpecError for an empty alphabet or a repeated character.
+
+    The vocabulary is byte-level (a space is the token `Ġ`), as Qwen2's is: transformers loads
+    a `qwen2` model directory with its own Qwen2Tokenizer, whose byte-level pre-tokenizer would
+    drop every whitespace character of a vocabulary that spells them raw (vLLM then saw
+    "What is 3 + 4?" as "Whatis3+4?"). Token ids are what they were with raw names."""
     spec = spec or TinyModelSpec()
     characters = spec.characters
     if not characters or len(set(characters)) != len(characters):
         raise ModelSpecError(f"an alphabet needs distinct characters, got {characters!r}")
-    vocab = {UNK: 0, **{c: i + 1 for i, c in enumerate(characters)}}
+    if any(ord(c) > 127 for c in characters):
+        raise ModelSpecError(f"an alphabet holds ASCII characters only, got {characters!r}")
+    names = _byte_level_names()
+    vocab = {UNK: 0, **{names[c]: i + 1 for i, c in enumerate(characters)}}
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
-    tokenizer.decoder = decoders.Fuse()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([UNK, *SPECIAL_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
@@ -122,17 +200,23 @@ def build_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> Qwen
 
 def create_model_dir(path: Path, spec: TinyModelSpec | None = None) -> Path:
     """Build the tiny model and tokenizer from `spec` and save them to `path` (idempotent: an
-    existing directory made from the same spec is kept as it is)."""
+    existing directory made from the same spec keeps its weights; one whose chat template or
+    tokenizer files are not today's gets today's, so a cached directory never serves old ones)."""
     spec = spec or TinyModelSpec()
     marker = path / SPEC_FILE
-    if marker.exists() and json.loads(marker.read_text()) == asdict(spec):
+    recorded = json.loads(marker.read_text()) if marker.exists() else None
+    wanted = {**asdict(spec), "chat_template": CHAT_TEMPLATE, "tokenizer": TOKENIZER_FORMAT}
+    if recorded == wanted:
         return path
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(spec)
-    model = build_model(spec, tokenizer)
-    model.save_pretrained(path, safe_serialization=True)
+    same_spec = recorded is not None and {
+        k: v for k, v in recorded.items() if k not in ("chat_template", "tokenizer")
+    } == asdict(spec)
+    if not same_spec:
+        build_model(spec, tokenizer).save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
-    marker.write_text(json.dumps(asdict(spec)))
+    marker.write_text(json.dumps(wanted))
     return path
 
 

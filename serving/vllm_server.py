@@ -118,6 +118,9 @@ class VllmSettings:
     # bottleneck (~2.5 ms a token with logprobs); streaming every token alone it falls behind,
     # and a request to it (a /pause) can wait until the call in flight has ended (seen: 9 s).
     stream_interval: int = 16
+    # The tiny model's chat template writes tool calls as Hermes does; without a parser vLLM
+    # answers 400 to any request with tools and tool_choice auto, required or named.
+    tool_call_parser: str | None = "hermes"
     extra_args: tuple[str, ...] = ()
     startup_timeout_seconds: float = 300.0
 
@@ -175,6 +178,8 @@ class VllmServerProcess:
         ]
         if s.enforce_eager:
             argv.append("--enforce-eager")
+        if s.tool_call_parser is not None:
+            argv += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
         return [*argv, *s.extra_args]
 
     def env(self) -> dict[str, str]:
