@@ -20,25 +20,49 @@ TOKEN_SLACK_SECONDS = 300
 SECRET_ENV_VARS = frozenset({"DARL_TOKEN_SECRET", "DARL_ADMIN_KEY"})
 
 
-class TaskPathError(KeyError):
-    """An `env_map` path names a field the task does not have."""
+# Agent Lightning's name for the task in an `env_map` value: `input` is the whole task,
+# `input.<path>` a value inside it. Any other value is a literal (its gsm8k and search_r1
+# configs set `{"MODEL": "Qwen/Qwen2.5-1.5B"}` this way).
+TASK_ROOT = "input"
 
 
-def task_field(task: Mapping[str, Any], dotted_path: str) -> Any:
-    value: Any = task
-    for part in dotted_path.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            raise TaskPathError(f"task has no field {dotted_path!r}")
-        value = value[part]
+class TaskPathError(LookupError):
+    """An `env_map` path (or a reward's answer key) names a value the task does not have."""
+
+
+def task_field(task: Any, path: str, shown: str | None = None) -> Any:
+    """The value at the dotted `path` inside `task` (any JSON value): an object's field by
+    name, a list's item by index (`items.0`); the empty path is the task itself. `shown` is
+    the path as the user wrote it, for the error."""
+    value = task
+    for part in path.split(".") if path else ():
+        if isinstance(value, Mapping) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            raise TaskPathError(f"task has no field {shown if shown is not None else path!r}")
     return value
 
 
-def env_map_values(task: Mapping[str, Any], env_map: Mapping[str, str]) -> dict[str, str]:
-    """Agent Lightning's `env_map`: strings as they are, anything else as JSON."""
+def task_path(value: str) -> str | None:
+    """The path inside the task that an `env_map` value names, or None for a literal."""
+    if value == TASK_ROOT:
+        return ""
+    if value.startswith(TASK_ROOT + "."):
+        return value.removeprefix(TASK_ROOT + ".")
+    return None
+
+
+def env_map_values(task: Any, env_map: Mapping[str, str]) -> dict[str, str]:
+    """Agent Lightning's `env_map`, as its local runner reads it: `input` and `input.<path>`
+    are the task and a value in it (a path the task lacks is an error), anything else is the
+    value itself; strings go as they are, anything else as JSON."""
     values = {}
-    for name, path in env_map.items():
-        value = task_field(task, path)
-        values[name] = value if isinstance(value, str) else json.dumps(value)
+    for name, spec in env_map.items():
+        path = task_path(spec)
+        value = spec if path is None else task_field(task, path, shown=spec)
+        values[name] = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     return values
 
 
@@ -49,6 +73,8 @@ class AgentContract:
     mode: str
     token: str
     base_url: str
+    # The Anthropic SDK appends /v1/messages itself.
+    anthropic_base_url: str
     result_url: str
     agl_base_url: str
     agl_event_url: str
@@ -82,6 +108,7 @@ class ContractIssuer:
             ),
         )
         base_url = f"{gateway}/rollouts/{rollout}/v1"
+        anthropic_base_url = f"{gateway}/rollouts/{rollout}"
         result_url = f"{gateway}/rollouts/{rollout}/result"
         mode = spec.mode.value
         agl_base = f"{gateway}/proxy/rollout/{rollout}/attempt/{attempt}/mode/{mode}/openai/v1"
@@ -89,6 +116,8 @@ class ContractIssuer:
         env = {
             "OPENAI_BASE_URL": base_url,
             "OPENAI_API_KEY": token,
+            "ANTHROPIC_BASE_URL": anthropic_base_url,
+            "ANTHROPIC_API_KEY": token,
             "DARL_ROLLOUT_ID": rollout,
             "DARL_ATTEMPT": str(attempt),
             "DARL_RUN_ID": spec.run_id,
@@ -99,6 +128,10 @@ class ContractIssuer:
             "AGL_OPENAI_BASE_URL": agl_base,
             "AGL_EVENT_URL": agl_events,
             "AGL_KEY": token,
+            # The OpenAI Agents SDK sends its traces to api.openai.com with OPENAI_API_KEY (it
+            # does not follow OPENAI_BASE_URL): that would hand the rollout token to a third
+            # party. Traces of a rollout are DARL's (TRACEPARENT).
+            "OPENAI_AGENTS_DISABLE_TRACING": "1",
             **env_map_values(spec.task, env_map),
         }
         if traceparent:
@@ -109,6 +142,7 @@ class ContractIssuer:
             mode=spec.mode.value,
             token=token,
             base_url=base_url,
+            anthropic_base_url=anthropic_base_url,
             result_url=result_url,
             agl_base_url=agl_base,
             agl_event_url=agl_events,

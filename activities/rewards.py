@@ -1,5 +1,6 @@
 """Reward functions by name: `exact_match`, `numeric_match` (GSM8K-style final number), or any
-`module:function` called as `fn(task, answer, summary)` (sync or async) returning a number."""
+`module:function` called as `fn(task, answer, summary)` (sync or async) returning a number.
+The task is any JSON value; the built-ins read the reference answer of an object task."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Any
 
 from darl.workflows.contracts import RewardSpec, TrajectorySummary
 
-RewardFn = Callable[[Mapping[str, Any], str | None, TrajectorySummary], float | Awaitable[float]]
+# The task is the rollout's, any JSON value (an object, a list, a string, a number).
+RewardFn = Callable[[Any, str | None, TrajectorySummary], float | Awaitable[float]]
 
 
 class RewardFunctionError(ValueError):
@@ -43,14 +45,31 @@ def _normalize(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-def _reference(task: Mapping[str, Any], answer_key: str) -> Any:
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "list"
+    return type(value).__name__
+
+
+def _reference(task: Any, answer_key: str) -> Any:
+    if not isinstance(task, Mapping):
+        raise RewardFunctionError(
+            f"the task is a {_json_kind(task)}, not an object with the reference answer "
+            f"field {answer_key!r}: give a reward function of your own for such tasks"
+        )
     if answer_key not in task:
         raise RewardFunctionError(f"task has no reference answer field {answer_key!r}")
     return task[answer_key]
 
 
 def exact_match(answer_key: str) -> RewardFn:
-    def reward(task: Mapping[str, Any], answer: str | None, summary: TrajectorySummary) -> float:
+    def reward(task: Any, answer: str | None, summary: TrajectorySummary) -> float:
         reference = str(_reference(task, answer_key))
         return float(answer is not None and _normalize(answer) == _normalize(reference))
 
@@ -58,7 +77,7 @@ def exact_match(answer_key: str) -> RewardFn:
 
 
 def numeric_match(answer_key: str) -> RewardFn:
-    def reward(task: Mapping[str, Any], answer: str | None, summary: TrajectorySummary) -> float:
+    def reward(task: Any, answer: str | None, summary: TrajectorySummary) -> float:
         expected = final_number(str(_reference(task, answer_key)))
         if expected is None:
             raise RewardFunctionError(f"task field {answer_key!r} holds no number")
@@ -95,7 +114,7 @@ def resolve(spec: RewardSpec) -> RewardFn:
 
 
 async def score(
-    spec: RewardSpec, task: Mapping[str, Any], answer: str | None, summary: TrajectorySummary
+    spec: RewardSpec, task: Any, answer: str | None, summary: TrajectorySummary
 ) -> float:
     value = resolve(spec)(task, answer, summary)
     if inspect.isawaitable(value):

@@ -12,6 +12,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
 from typing import TypeVar
 
 import httpx
@@ -69,6 +70,16 @@ async def heartbeating(work: Awaitable[T], interval: float) -> T:
         activity.heartbeat()
 
 
+@dataclass(frozen=True)
+class ClosedAttempt:
+    """What the gateway says of an attempt it closed."""
+
+    # What DARL's infrastructure did to it (rule 7): its 5xx answers, the gateway's outages.
+    incidents: list[str]
+    # Its model calls that got no answer (status, protocol, error), as the gateway recorded them.
+    failed_calls: list[str]
+
+
 class GatewayNotifier:
     """Closes an attempt at the gateway once its agent has ended. The gateway then refuses the
     attempt's calls and, before it answers, delivers the attempt's pending call events to the
@@ -82,9 +93,10 @@ class GatewayNotifier:
 
     async def close_attempt(
         self, rollout_id: str, attempt: int, give_up_after: float, started_at: float | None = None
-    ) -> list[str]:
+    ) -> ClosedAttempt:
         """Close the attempt; returns what DARL's infrastructure did to it while its agent ran
-        (since `started_at`, epoch seconds): the gateway's 5xx answers and outages.
+        (since `started_at`, epoch seconds): the gateway's 5xx answers and outages; and its
+        model calls that got no answer.
 
         Retries while the gateway is unreachable or answers 5xx; raises ApplicationError
         (retryable: the activity tries again) once `give_up_after` seconds have passed, and a
@@ -102,7 +114,11 @@ class GatewayNotifier:
                 problem = repr(err)
             else:
                 if response.status_code < 400:
-                    return list(response.json().get("infra_incidents") or [])
+                    closed = response.json()
+                    return ClosedAttempt(
+                        list(closed.get("infra_incidents") or []),
+                        list(closed.get("failed_calls") or []),
+                    )
                 if response.status_code < 500:
                     raise ApplicationError(
                         f"gateway refused to close {rollout_id}/{attempt}: "
@@ -239,14 +255,15 @@ class RolloutActivities:
                 await self._close_quietly(request.spec.rollout_id, request.attempt)
             raise
         if self._notifier is not None:
-            incidents = await self._notifier.close_attempt(
+            closed = await self._notifier.close_attempt(
                 request.spec.rollout_id,
                 request.attempt,
                 CLOSE_GIVE_UP_SECONDS,
                 started_at=request.handle.started_at,
             )
-            if incidents:
-                agent_exit = agent_exit.model_copy(update={"infra_incidents": incidents})
+            agent_exit = agent_exit.model_copy(
+                update={"infra_incidents": closed.incidents, "failed_calls": closed.failed_calls}
+            )
         return agent_exit
 
     @activity.defn(name=STOP_AGENT)

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 import httpx
 from temporalio import activity
@@ -18,7 +19,7 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from darl.activities import rewards
-from darl.activities.agent_contract import TaskPathError, task_field
+from darl.activities.agent_contract import TaskPathError, task_field, task_path
 from darl.activities.rollout_activities import earlier_executions, heartbeating
 from darl.gateway.store import DirectoryTrajectoryStore
 from darl.trainer import run_files
@@ -94,18 +95,22 @@ def unreachable(message: str) -> ApplicationError:
     return ApplicationError(message, type="Unreachable")
 
 
-def rows_missing(rows: list[dict], path: str, what: str, dataset: str) -> ApplicationError | None:
-    """A config error naming the rows of `dataset` that have no field `path`, if any."""
+def rows_missing(
+    rows: list[Any], path: str, what: str, dataset: str, shown: str | None = None
+) -> ApplicationError | None:
+    """A config error naming the rows of `dataset` that have no value at `path` (written
+    `shown` in the config), if any."""
+    shown = path if shown is None else shown
     missing = []
     for index, row in enumerate(rows):
         try:
-            task_field(row, path)
+            task_field(row, path, shown)
         except TaskPathError:
             missing.append(index)
     if not missing:
         return None
     return config_error(
-        f"dataset {dataset}: {len(missing)} of {len(rows)} rows have no field {path!r} "
+        f"dataset {dataset}: {len(missing)} of {len(rows)} rows have no field {shown!r} "
         f"({what}); the first is row {missing[0]}"
     )
 
@@ -248,12 +253,15 @@ class TrainerActivities:
                 )
                 if missing is not None:
                     raise missing
-        for name, path in config.rollout.agent.env_map.items():
-            missing = rows_missing(rows, path, f"env_map {name}", config.dataset.path)
+        for name, value in config.rollout.agent.env_map.items():
+            path = task_path(value)
+            if path is None:
+                continue  # a literal, not a task path
+            missing = rows_missing(rows, path, f"env_map {name}", config.dataset.path, value)
             if missing is not None:
                 raise missing
 
-    def _rows(self, dataset: DatasetSpec) -> list[dict]:
+    def _rows(self, dataset: DatasetSpec) -> list[Any]:
         try:
             return self._tables.get(dataset.path).rows
         except DatasetError as err:

@@ -53,7 +53,8 @@ async def app(scope: dict, receive, send) -> None:
         {
             "type": "http.response.start",
             "status": 200,
-            "headers": [(b"content-type", b"application/json")],
+            # The version of its weights, as DARL's policy servers prove it on every answer.
+            "headers": [(b"content-type", b"application/json"), (b"x-darl-policy-version", b"0")],
         }
     )
     await send({"type": "http.response.body", "body": body})

@@ -4,7 +4,9 @@ In one run, 32 concurrent clients send chat completions (1) straight to a fast f
 and (2) through the real gateway with capture on (store write + Temporal signal into a running
 RolloutWorkflow on the real dev server, served by a real rollout worker). It reports latency
 p50/p99 and calls/s for both, the added latency, and where the gateway's time goes (from its
-own Prometheus histograms).
+own Prometheus histograms). Then one client sends the same question as a chat completion, a
+Responses API call and an Anthropic Messages call, interleaved in rounds, through the same
+gateway to the same fake upstream: what translating a protocol adds.
 
     make bench            # or: .venv/bin/python -m bench.gateway_bench [--calls 3000]
 """
@@ -46,6 +48,21 @@ from darl.workflows.rollout_workflow import RolloutWorkflow
 SECRET = "bench-secret"
 ADMIN = "bench-admin"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 16}
+PROTOCOLS = {
+    "chat.completions": ("/v1/chat/completions", BODY),
+    "responses": (
+        "/v1/responses",
+        {"model": "m", "input": "What is 2 + 2?", "max_output_tokens": 16},
+    ),
+    "messages": (
+        "/v1/messages",
+        {
+            "model": "m",
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": "What is 2 + 2?"}],
+        },
+    ),
+}
 
 
 @dataclass
@@ -64,14 +81,18 @@ class Phase:
 
 
 async def drive(
-    name: str, targets: list[tuple[str, dict[str, str]]], calls: int, rate: float | None = None
+    name: str,
+    targets: list[tuple[str, dict[str, str]]],
+    calls: int,
+    rate: float | None = None,
+    body: dict[str, object] = BODY,
 ) -> Phase:
     """len(targets) clients, each sending calls/len(targets) requests back to back, or, with
     `rate`, each paced to rate/len(targets) calls per second (starts spread evenly). The load
     generator is aiohttp: httpx cost ~2.5 ms of CPU per call here, more than the gateway."""
     per_client = calls // len(targets)
     latencies: list[float] = []
-    payload = json.dumps(BODY).encode()
+    payload = json.dumps(body).encode()
     connector = aiohttp.TCPConnector(limit=len(targets))
     async with aiohttp.ClientSession(connector=connector) as session:
 
@@ -259,6 +280,7 @@ async def main(calls: int, clients: int, fsync: bool, rate: float) -> None:
             d = (cpu1[name] - cpu0[name]) / calls * 1000
             g = (cpu2[name] - cpu1[name]) / calls * 1000
             print(f"  {name:<20}{d:>9.2f}{g:>9.2f}")
+        await compare_protocols(gateway_url, rollouts[0], through_gateway[0][1], gateway.pid, calls)
     finally:
         for rollout_id in locals().get("rollouts", []):
             await env.client.get_workflow_handle(rollout_workflow_id(rollout_id)).cancel()
@@ -266,6 +288,41 @@ async def main(calls: int, clients: int, fsync: bool, rate: float) -> None:
             process.stop()
         stop_leftover_agents(root / "agents")
         await env.shutdown()
+
+
+async def compare_protocols(
+    gateway_url: str, rollout_id: str, headers: dict[str, str], gateway_pid: int, calls: int
+) -> None:
+    """One client, the three protocols interleaved in rounds (so drift in the machine's load
+    falls on all three alike): latency and the gateway's CPU per call of each."""
+    rounds, per_round = 8, max(calls // 32, 10)
+    latencies: dict[str, list[float]] = {name: [] for name in PROTOCOLS}
+    cpu: dict[str, float] = dict.fromkeys(PROTOCOLS, 0.0)
+    for name, (path, body) in PROTOCOLS.items():  # warm each path up
+        await drive(name, [(f"{gateway_url}/rollouts/{rollout_id}{path}", headers)], 20, body=body)
+    for _ in range(rounds):
+        for name, (path, body) in PROTOCOLS.items():
+            target = [(f"{gateway_url}/rollouts/{rollout_id}{path}", headers)]
+            before = cpu_seconds({"gateway": gateway_pid})["gateway"]
+            phase = await drive(name, target, per_round, body=body)
+            cpu[name] += cpu_seconds({"gateway": gateway_pid})["gateway"] - before
+            latencies[name] += phase.latencies
+    print(
+        f"\nProtocols: one client back to back, {rounds} interleaved rounds of {per_round} "
+        "calls each, same gateway, same fake upstream:"
+    )
+    print(f"  {'protocol':<20}{'p50 ms':>9}{'p99 ms':>9}{'gateway CPU ms/call':>22}")
+    chat = Phase("chat", latencies["chat.completions"], 1.0)
+    for name in PROTOCOLS:
+        phase = Phase(name, latencies[name], 1.0)
+        per_call = cpu[name] / len(phase.latencies) * 1000
+        print(f"  {name:<20}{phase.pct(0.5):>9.3f}{phase.pct(0.99):>9.3f}{per_call:>22.3f}")
+    for name in ("responses", "messages"):
+        phase = Phase(name, latencies[name], 1.0)
+        print(
+            f"  added by translating {name:<10} p50 {phase.pct(0.5) - chat.pct(0.5):+.3f} ms"
+            f"   p99 {phase.pct(0.99) - chat.pct(0.99):+.3f} ms"
+        )
 
 
 def compare(direct: Phase, gateway: Phase) -> None:

@@ -35,11 +35,19 @@ STATE_DIR_ENV = "DARL_AGENT_STATE_DIR"
 LOST = 410
 
 
+def task_text(task: Any, field: str) -> str | None:
+    """The task's string `field`, or the task itself when it is a string (a task may be any
+    JSON value); None when it has neither."""
+    value = task.get(field) if isinstance(task, dict) else task
+    return value if isinstance(value, str) else None
+
+
 class RolloutRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     rollout_id: str
     attempt: int
-    task: dict[str, Any]
+    # Any JSON value: an object (a dataset row), a string, a list, a number.
+    task: Any
     openai_base_url: str
     api_key: str
 

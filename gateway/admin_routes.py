@@ -94,13 +94,19 @@ async def attempt_state(request: Request, rollout_id: str, attempt: int) -> dict
 async def close_attempt(request: Request, rollout_id: str, attempt: int) -> dict[str, Any]:
     """The worker's word that the attempt's agent ended: refuse its calls from now on and
     deliver its pending call events (503 if Temporal is unreachable: retry). The answer
-    says what DARL did to the attempt: its 5xx answers and the gateway's outages since
-    the agent started."""
+    says what DARL did to the attempt (its 5xx answers and the gateway's outages since the
+    agent started) and which of its model calls got no answer."""
     gateway = gateway_of(request)
     body = await read_model(request, CloseRequest, gateway.settings.max_body_bytes)
     delivered = await gateway.delivery.close_attempt(rollout_id, attempt)
     incidents = await gateway.incidents(rollout_id, attempt, body.started_at)
-    return {"closed": True, "delivered": delivered, "infra_incidents": incidents}
+    failed = await gateway.store.failed_calls(rollout_id, attempt)
+    return {
+        "closed": True,
+        "delivered": delivered,
+        "infra_incidents": incidents,
+        "failed_calls": [f.summary() for f in failed],
+    }
 
 
 # --- operations ---------------------------------------------------------------------------

@@ -4,17 +4,27 @@ policy server's making) is an incident of its attempt (rule 7 of docs/architectu
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.convertors import Convertor, register_url_convertor
 
 from darl.gateway.bodies import read_json_object
 from darl.gateway.capture import CHAT, COMPLETIONS, Endpoint
 from darl.gateway.dependencies import AglClaims, RolloutClaims, gateway_of
 from darl.gateway.errors import GatewayError, bad_request, describe_errors
+from darl.gateway.messages_api import (
+    CountTokensRequest,
+    MessagesTranslation,
+    chat_messages,
+    chat_tools,
+)
+from darl.gateway.responses_api import ResponsesTranslation
+from darl.gateway.translation import Translation, parse_request
 from darl.workflows.contracts import AgentReport
 from darl.workflows.rollout_token import TokenClaims
 
@@ -23,13 +33,38 @@ if TYPE_CHECKING:
 
 router = APIRouter()
 
-AGL = "/proxy/rollout/{rollout_id}/attempt/{attempt}/mode/{mode}/openai/v1"
+
+class AglMode(Convertor[str]):
+    """Agent Lightning's mode path segment: `train` or `val`; any other path is a 404, as
+    Agent Lightning answers it."""
+
+    regex = "train|val"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("agl_mode", AglMode())
+
+AGL = "/proxy/rollout/{rollout_id}/attempt/{attempt}/mode/{mode:agl_mode}/openai/v1"
+AGL_EVENTS = "/api/rollouts/{rollout_id}/attempt/{attempt}/events"
 
 
 class AglEvent(BaseModel):
+    """Agent Lightning's `EventCreate`. A `reward` event's `data.value` is the attempt's
+    reward and its other fields (`source`, `reason`, `message`, ...) go into the rollout's
+    metadata; any other event is stored with the attempt (`TrajectoryStore.events`)."""
+
     model_config = ConfigDict(extra="allow")
     event_type: str
     data: dict[str, Any] = Field(default_factory=dict)
+
+    def report(self, attempt: int) -> AgentReport:
+        metadata = {k: v for k, v in self.data.items() if k != "value"}
+        return AgentReport(attempt=attempt, reward=self.data.get("value"), metadata=metadata)
 
 
 async def noting_incidents(
@@ -52,11 +87,32 @@ async def noting_incidents(
     return response
 
 
-async def proxy_call(request: Request, endpoint: Endpoint, claims: TokenClaims) -> Response:
+Translator = Callable[["Gateway", TokenClaims, dict[str, Any]], Awaitable[Translation]]
+
+
+async def proxy_call(
+    request: Request, endpoint: Endpoint, claims: TokenClaims, translator: Translator | None = None
+) -> Response:
     gateway = gateway_of(request)
     body = await read_json_object(request, gateway.settings.max_body_bytes)
-    work = gateway.proxy.handle(request, endpoint, claims, body)
+
+    async def translate() -> Translation:
+        if translator is None:
+            raise RuntimeError("no translator")
+        return await translator(gateway, claims, body)
+
+    work = gateway.proxy.handle(
+        request, endpoint, claims, body, translate if translator is not None else None
+    )
     return await noting_incidents(gateway, claims, work)
+
+
+async def to_responses(gateway: Gateway, claims: TokenClaims, body: dict[str, Any]) -> Translation:
+    return await ResponsesTranslation.of(body, claims, gateway.store)
+
+
+async def to_messages(gateway: Gateway, claims: TokenClaims, body: dict[str, Any]) -> Translation:
+    return MessagesTranslation.of(body)
 
 
 async def report(gateway: Gateway, claims: TokenClaims, agent_report: AgentReport) -> Response:
@@ -84,6 +140,27 @@ async def chat(request: Request, claims: RolloutClaims) -> Response:
 @router.post("/rollouts/{rollout_id}/v1/completions")
 async def completions(request: Request, claims: RolloutClaims) -> Response:
     return await proxy_call(request, COMPLETIONS, claims)
+
+
+@router.post("/rollouts/{rollout_id}/v1/responses")
+async def responses(request: Request, claims: RolloutClaims) -> Response:
+    """The OpenAI Responses API (the OpenAI Agents SDK's default model)."""
+    return await proxy_call(request, CHAT, claims, to_responses)
+
+
+@router.post("/rollouts/{rollout_id}/v1/messages")
+async def messages(request: Request, claims: RolloutClaims) -> Response:
+    """The Anthropic Messages API (ANTHROPIC_BASE_URL is /rollouts/{rollout_id})."""
+    return await proxy_call(request, CHAT, claims, to_messages)
+
+
+@router.post("/rollouts/{rollout_id}/v1/messages/count_tokens")
+async def count_tokens(request: Request, claims: RolloutClaims) -> dict[str, int]:
+    gateway = gateway_of(request)
+    body = await read_json_object(request, gateway.settings.max_body_bytes)
+    counted = parse_request(CountTokensRequest, body, "count_tokens")
+    chat = {"messages": chat_messages(counted), **chat_tools(counted)}
+    return {"input_tokens": await gateway.proxy.count_prompt_tokens(claims, chat)}
 
 
 @router.get("/rollouts/{rollout_id}/v1/models")
@@ -122,20 +199,35 @@ async def agl_models(request: Request, claims: AglClaims) -> dict[str, Any]:
     return await models_listing(gateway_of(request))
 
 
-@router.post("/api/rollouts/{rollout_id}/attempt/{attempt}/events")
+@router.post(AGL_EVENTS)
 async def agl_events(request: Request, claims: AglClaims) -> Response:
+    """Answered, as Agent Lightning does, with the event as recorded (and `accepted`) once
+    it is durable: a reward in the rollout's workflow, any other event in the store."""
     gateway = gateway_of(request)
     body = await read_json_object(request, gateway.settings.max_body_bytes)
     try:
         event = AglEvent.model_validate(body)
-        if event.event_type != "reward":
-            # Agent Lightning's other events (spans, logs) carry nothing DARL trains on.
-            return JSONResponse(
-                {"accepted": False, "reason": f"event type {event.event_type!r} ignored"}
-            )
-        agent_report = AgentReport(attempt=claims.attempt, reward=event.data.get("value"))
+        agent_report = event.report(claims.attempt) if event.event_type == "reward" else None
     except ValidationError as err:
         raise bad_request(
             f"invalid event: {describe_errors(err.errors())}", "invalid_event"
         ) from err
-    return await noting_incidents(gateway, claims, report(gateway, claims, agent_report))
+
+    async def record() -> Response:
+        await gateway.registry.check_open(claims.rollout_id, claims.attempt)
+        fields = {"event_type": event.event_type, "data": event.data}
+        if agent_report is not None:
+            await gateway.registry.signal_report(claims.rollout_id, agent_report)
+            stored = {**fields, "timestamp": time.time()}
+        else:
+            stored = await gateway.store.record_event(claims.rollout_id, claims.attempt, fields)
+        return JSONResponse(
+            {
+                "accepted": True,
+                "rollout_id": claims.rollout_id,
+                "attempt_id": str(claims.attempt),
+                **stored,
+            }
+        )
+
+    return await noting_incidents(gateway, claims, record())

@@ -21,13 +21,15 @@ _ROLLOUT_ID = re.compile(ROLLOUT_ID_PATTERN)
 
 
 def presented_key_from_headers(headers: Mapping[str, str]) -> str | None:
-    """`Authorization: Bearer <key>`, or the `api-key` / `X-AGL-Key` headers some SDKs use.
-    Header names are lower case (ASGI's and Starlette's spelling)."""
+    """`Authorization: Bearer <key>`, else the `x-api-key` header (the Anthropic SDK's, and
+    Agent Lightning's second way), `api-key` or `X-AGL-Key`. Header names are lower case
+    (ASGI's and Starlette's spelling)."""
     auth = headers.get("authorization")
     if auth:
         scheme, _, value = auth.partition(" ")
-        return value.strip() if scheme.lower() == "bearer" and value.strip() else None
-    return headers.get("api-key") or headers.get("x-agl-key")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    return headers.get("x-api-key") or headers.get("api-key") or headers.get("x-agl-key")
 
 
 def presented_key(request: Request) -> str | None:
@@ -43,7 +45,9 @@ def rollout_claims(request: Request, rollout_id: str, secret: bytes) -> TokenCla
     check_rollout_id(rollout_id)
     token = presented_key(request)
     if token is None:
-        raise unauthorized("missing rollout token (send it as 'Authorization: Bearer <token>')")
+        raise unauthorized(
+            "missing rollout token (send it as 'Authorization: Bearer <token>' or 'x-api-key')"
+        )
     try:
         claims = verify_token(secret, token, time.time())
     except TokenError as err:

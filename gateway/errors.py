@@ -33,6 +33,43 @@ def error_body(message: str, type: str, code: str | None = None) -> dict[str, An
     return {"error": {"message": message, "type": type, "code": code, "param": None}}
 
 
+# Anthropic's error types by status (its API's documented set).
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error shape: `{"type": "error", "error": {"type": ..., "message": ...}}`."""
+    default = "api_error" if status >= 500 else "invalid_request_error"
+    kind = ANTHROPIC_ERROR_TYPES.get(status, default)
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def speaks_anthropic(path: str) -> bool:
+    """Whether a path is one of the Anthropic Messages API routes (its errors take its shape,
+    also those of the token check that runs before the route)."""
+    return path.startswith("/rollouts/") and "/v1/messages" in path
+
+
+def shaped_error(
+    path: str, status: int, message: str, type: str, code: str | None, headers: dict[str, str]
+) -> JSONResponse:
+    body = (
+        anthropic_error_body(status, message)
+        if speaks_anthropic(path)
+        else error_body(message, type, code)
+    )
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
 def bad_request(message: str, code: str = "bad_request") -> GatewayError:
     return GatewayError(400, message, code=code)
 
@@ -56,28 +93,21 @@ def describe_errors(errors: Sequence[Any]) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in errors)
 
 
-async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
-    return JSONResponse(
-        error_body(exc.message, exc.type, exc.code), status_code=exc.status, headers=exc.headers
-    )
+async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+    return shaped_error(request.url.path, exc.status, exc.message, exc.type, exc.code, exc.headers)
 
 
-async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-    detail = describe_errors(errors)
-    return JSONResponse(
-        error_body(f"invalid request: {detail}", "invalid_request_error", "bad_request"),
-        status_code=400,
-    )
+    message = f"invalid request: {describe_errors(errors)}"
+    return shaped_error(request.url.path, 400, message, "invalid_request_error", "bad_request", {})
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
     detail = exc.detail if isinstance(exc, StarletteHTTPException) else "error"
-    return JSONResponse(
-        error_body(str(detail), "invalid_request_error", "not_found" if status == 404 else None),
-        status_code=status,
-    )
+    code = "not_found" if status == 404 else None
+    return shaped_error(request.url.path, status, str(detail), "invalid_request_error", code, {})
 
 
 def install_error_handlers(app: Any) -> None:

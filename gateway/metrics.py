@@ -42,6 +42,12 @@ class GatewayMetrics:
             ["endpoint", "streamed"],
             registry=self.registry,
         )
+        self.failed_calls = Counter(
+            "darl_gateway_failed_calls",
+            "Model calls that got no answer (recorded as failed, never trained on).",
+            ["status"],
+            registry=self.registry,
+        )
         self.delivered_events = Counter(
             "darl_gateway_delivered_events",
             "Call events delivered to rollout workflows.",

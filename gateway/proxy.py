@@ -17,7 +17,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -43,8 +43,9 @@ from darl.gateway.errors import GatewayError, bad_request, describe_errors, erro
 from darl.gateway.forwarding import Forwarder, UpstreamReply
 from darl.gateway.metrics import GatewayMetrics
 from darl.gateway.rollouts import RolloutRegistry, attempt_closed
-from darl.gateway.store import CallRecord, TrajectoryStore
+from darl.gateway.store import CallRecord, FailedCall, TrajectoryStore
 from darl.gateway.traffic import Admission, PauseGate, UpstreamPool
+from darl.gateway.translation import StreamTranslation, Translation, upstream_error_message
 from darl.gateway.versions import UpstreamVersions, version_in
 from darl.workflows.rollout_token import TokenClaims
 
@@ -133,6 +134,12 @@ class ModelCall:
     retries: int = 0
     # The policy version the policy server proved for the weights that answered.
     served_version: int | None = None
+    # The agent's protocol when it is not the endpoint's own (the Responses or Messages API).
+    translation: Translation | None = None
+
+    @property
+    def protocol(self) -> str:
+        return self.translation.protocol if self.translation else self.endpoint
 
     @property
     def url(self) -> str:
@@ -190,24 +197,46 @@ class ModelCallProxy:
         self._models: dict[str, str] = {}
 
     async def handle(
-        self, request: Request, endpoint: Endpoint, claims: TokenClaims, body: dict[str, Any]
+        self,
+        request: Request,
+        endpoint: Endpoint,
+        claims: TokenClaims,
+        body: dict[str, Any],
+        translate: Callable[[], Awaitable[Translation]] | None = None,
     ) -> Response:
-        stream = validate_body(endpoint, body)
-        await self.registry.check_open(claims.rollout_id, claims.attempt)
-        upstream = self.pool.pick(claims.rollout_id)
-        call = ModelCall(
-            request=request,
-            endpoint=endpoint,
-            claims=claims,
-            forwarded=self.force(body, endpoint, claims.mode, await self.model_for(upstream)),
-            upstream=upstream,
-            deadline=time.monotonic() + self.settings.call_deadline_seconds,
-        )
+        """One agent call: `body` as the endpoint's own, or, with `translate`, in another
+        protocol that `translate` turns into a chat call. A call that fails is recorded as
+        failed (status, error, latency, retries) before the agent hears of it."""
+        started = time.monotonic()
+        call: ModelCall | None = None
+        protocol: str = endpoint
         try:
+            translation = await translate() if translate is not None else None
+            if translation is not None:
+                protocol, body = translation.protocol, translation.chat
+            stream = validate_body(endpoint, body)
+            await self.registry.check_open(claims.rollout_id, claims.attempt)
+            upstream = self.pool.pick(claims.rollout_id)
+            call = ModelCall(
+                request=request,
+                endpoint=endpoint,
+                claims=claims,
+                forwarded=self.force(body, endpoint, claims.mode, await self.model_for(upstream)),
+                upstream=upstream,
+                deadline=time.monotonic() + self.settings.call_deadline_seconds,
+                translation=translation,
+            )
             return await (self._streamed(call) if stream else self._whole(call))
         except _ClientGone:
             log.info("agent of %s went away; upstream call cancelled", claims.rollout_id)
+            await self._failed(
+                claims, protocol, call, started, CLIENT_CLOSED, "the agent went away"
+            )
             return Response(status_code=CLIENT_CLOSED)
+        except GatewayError as err:
+            if err.code != "rollout_finished":
+                await self._failed(claims, protocol, call, started, err.status, err.message)
+            raise
 
     def force(
         self, body: dict[str, Any], endpoint: Endpoint, mode: str, model: str
@@ -250,6 +279,29 @@ class ModelCallProxy:
                 ) from err
         return self._models[upstream]
 
+    async def count_prompt_tokens(self, claims: TokenClaims, chat: dict[str, Any]) -> int:
+        """The prompt tokens of a chat request as the rollout's policy server renders it
+        (its `/tokenize`, vLLM's shape); nothing is generated or recorded."""
+        upstream = self.pool.pick(claims.rollout_id)
+        body: dict[str, Any] = {
+            "model": await self.model_for(upstream),
+            "messages": chat["messages"],
+            "add_generation_prompt": True,
+        }
+        if chat.get("tools"):
+            body["tools"] = chat["tools"]
+        deadline = time.monotonic() + min(60.0, self.settings.call_deadline_seconds)
+        reply = await self.forwarder.send(f"{upstream}/tokenize", body, deadline, stream=False)
+        if reply.status != 200:
+            status = reply.status if reply.status < 500 else 502
+            raise GatewayError(status, upstream_error_message(reply.body), code="upstream_error")
+        try:
+            return int(reply.json()["count"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise GatewayError(
+                502, f"policy server {upstream} cannot count tokens", code="upstream_error"
+            ) from err
+
     async def models(self) -> list[str]:
         return sorted({await self.model_for(u) for u in self.pool.urls})
 
@@ -269,7 +321,7 @@ class ModelCallProxy:
                 break
         latency_ms = self._upstream_done(call)
         if reply.status != 200:
-            return Response(reply.body, reply.status, media_type=reply.content_type)
+            return await self._refused(call, reply.status, reply.body, reply.content_type)
         try:
             data = reply.json()
         except ValueError as err:
@@ -282,8 +334,52 @@ class ModelCallProxy:
         # Once the policy server has answered, recording finishes even if the agent leaves,
         # so the store and the workflow never disagree.
         await asyncio.shield(self._record(call, data, latency_ms, streamed=False))
+        if call.translation is not None:
+            answer = call.translation.answer(data, call.call_id)
+            return Response(
+                json.dumps(answer), media_type="application/json", headers=call.headers()
+            )
         # The agent gets the policy server's bytes as they came.
         return Response(reply.body, media_type="application/json", headers=call.headers())
+
+    async def _refused(
+        self, call: ModelCall, status: int, body: bytes, content_type: str
+    ) -> Response:
+        """The policy server's error answer (after retries): recorded as a failed call, and
+        passed on to the agent, in its protocol's shape."""
+        message = upstream_error_message(body)
+        await self._failed(call.claims, call.protocol, call, call.started, status, message)
+        if call.translation is None:
+            return Response(body, status, media_type=content_type)
+        code = "upstream_error" if status >= 500 else "bad_request"
+        shaped = call.translation.error_body(status, message, code)
+        return Response(json.dumps(shaped), status, media_type="application/json")
+
+    async def _failed(
+        self,
+        claims: TokenClaims,
+        protocol: str,
+        call: ModelCall | None,
+        started: float,
+        status: int,
+        error: str,
+    ) -> None:
+        """Remember a call that got no answer, so a user sees why; never trained on."""
+        await self.store.record_failed_call(
+            FailedCall(
+                call_id=call.call_id if call is not None else uuid.uuid4().hex,
+                rollout_id=claims.rollout_id,
+                attempt=claims.attempt,
+                protocol=protocol,
+                status=status,
+                error=error[:4000],
+                latency_ms=(time.monotonic() - started) * 1000,
+                retry_count=call.retries if call is not None else 0,
+                upstream=call.upstream if call is not None else None,
+                created_at=time.time(),
+            )
+        )
+        self.metrics.failed_calls.labels(str(status)).inc()
 
     # --- streamed answers ----------------------------------------------------------------
 
@@ -300,7 +396,8 @@ class ModelCallProxy:
                 if reply.status != 200:
                     content = await reply.read()
                     await stack.aclose()
-                    return Response(content, reply.status, media_type=reply.content_type)
+                    self._upstream_done(call)
+                    return await self._refused(call, reply.status, content, reply.content_type)
                 # A server that says at the start that its weights are behind: nothing has
                 # reached the agent yet, so the call waits and goes again.
                 call.served_version = version_in(reply.headers)
@@ -326,7 +423,8 @@ class ModelCallProxy:
         """Relay the SSE events as they come, except the one that ends the answer and what
         follows it: those wait until the call is recorded."""
         assembler = StreamAssembler(call.endpoint)
-        held: list[bytes] = []
+        translated = call.translation.streaming(call.call_id) if call.translation else None
+        held: list[tuple[bytes, dict[str, Any] | None]] = []
         failure: str | None = None
         async with stack:
             buffer = bytearray()
@@ -335,19 +433,22 @@ class ModelCallProxy:
                     buffer += raw
                     for event in split_sse(buffer):
                         data = sse_data(event)
+                        chunk: dict[str, Any] | None = None
                         if data is not None and data != "[DONE]":
                             try:
-                                ends = assembler.add(json.loads(data))
+                                chunk = json.loads(data)
+                                ends = assembler.add(chunk)
                             except (CaptureError, ValueError) as err:
                                 failure = str(err)
                                 break
                             if ends:
-                                held.append(event)
+                                held.append((event, chunk))
                                 continue
                         if held:
-                            held.append(event)
+                            held.append((event, chunk))
                         else:
-                            yield event
+                            for out in _relayed(translated, event, chunk):
+                                yield out
                     if failure is not None:
                         break
             except (aiohttp.ClientError, TimeoutError) as err:
@@ -374,19 +475,27 @@ class ModelCallProxy:
             # The agent gets an error, never the end of an answer that was not recorded.
             log.warning("stream of %s not recorded: %s", call.claims.rollout_id, failure)
             await self.note_incident(call.claims, f"stream not recorded: {failure}")
-            yield _sse_error(f"call not recorded: {failure}", "upstream_error")
+            await self._failed(call.claims, call.protocol, call, call.started, 502, failure)
+            yield _stream_error(translated, f"call not recorded: {failure}", "upstream_error")
             return
+        response = assembler.response()
         try:
-            await asyncio.shield(
-                self._record(call, assembler.response(), latency_ms, streamed=True)
-            )
+            await asyncio.shield(self._record(call, response, latency_ms, streamed=True))
         except GatewayError as err:
             if err.status >= 500:
                 await self.note_incident(call.claims, f"stream not recorded: {err.message}")
-            yield _sse_error(err.message, err.code or "server_error")
+            if err.code != "rollout_finished":
+                await self._failed(
+                    call.claims, call.protocol, call, call.started, err.status, err.message
+                )
+            yield _stream_error(translated, err.message, err.code or "server_error")
             return
-        for event in held:
-            yield event
+        for event, chunk in held:
+            for out in _relayed(translated, event, chunk):
+                yield out
+        if translated is not None:
+            for out in translated.done(response):
+                yield out
 
     async def _send(self, call: ModelCall, stream: bool) -> UpstreamReply:
         reply = await unless_disconnected(
@@ -486,6 +595,8 @@ class ModelCallProxy:
                 request=call.forwarded,
                 response=response,
                 prompt_token_ids=prompt_ids,
+                protocol=call.translation.protocol if call.translation else call.endpoint,
+                exchange=call.translation.exchange if call.translation else {},
             )
         )
         self.metrics.capture_seconds.labels("store").observe(time.monotonic() - started)
@@ -493,6 +604,17 @@ class ModelCallProxy:
         self.metrics.captured_calls.labels(call.endpoint, str(streamed).lower()).inc()
 
 
-def _sse_error(message: str, code: str) -> bytes:
+def _relayed(
+    translated: StreamTranslation | None, event: bytes, chunk: dict[str, Any] | None
+) -> list[bytes]:
+    """What the agent gets of one upstream event: the event itself, or its translation."""
+    if translated is None:
+        return [event]
+    return translated.chunk(chunk) if chunk is not None else []
+
+
+def _stream_error(translated: StreamTranslation | None, message: str, code: str) -> bytes:
+    if translated is not None:
+        return translated.error(message, code)
     body = error_body(message, "server_error", code)
     return f"data: {json.dumps(body)}\n\n".encode()

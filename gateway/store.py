@@ -17,7 +17,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -52,6 +52,16 @@ class CallRecord:
     request: dict[str, Any]
     response: dict[str, Any]
     prompt_token_ids: list[int]
+    # The protocol the agent spoke (the Responses or Messages API, translated to a chat call;
+    # see `translation`): the endpoint's own unless said.
+    protocol: str = ""
+    # What the protocol's answer needs of the call later: the ids it answered under, whether
+    # it carried instructions (`previous_response_id` drops them).
+    exchange: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.protocol:
+            object.__setattr__(self, "protocol", self.endpoint)
 
     def completion_token_ids(self, choice: int = 0) -> list[int]:
         return completion_token_ids(self.response, choice)
@@ -61,6 +71,27 @@ class CallRecord:
 
     def finish_reason(self) -> str | None:
         return finish_reason(self.response)
+
+
+@dataclass(frozen=True)
+class FailedCall:
+    """A model call that got no answer: refused (a prompt too long: 400), failed at the policy
+    server, or broken mid-stream. Kept so a user sees why an agent got nothing; never trained
+    on."""
+
+    call_id: str
+    rollout_id: str
+    attempt: int
+    protocol: str
+    status: int
+    error: str
+    latency_ms: float
+    retry_count: int
+    upstream: str | None
+    created_at: float
+
+    def summary(self) -> str:
+        return f"{self.status} ({self.protocol}): {self.error[:300]}"
 
 
 class TrajectoryStore(Protocol):
@@ -92,6 +123,21 @@ class TrajectoryStore(Protocol):
 
     async def incidents(self, rollout_id: str, attempt: int) -> list[str]:
         """The attempt's recorded incidents, oldest first."""
+
+    async def record_event(
+        self, rollout_id: str, attempt: int, event: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Durably keep an event the attempt's agent sent (Agent Lightning's events other than
+        rewards); returns it as stored (with its timestamp)."""
+
+    async def events(self, rollout_id: str, attempt: int) -> list[dict[str, Any]]:
+        """The attempt's recorded events, oldest first."""
+
+    async def record_failed_call(self, failure: FailedCall) -> None:
+        """Durably note a model call of the attempt that got no answer."""
+
+    async def failed_calls(self, rollout_id: str, attempt: int) -> list[FailedCall]:
+        """The attempt's failed calls, oldest first."""
 
     async def mark_closed(self, rollout_id: str, attempt: int) -> None:
         """Remember that the attempt's agent ended: its calls are refused from now on, also
@@ -211,14 +257,26 @@ class DirectoryTrajectoryStore:
     def _delivered_path(self, rollout_id: str, attempt: int) -> Path:
         return self.root / rollout_id / f"attempt-{attempt}.delivered"
 
-    async def record_incident(self, rollout_id: str, attempt: int, what: str) -> None:
-        path = self.root / rollout_id / f"attempt-{attempt}.incidents"
-        line = json.dumps({"at": time.time(), "what": what}) + "\n"
-        # After a torn last line (a crash mid-write), start on a line of its own.
-        self._write(path, (b"\n" if _ends_torn(path) else b"") + line.encode())
+    # Beside each attempt's calls, append-only JSON-lines files of what else it needs kept:
+    # its incidents, its agent's events, its failed calls. Not `.jsonl`: `read` takes every
+    # `attempt-*.jsonl` for a file of calls.
 
-    async def incidents(self, rollout_id: str, attempt: int) -> list[str]:
-        path = self.root / rollout_id / f"attempt-{attempt}.incidents"
+    def side_path(self, rollout_id: str, attempt: int, kind: str) -> Path:
+        return self.root / rollout_id / f"attempt-{attempt}.{kind}"
+
+    async def _append_line(self, path: Path, value: dict[str, Any]) -> None:
+        line = json.dumps(value, separators=(",", ":")) + "\n"
+        # After a torn last line (a crash mid-write, never answered), start on a line of its own.
+        data = (b"\n" if _ends_torn(path) else b"") + line.encode()
+        if self.fsync:
+            await asyncio.to_thread(self._write, path, data)
+        else:
+            self._write(path, data)
+
+    @staticmethod
+    def _read_lines(path: Path) -> list[dict[str, Any]]:
+        """The file's lines, less a torn one (a crash mid-write: what it said was never
+        answered, so never relied on)."""
         try:
             lines = path.read_text().splitlines()
         except FileNotFoundError:
@@ -228,10 +286,41 @@ class DirectoryTrajectoryStore:
             if not line.strip():
                 continue
             try:
-                found.append(str(json.loads(line)["what"]))
-            except (ValueError, KeyError):
-                continue  # a torn last line: the incident's 5xx may never have been sent
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                found.append(value)
         return found
+
+    async def record_incident(self, rollout_id: str, attempt: int, what: str) -> None:
+        path = self.side_path(rollout_id, attempt, "incidents")
+        await self._append_line(path, {"at": time.time(), "what": what})
+
+    async def incidents(self, rollout_id: str, attempt: int) -> list[str]:
+        lines = self._read_lines(self.side_path(rollout_id, attempt, "incidents"))
+        return [str(line["what"]) for line in lines if "what" in line]
+
+    def events_path(self, rollout_id: str, attempt: int) -> Path:
+        return self.side_path(rollout_id, attempt, "events")
+
+    async def record_event(
+        self, rollout_id: str, attempt: int, event: dict[str, Any]
+    ) -> dict[str, Any]:
+        stored = {**event, "timestamp": time.time()}
+        await self._append_line(self.events_path(rollout_id, attempt), stored)
+        return stored
+
+    async def events(self, rollout_id: str, attempt: int) -> list[dict[str, Any]]:
+        return self._read_lines(self.events_path(rollout_id, attempt))
+
+    async def record_failed_call(self, failure: FailedCall) -> None:
+        path = self.side_path(failure.rollout_id, failure.attempt, "failed")
+        await self._append_line(path, asdict(failure))
+
+    async def failed_calls(self, rollout_id: str, attempt: int) -> list[FailedCall]:
+        lines = self._read_lines(self.side_path(rollout_id, attempt, "failed"))
+        return [FailedCall(**line) for line in lines]
 
     async def mark_closed(self, rollout_id: str, attempt: int) -> None:
         path = self.root / rollout_id / f"attempt-{attempt}.closed"
@@ -271,6 +360,10 @@ class DirectoryTrajectoryStore:
             "request": request,
             "response": _without_prompt_ids(record.endpoint, record.response),
         }
+        if record.protocol != record.endpoint:
+            line["protocol"] = record.protocol
+        if record.exchange:
+            line["exchange"] = record.exchange
         if messages is not None:
             kept = _common_prefix(tail.messages, messages)
             line["messages"] = {"base": kept, "items": messages[kept:]}
@@ -332,6 +425,8 @@ class DirectoryTrajectoryStore:
             request=request,
             response=_with_prompt_ids(endpoint, line["response"], prompt_ids),
             prompt_token_ids=prompt_ids,
+            protocol=line.get("protocol", endpoint),
+            exchange=line.get("exchange") or {},
         )
 
     # --- files and the tail cache --------------------------------------------------------

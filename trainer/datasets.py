@@ -1,5 +1,6 @@
-"""Task datasets for training: a Parquet file or JSON lines, read with pyarrow, and the
-deterministic per-epoch order the TrainingWorkflow's cursor walks."""
+"""Task datasets for training: a Parquet file (a task per row, an object of its columns) or
+JSON lines (a task per line, any JSON value), and the deterministic per-epoch order the
+TrainingWorkflow's cursor walks."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 
@@ -19,7 +19,8 @@ class DatasetError(ValueError):
 
 @dataclass(frozen=True)
 class TaskTable:
-    rows: list[dict[str, Any]]
+    # Each a task: any JSON value other than null (an object for a Parquet row).
+    rows: list[Any]
 
     def order(self, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
         """The row order of an epoch: the same for the same (seed, epoch), so a cursor into it
@@ -34,22 +35,43 @@ def load_tasks(path: Path) -> TaskTable:
         raise DatasetError(f"dataset {path} does not exist")
     if path.stat().st_size == 0:
         raise DatasetError(f"dataset {path} has no rows (the file is empty)")
-    try:
-        if path.suffix == ".parquet":
-            table = pq.read_table(path)
-        elif path.suffix in {".jsonl", ".json", ".ndjson"}:
-            table = pa_json.read_json(path)
-        else:
-            raise DatasetError(f"dataset {path}: expected .parquet or .jsonl")
-    except (OSError, ValueError) as err:
-        if isinstance(err, DatasetError):
-            raise
-        raise DatasetError(f"dataset {path} cannot be read: {err}") from err
-    rows = table.to_pylist()
+    if path.suffix == ".parquet":
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (OSError, ValueError) as err:
+            raise DatasetError(f"dataset {path} cannot be read: {err}") from err
+    elif path.suffix in {".jsonl", ".json", ".ndjson"}:
+        rows = _json_lines(path)
+    else:
+        raise DatasetError(f"dataset {path}: expected .parquet or .jsonl")
     if not rows:
         raise DatasetError(f"dataset {path} has no rows")
     # Rows go into workflow history and to agents as JSON: keep them JSON-clean.
     return TaskTable(rows=json.loads(json.dumps(rows, default=str)))
+
+
+def _json_lines(path: Path) -> list[Any]:
+    """A task per non-blank line, as written. The stdlib reads them, not pyarrow: a task may
+    be a string or a list (pyarrow reads only objects), and pyarrow would also add the fields
+    other lines have (as null) and turn date-like strings into timestamps."""
+    rows = []
+    try:
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DatasetError(
+                        f"dataset {path} cannot be read: line {number}: {err}"
+                    ) from err
+                if row is None:
+                    raise DatasetError(f"dataset {path}: line {number} is null, not a task")
+                rows.append(row)
+    except (OSError, UnicodeDecodeError) as err:
+        raise DatasetError(f"dataset {path} cannot be read: {err}") from err
+    return rows
 
 
 class TaskTables:

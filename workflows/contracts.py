@@ -10,7 +10,15 @@ import math
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    field_validator,
+    model_validator,
+)
 
 from darl.workflows.rollout_status import RolloutStatus
 
@@ -21,6 +29,17 @@ ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 def rollout_workflow_id(rollout_id: str) -> str:
     """The one workflow id of a rollout: a retried start can never make a second agent."""
     return f"rollout/{rollout_id}"
+
+
+def _present(task: JsonValue) -> JsonValue:
+    if task is None:
+        raise ValueError("a task must be a JSON value other than null (a missing task?)")
+    return task
+
+
+# A task is any JSON value, as Agent Lightning's rollout `input` is: an object, a list, a
+# string, a number or a boolean. Null is refused: it is far more often a missing task.
+Task = Annotated[JsonValue, AfterValidator(_present)]
 
 
 class Contract(BaseModel):
@@ -38,7 +57,9 @@ class LocalAgentSpec(Contract):
     `command` is an argv list; the literal `{python}` in it is replaced by the worker's Python.
     `entrypoint` (`module:Class` or `module.Class`) runs an Agent Lightning style agent:
     `Class().run()`, awaited if it is a coroutine. Exactly one of the two is given.
-    `env_map` maps a variable name to a dotted path in the task (`"input.question"`).
+    `env_map` sets variables as Agent Lightning does: `"input"` is the task (as JSON unless it
+    is a string), `"input.<path>"` a value in it (`input.question`, `input.items.0`; a path
+    the task lacks is an error), any other value is itself (`{"MODEL": "Qwen/Qwen2.5-1.5B"}`).
     """
 
     kind: Literal["local"] = "local"
@@ -72,7 +93,8 @@ class KubernetesAgentSpec(Contract):
     """An agent run as a Kubernetes Job, one per attempt.
 
     `job_template` is a Job manifest (YAML, Jinja placeholders over `task`, `rollout_id`,
-    `attempt`, `run_id`, `mode`) on the worker's disk; without one, `image` and `command`
+    `attempt`, `run_id`, `mode`, and Agent Lightning's `input` (the task), `job_name` and
+    `yaml_escape` filter) on the worker's disk; without one, `image` and `command`
     make a one-container Job. DARL fills in the name, labels, the agent contract in the
     environment (the token from a Secret owned by the Job) and enforces what makes an attempt
     durable and contained: `backoffLimit: 0`, `restartPolicy: Never`, the rollout timeout as
@@ -103,7 +125,8 @@ class RewardSpec(Contract):
 
     `function` None: the agent reports it (DARL_RESULT_URL or the Agent Lightning reward event).
     Otherwise `exact_match`, `numeric_match` or `module:function`, called with the task, the
-    agent's answer and a `TrajectorySummary`; the reference answer is `task[answer_key]`.
+    agent's answer and a `TrajectorySummary`; the reference answer is `task[answer_key]` (the
+    built-ins need an object task; a function of your own takes any task).
     `missing_reward` is used when the agent succeeds without a reward; None makes that a failure.
     """
 
@@ -124,7 +147,7 @@ class RolloutSpec(Contract):
     run_id: str = Field(pattern=ROLLOUT_ID_PATTERN)
     rollout_id: str = Field(pattern=ROLLOUT_ID_PATTERN)
     group_id: str = ""
-    task: dict[str, Any]
+    task: Task
     mode: RolloutMode = RolloutMode.TRAIN
     agent: AgentSpec
     reward: RewardSpec = Field(default_factory=RewardSpec)
@@ -208,6 +231,10 @@ class RolloutResult(Contract):
     duplicate_signals: int = 0
     stale_signals: int = 0
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # Model calls of the final attempt that got no answer (never trained on), and the first
+    # few of them said: status, protocol, error.
+    failed_calls: int = 0
+    failed_call_errors: list[str] = Field(default_factory=list)
 
 
 class RolloutProgress(Contract):
@@ -262,6 +289,8 @@ class AgentExit(Contract):
     # recorded it when the attempt was closed: a 5xx it answered the agent, an outage of the
     # gateway. An agent that failed with any of these failed because of DARL (rule 7).
     infra_incidents: list[str] = Field(default_factory=list)
+    # The attempt's model calls that got no answer, as the gateway recorded them.
+    failed_calls: list[str] = Field(default_factory=list)
 
 
 class RewardRequest(Contract):

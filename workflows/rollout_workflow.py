@@ -63,6 +63,8 @@ BRIEF_STATUSES = frozenset({RolloutStatus.LAUNCHING, RolloutStatus.SCORING})
 # await_agent enforces its own deadline this long after the workflow's, in case the workflow
 # cannot cancel it (its workers down); the workflow's timer normally wins.
 RUNNER_DEADLINE_GRACE = timedelta(seconds=60)
+# How many failed model calls a RolloutResult says in words (it counts them all).
+FAILED_CALLS_SHOWN = 5
 
 
 def _cause(err: ActivityError) -> str:
@@ -139,6 +141,8 @@ class RolloutWorkflow:
         self._exit_code: int | None = None
         self._error: str | None = None
         self._metadata: dict[str, Any] = {}
+        # The final attempt's model calls that got no answer (status, protocol, error).
+        self._failed_calls: list[str] = []
 
     # --- the story ---------------------------------------------------------------------
 
@@ -290,6 +294,7 @@ class RolloutWorkflow:
         """Score the attempt. Returns True when it failed for infra reasons: an agent that
         failed while DARL was unavailable to it gets a fresh attempt (rule 7)."""
         self._exit_code = agent_exit.exit_code
+        self._failed_calls = list(agent_exit.failed_calls)
         report = _merged(self._reports.get(attempt), agent_exit.report)
         if report is not None:
             self._answer = report.answer
@@ -487,4 +492,6 @@ class RolloutWorkflow:
             duplicate_signals=self._duplicate_signals,
             stale_signals=self._stale_signals,
             metadata=self._metadata,
+            failed_calls=len(self._failed_calls),
+            failed_call_errors=self._failed_calls[:FAILED_CALLS_SHOWN],
         )

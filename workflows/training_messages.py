@@ -4,7 +4,6 @@ update and queries, and the inputs and outputs of the trainer's activities."""
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
 
 from pydantic import Field
 
@@ -12,6 +11,7 @@ from darl.workflows.contracts import (
     Contract,
     RolloutResult,
     RolloutSpec,
+    Task,
 )
 from darl.workflows.training_config import (
     AggregationSpec,
@@ -87,7 +87,7 @@ class TrainingSummary(Contract):
 class TaskRow(Contract):
     epoch: int
     position: int
-    task: dict[str, Any]
+    task: Task
 
 
 class ReadTasksRequest(Contract):

@@ -83,6 +83,7 @@ class HttpAgentRunner(AgentRunner):
             "task": spec.task,
             "env": env_map_values(spec.task, agent.env_map),
             "openai_base_url": contract.base_url,
+            "anthropic_base_url": contract.anthropic_base_url,
             "api_key": contract.token,
             "result_url": contract.result_url,
             "traceparent": contract.traceparent,

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import copy
 import hashlib
+import json
 import logging
 import re
 import time
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 MANAGED_BY = {"app.kubernetes.io/managed-by": "darl"}
 TOKEN_KEY = "token"
 # Variables of the agent contract that carry the rollout token: from the Secret, not plain env.
-TOKEN_VARS = ("OPENAI_API_KEY", "AGL_KEY")
+TOKEN_VARS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AGL_KEY")
 # Container waiting reasons that mean the image will not run here.
 IMAGE_FAILURES = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
@@ -73,6 +74,11 @@ def job_name(rollout_id: str, attempt: int) -> str:
     slug = re.sub(r"[^a-z0-9-]+", "-", rollout_id.lower()).strip("-")[:32].strip("-")
     digest = hashlib.sha256(rollout_id.encode()).hexdigest()[:8]
     return f"darl-{slug}-{digest}-a{attempt}"
+
+
+def yaml_escape(value: object) -> str:
+    """Agent Lightning's template filter: the value as a double-quoted YAML (JSON) string."""
+    return json.dumps(str(value), ensure_ascii=True)
 
 
 def label_value(value: str) -> str:
@@ -109,6 +115,7 @@ class KubernetesJobRunner(AgentRunner):
         self._api: Any = None
         self._limiter = JobRateLimiter(settings.jobs_per_minute)
         self._templates = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+        self._templates.filters["yaml_escape"] = yaml_escape
 
     async def api(self) -> Any:
         if self._api is None:
@@ -189,21 +196,25 @@ class KubernetesJobRunner(AgentRunner):
         path = Path(agent.job_template or "")
         try:
             source = path.read_text()
+            # DARL's variables, and Agent Lightning's (`input`, `job_name`), so a template
+            # written for its controller renders unchanged.
             rendered = self._templates.from_string(source).render(
                 task=spec.task,
+                input=spec.task,
+                job_name=job_name(spec.rollout_id, attempt),
                 rollout_id=spec.rollout_id,
                 attempt=attempt,
                 run_id=spec.run_id,
                 mode=spec.mode.value,
             )
-            job = yaml.safe_load(rendered)
+            docs = [doc for doc in yaml.safe_load_all(rendered) if doc is not None]
         except OSError as err:
             raise agent_spec_error(f"job template {path}: {err}") from err
         except (jinja2.TemplateError, yaml.YAMLError) as err:
             raise agent_spec_error(f"job template {path} does not render: {err}") from err
-        if not isinstance(job, dict) or job.get("kind") != "Job":
-            raise agent_spec_error(f"job template {path} is not a Job manifest")
-        return copy.deepcopy(job)
+        if len(docs) != 1 or not isinstance(docs[0], dict) or docs[0].get("kind") != "Job":
+            raise agent_spec_error(f"job template {path} does not render one Job manifest")
+        return copy.deepcopy(docs[0])
 
     def _enforce_security(self, pod: dict) -> None:
         """Non-root defaults the template may tighten but not loosen."""

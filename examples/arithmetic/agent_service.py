@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
 from openai import AsyncOpenAI
 
-from darl.examples.agent_service import AgentService, RolloutRequest, service_app
+from darl.examples.agent_service import AgentService, RolloutRequest, service_app, task_text
 from darl.examples.arithmetic.agent import SYSTEM, final_answer
 
 
@@ -23,6 +23,9 @@ class ArithmeticService(AgentService):
     """Runs the single-turn arithmetic agent once per rollout attempt."""
 
     async def solve(self, request: RolloutRequest) -> dict[str, Any]:
+        question = task_text(request.task, "question")
+        if question is None:
+            raise HTTPException(422, detail="the task has no string 'question'")
         client = AsyncOpenAI(
             base_url=request.openai_base_url, api_key=request.api_key, max_retries=6
         )
@@ -31,7 +34,7 @@ class ArithmeticService(AgentService):
                 model="policy",
                 messages=[
                     {"role": "system", "content": SYSTEM},
-                    {"role": "user", "content": request.task["question"]},
+                    {"role": "user", "content": question},
                 ],
                 max_tokens=12,
             )

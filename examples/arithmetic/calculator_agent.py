@@ -16,7 +16,7 @@ import re
 
 from openai import OpenAI
 
-from darl.examples.arithmetic.agent import final_answer, report
+from darl.examples.arithmetic.agent import final_answer, question_of, report
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
@@ -58,11 +58,12 @@ def ask(client: OpenAI, messages: list[dict], stream: bool) -> str:
 
 def main() -> None:
     task = json.loads(os.environ["DARL_TASK"])
+    question = question_of(task)
     stream = os.environ.get("AGENT_STREAM") == "1"
     client = OpenAI(max_retries=6)
     messages = [
         {"role": "system", "content": "Write the expression to compute, then answer."},
-        {"role": "user", "content": task["question"]},
+        {"role": "user", "content": question},
     ]
     expression = ask(client, messages, stream)
     tool_result = calculate(expression)

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, HTTPException
 
-from darl.examples.agent_service import AgentService, RolloutRequest, service_app
+from darl.examples.agent_service import AgentService, RolloutRequest, service_app, task_text
 
 # Unless the task says how many (`max_tokens`).
 MAX_TOKENS = 4
@@ -30,8 +30,8 @@ class DigitsAgent(AgentService):
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(120.0))
 
     async def solve(self, request: RolloutRequest) -> dict[str, Any]:
-        prompt = request.task.get("prompt")
-        if not isinstance(prompt, str):
+        prompt = task_text(request.task, "prompt")
+        if prompt is None:
             raise HTTPException(422, detail="the task has no string 'prompt'")
         # The agent fails (500) if the gateway fails it; whether DARL caused that, DARL knows
         # (it records its own 5xx answers and outages) and then retries the attempt.
@@ -42,7 +42,11 @@ class DigitsAgent(AgentService):
                 json={
                     "model": "policy",
                     "prompt": prompt,
-                    "max_tokens": int(request.task.get("max_tokens", MAX_TOKENS)),
+                    "max_tokens": int(
+                        request.task.get("max_tokens", MAX_TOKENS)
+                        if isinstance(request.task, dict)
+                        else MAX_TOKENS
+                    ),
                 },
             )
         except httpx.TransportError as err:

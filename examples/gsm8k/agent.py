@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -26,12 +25,16 @@ INSTRUCTION = 'Let\'s think step by step and output the final answer after "####
 MAX_TOKENS = 256
 
 
-def messages(task: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The prompt verl's preprocessing writes: one user message, no system message."""
-    return [{"role": "user", "content": f"{task['question']} {INSTRUCTION}"}]
+def messages(task: Any) -> list[dict[str, str]]:
+    """The prompt verl's preprocessing writes: one user message, no system message. The task
+    is a row with a `question`, or the question itself."""
+    question = task.get("question") if isinstance(task, dict) else task
+    if not isinstance(question, str):
+        raise ValueError(f"the task has no string 'question': {str(task)[:200]}")
+    return [{"role": "user", "content": f"{question} {INSTRUCTION}"}]
 
 
-def solve(client: OpenAI, task: Mapping[str, Any], max_tokens: int = MAX_TOKENS) -> str:
+def solve(client: OpenAI, task: Any, max_tokens: int = MAX_TOKENS) -> str:
     """One chat completion; the reply as it came, "#### <number>" and all."""
     completion = client.chat.completions.create(
         model=os.environ.get("OPENAI_MODEL", "policy"),
@@ -57,7 +60,8 @@ def main() -> None:
     with OpenAI(max_retries=6) as client, httpx.Client(timeout=30) as http:
         answer = solve(client, task, max_tokens)
         report(answer, os.environ.get("DARL_RESULT_URL"), client.api_key, http)
-    print(f"task {task.get('id')}: {len(answer)} characters, ends {answer[-60:]!r}")
+    task_id = task.get("id") if isinstance(task, dict) else None
+    print(f"task {task_id}: {len(answer)} characters, ends {answer[-60:]!r}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import openai
 from fastapi import FastAPI, HTTPException
 from openai import AsyncOpenAI
 
-from darl.examples.agent_service import AgentService, RolloutRequest, service_app
+from darl.examples.agent_service import AgentService, RolloutRequest, service_app, task_text
 from darl.examples.gsm8k.agent import MAX_TOKENS, messages
 
 
@@ -40,8 +40,8 @@ class GSM8KAgent(AgentService):
         )
 
     async def solve(self, request: RolloutRequest) -> dict[str, Any]:
-        question = request.task.get("question")
-        if not isinstance(question, str):
+        question = task_text(request.task, "question")
+        if question is None:
             raise HTTPException(422, detail="the task has no string 'question'")
         client = self.client.with_options(base_url=request.openai_base_url, api_key=request.api_key)
         try:

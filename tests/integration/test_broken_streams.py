@@ -1,6 +1,7 @@
 """A policy server whose stream breaks off (a fake upstream, named so: it stands for a vLLM that
-dies mid-answer): the agent gets an error event, never an answer's end, and nothing is stored.
-The gateway runs in process against the session's dev server and a real rollout."""
+dies mid-answer): the agent gets an error event in its protocol (chat, Responses, Messages),
+never an answer's end; no call is stored, and the failed call is recorded. The gateway runs in
+process against the session's dev server and a real rollout."""
 
 from __future__ import annotations
 
@@ -63,17 +64,38 @@ def breaking_upstream(ending: bytes) -> Any:
     return app
 
 
+PROTOCOLS = {
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    "responses": ("/v1/responses", {"input": "hi"}),
+    "messages": (
+        "/v1/messages",
+        {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+    ),
+}
+
+
+def error_message(protocol: str, event: dict[str, Any]) -> str:
+    if protocol == "responses":
+        assert event["type"] == "error"
+        return str(event["message"])
+    if protocol == "messages":
+        assert event["type"] == "error" and event["error"]["type"] == "api_error"
+    return str(event["error"]["message"])
+
+
+@pytest.mark.parametrize("protocol", list(PROTOCOLS))
 @pytest.mark.parametrize(
     "ending",
     [b"", b'data: {"error": {"message": "engine died"}}\n\ndata: [DONE]\n\n'],
     ids=["cut-off", "error-event"],
 )
 async def test_a_broken_stream_ends_in_an_error(
-    stack: Stack, tmp_path: Path, ending: bytes
+    stack: Stack, tmp_path: Path, ending: bytes, protocol: str
 ) -> None:
     rollout_id = await stack.start_idle_rollout("broken")
     client = await connect(TemporalSettings(address=stack.env()["TEMPORAL_ADDRESS"]))
     store_dir = tmp_path / "store"
+    path, body = PROTOCOLS[protocol]
     async with served(breaking_upstream(ending), tmp_path, "upstream") as upstream:
         gateway = create_app(
             GatewaySettings(
@@ -87,17 +109,22 @@ async def test_a_broken_stream_ends_in_an_error(
             httpx.AsyncClient() as http,
             http.stream(
                 "POST",
-                f"{url}/rollouts/{rollout_id}/v1/chat/completions",
-                json={"messages": [{"role": "user", "content": "hi"}], "stream": True},
+                f"{url}/rollouts/{rollout_id}{path}",
+                json={**body, "stream": True},
                 headers={"Authorization": f"Bearer {stack.token(rollout_id)}"},
             ) as response,
         ):
             events = [line async for line in response.aiter_lines() if line.startswith("data")]
     assert response.status_code == 200
     assert "data: [DONE]" not in events
-    last = json.loads(events[-1][6:])
-    assert "call not recorded" in last["error"]["message"]
-    finishing = [e for e in events[:-1] if '"finish_reason": "' in e]
-    assert finishing == []
-    assert DirectoryTrajectoryStore(store_dir).read_sync(rollout_id) == []
+    assert "call not recorded" in error_message(protocol, json.loads(events[-1][6:]))
+    ends = ('"finish_reason": "', "response.completed", "message_stop", "message_delta")
+    assert [e for e in events[:-1] if any(end in e for end in ends)] == []
+    store = DirectoryTrajectoryStore(store_dir)
+    assert store.read_sync(rollout_id) == []
+    (failed,) = await store.failed_calls(rollout_id, 1)
+    assert (failed.status, failed.protocol) == (502, PROTOCOLS_NAMED[protocol])
     await stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
+
+
+PROTOCOLS_NAMED = {"chat": "chat.completions", "responses": "responses", "messages": "messages"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -223,3 +224,132 @@ async def test_the_live_rollout_still_completes(
     assert json.loads(response.text)["choices"][0]["token_ids"]
     handle = stack.client.get_workflow_handle(f"rollout/{live_rollout}")
     assert await stack.wait_for_calls(handle, 1) == 1
+
+
+# --- the Responses and Messages APIs: the same refusals, in each protocol's own shape -------
+
+RESPONSES = {"model": "m", "input": "hi", "max_output_tokens": 2}
+MESSAGES = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def responses_url(rollout_id: str) -> str:
+    return f"/rollouts/{rollout_id}/v1/responses"
+
+
+def messages_url(rollout_id: str) -> str:
+    return f"/rollouts/{rollout_id}/v1/messages"
+
+
+def assert_anthropic_error(response: httpx.Response, status: int, kind: str, words: str) -> None:
+    """Anthropic's shape: {"type": "error", "error": {"type": ..., "message": ...}}."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == kind, body
+    assert words in body["error"]["message"], body
+
+
+RESPONSES_REFUSED = [
+    ({"model": "m"}, "input"),
+    ({**RESPONSES, "input": 5}, "input"),
+    ({**RESPONSES, "max_output_tokens": "many"}, "max_output_tokens"),
+    ({**RESPONSES, "temperature_of_the_room": 20}, "unsupported field(s): temperature_of_the_room"),
+    ({**RESPONSES, "tools": [{"type": "web_search"}]}, "tools.0"),
+    ({**RESPONSES, "input": [{"type": "reasoning", "summary": []}]}, "input item type 'reasoning'"),
+    ({**RESPONSES, "input": [{"role": "user", "content": "a", "x": 1}]}, "input.0.x"),
+    ({**RESPONSES, "input": [{"role": "user", "content": [{"type": "input_file"}]}]}, "input_file"),
+    ({**RESPONSES, "text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({**RESPONSES, "previous_response_id": "resp_" + "0" * 32}, "not found in this rollout"),
+]
+
+MESSAGES_REFUSED = [
+    ({"model": "m", "messages": MESSAGES["messages"]}, "max_tokens"),
+    ({**MESSAGES, "max_tokens": "x"}, "max_tokens"),
+    ({**MESSAGES, "messages": []}, "messages"),
+    ({**MESSAGES, "messages": [{"role": "tool", "content": "hi"}]}, "messages.0.role"),
+    ({**MESSAGES, "top_k": -1}, "top_k"),
+    ({**MESSAGES, "unknown_knob": 1}, "unsupported field(s): unknown_knob"),
+    ({**MESSAGES, "thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+    ({**MESSAGES, "tools": [{"type": "bash_20250124", "name": "bash"}]}, "tool type"),
+    ({**MESSAGES, "tools": [{"name": "t"}]}, "tools.0.input_schema"),
+    (
+        {**MESSAGES, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
+        "content block type 'document'",
+    ),
+    (
+        {**MESSAGES, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+        "messages.0.content.0.text",
+    ),
+]
+
+
+@pytest.mark.usefixtures("no_upstream_call")
+class TestOtherProtocolsRefusedBeforeThePolicyServer:
+    @pytest.mark.parametrize(("body", "words"), RESPONSES_REFUSED)
+    def test_responses_bad_input(
+        self, stack: Stack, http: httpx.Client, live_rollout: str, body: Any, words: str
+    ) -> None:
+        response = http.post(
+            responses_url(live_rollout), json=body, headers=bearer(stack.token(live_rollout))
+        )
+        assert_refused(response, 400, words)
+
+    @pytest.mark.parametrize(("body", "words"), MESSAGES_REFUSED)
+    def test_messages_bad_input(
+        self, stack: Stack, http: httpx.Client, live_rollout: str, body: Any, words: str
+    ) -> None:
+        response = http.post(
+            messages_url(live_rollout),
+            json=body,
+            headers={"x-api-key": stack.token(live_rollout), "anthropic-version": "2023-06-01"},
+        )
+        assert_anthropic_error(response, 400, "invalid_request_error", words)
+
+    @pytest.mark.parametrize("url", [responses_url, messages_url])
+    def test_malformed_and_oversized(
+        self, stack: Stack, http: httpx.Client, live_rollout: str, url: Any
+    ) -> None:
+        headers = {**bearer(stack.token(live_rollout)), "content-type": "application/json"}
+        broken = http.post(url(live_rollout), content=b'{"input": [', headers=headers)
+        huge = http.post(
+            url(live_rollout),
+            content=b'{"x": "' + b"x" * (9 * 1024 * 1024) + b'"}',
+            headers=headers,
+        )
+        if url is messages_url:
+            assert_anthropic_error(broken, 400, "invalid_request_error", "not valid JSON")
+            assert_anthropic_error(huge, 413, "request_too_large", "over")
+        else:
+            assert_refused(broken, 400, "not valid JSON")
+            assert_refused(huge, 413, "over")
+
+    def test_tokens(self, stack: Stack, http: httpx.Client, live_rollout: str) -> None:
+        other = stack.token("some-other-rollout")
+        forged = stack.token(live_rollout, secret="not-the-secret")
+        assert_refused(http.post(responses_url(live_rollout), json=RESPONSES), 401, "missing")
+        assert_refused(
+            http.post(responses_url(live_rollout), json=RESPONSES, headers=bearer(other)),
+            403,
+            "another rollout",
+        )
+        for headers, status, kind, words in [
+            ({}, 401, "authentication_error", "missing"),
+            ({"x-api-key": forged}, 401, "authentication_error", "signature"),
+            ({"x-api-key": other}, 403, "permission_error", "another rollout"),
+        ]:
+            response = http.post(messages_url(live_rollout), json=MESSAGES, headers=headers)
+            assert_anthropic_error(response, status, kind, words)
+        ghost = f"ghost-{uuid.uuid4().hex[:8]}"
+        response = http.post(
+            messages_url(ghost), json=MESSAGES, headers={"x-api-key": stack.token(ghost)}
+        )
+        assert_anthropic_error(response, 404, "not_found_error", "unknown rollout")
+
+    def test_count_tokens_bad_input(
+        self, stack: Stack, http: httpx.Client, live_rollout: str
+    ) -> None:
+        response = http.post(
+            messages_url(live_rollout) + "/count_tokens",
+            json={"messages": "hi"},
+            headers={"x-api-key": stack.token(live_rollout)},
+        )
+        assert_anthropic_error(response, 400, "invalid_request_error", "messages")

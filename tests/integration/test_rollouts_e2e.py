@@ -81,7 +81,7 @@ async def test_agent_lightning_agents_run_unchanged(stack: Stack) -> None:
     spec = RolloutSpec(
         run_id="agl",
         rollout_id=f"agl-{uuid.uuid4().hex[:8]}",
-        task={"input": {"question": "What is 1 + 1?"}},
+        task={"question": "What is 1 + 1?"},
         agent=LocalAgentSpec(
             entrypoint="tests.agents.agl_agent:AglStyleAgent",
             env_map={"QUESTION": "input.question"},

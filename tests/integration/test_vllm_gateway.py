@@ -12,7 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
+import openai
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
@@ -207,4 +209,133 @@ async def test_completions_are_recorded_as_vllm_answered(vllm_stack: VllmStack) 
     assert_vllm_answers_the_same(vllm_stack, streamed)
     handle = vllm_stack.client.get_workflow_handle(f"rollout/{rollout_id}")
     assert await vllm_stack.wait_for_calls(handle, 2) == 2
+    await handle.cancel()
+
+
+# --- the Responses and Messages APIs, translated to chat calls -----------------------------
+
+
+async def test_responses_and_messages_are_recorded_as_vllm_answered(
+    vllm_stack: VllmStack,
+) -> None:
+    """Through the official SDKs, whole and streamed: each call is recorded as the chat call
+    it became, and vLLM asked that chat call directly answers the same ids and logprobs."""
+    rollout_id = await vllm_stack.start_idle_rollout("vllm-protocols")
+    token = vllm_stack.token(rollout_id)
+    base = f"{vllm_stack.gateway_url}/rollouts/{rollout_id}"
+    gpt = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=token, max_retries=0, timeout=120)
+    claude = anthropic.AsyncAnthropic(base_url=base, api_key=token, max_retries=0, timeout=120)
+
+    whole = await gpt.responses.create(model="policy", input="What is 2 + 3?", max_output_tokens=12)
+    streamed = [
+        e
+        async for e in await gpt.responses.create(
+            model="policy", input="Count to five.", max_output_tokens=12, stream=True
+        )
+    ]
+    message = await claude.messages.create(
+        model="policy", max_tokens=12, messages=[{"role": "user", "content": "What is 2 + 3?"}]
+    )
+    async with claude.messages.stream(
+        model="policy", max_tokens=12, messages=[{"role": "user", "content": "Count to five."}]
+    ) as events:
+        final = await events.get_final_message()
+
+    records = vllm_stack.store().read_sync(rollout_id)
+    assert [(r.protocol, r.streamed) for r in records] == [
+        ("responses", False),
+        ("responses", True),
+        ("messages", False),
+        ("messages", True),
+    ]
+    for record in records:
+        assert len(record.completion_token_ids()) == 12
+        assert_vllm_answers_the_same(vllm_stack, record)
+    texts = [choice_of(r.response)["message"]["content"] for r in records]
+    assert whole.output_text == texts[0]
+    assert streamed[-1].response.output_text == texts[1]  # type: ignore[union-attr]
+    assert [b.text for b in message.content if b.type == "text"] == [texts[2]]
+    assert [b.text for b in final.content if b.type == "text"] == [texts[3]]
+    assert message.stop_reason == final.stop_reason == "max_tokens"
+    handle = vllm_stack.client.get_workflow_handle(f"rollout/{rollout_id}")
+    assert await vllm_stack.wait_for_calls(handle, 4) == 4
+    await handle.cancel()
+
+
+# An enum keeps a forced call short; greedy decoding would not end it (vLLM's tool-call grammar
+# allows free whitespace, and the random policy's most likely token there is a tab).
+OP_SCHEMA = {
+    "type": "object",
+    "properties": {"op": {"type": "string", "enum": ["add", "sub"]}},
+    "required": ["op"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_tool_calls_through_vllm(vllm_stack: VllmStack, stream: bool) -> None:
+    """vLLM's own tool calling (`--tool-call-parser hermes`, a forced choice constrained by
+    its grammar): a Responses function call and an Anthropic tool_use round-trip, and each
+    call is what vLLM answers when asked directly. The token is a `val` one, so the gateway
+    forces temperature 0.7, and a seed (vLLM's extension, sent as `extra_body`) makes the
+    sampled call repeatable. (vLLM re-renders a forced call with other whitespace than it
+    generated, so its prompts do not extend each other: see README.)"""
+    rollout_id = await vllm_stack.start_idle_rollout("vllm-tools")
+    token = vllm_stack.token(rollout_id, mode="val")
+    base = f"{vllm_stack.gateway_url}/rollouts/{rollout_id}"
+    gpt = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=token, max_retries=0, timeout=180)
+    claude = anthropic.AsyncAnthropic(base_url=base, api_key=token, max_retries=0, timeout=180)
+    tool = {"type": "function", "name": "pick", "parameters": OP_SCHEMA, "strict": True}
+    seed = {"seed": 1}
+
+    async def respond(**kwargs: Any) -> Any:
+        if not stream:
+            return await gpt.responses.create(model="policy", extra_body=seed, **kwargs)
+        events = [
+            e
+            async for e in await gpt.responses.create(
+                model="policy", stream=True, extra_body=seed, **kwargs
+            )
+        ]
+        return events[-1].response
+
+    first = await respond(
+        input="Add or subtract?", tools=[tool], tool_choice="required", max_output_tokens=400
+    )
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert calls and all(c.name == "pick" for c in calls)
+    assert all(json.loads(c.arguments)["op"] in ("add", "sub") for c in calls)
+    await respond(
+        previous_response_id=first.id,
+        input=[
+            {"type": "function_call_output", "call_id": c.call_id, "output": "done"} for c in calls
+        ],
+        tools=[tool],
+        max_output_tokens=8,
+    )
+    request: dict[str, Any] = {
+        "model": "policy",
+        "max_tokens": 400,
+        "messages": [{"role": "user", "content": "Add or subtract?"}],
+        "tools": [{"name": "pick", "input_schema": OP_SCHEMA, "strict": True}],
+        "tool_choice": {"type": "tool", "name": "pick"},
+        "extra_body": seed,
+    }
+    if stream:
+        async with claude.messages.stream(**request) as events:
+            used = await events.get_final_message()
+    else:
+        used = await claude.messages.create(**request)
+    (use,) = [b for b in used.content if b.type == "tool_use"]
+    assert use.name == "pick" and use.input["op"] in ("add", "sub")  # type: ignore[index]
+
+    records = vllm_stack.store().read_sync(rollout_id)
+    assert [r.protocol for r in records] == ["responses", "responses", "messages"]
+    assert len(choice_of(records[0].response)["message"]["tool_calls"]) == len(calls)
+    for record in records:
+        assert record.streamed is stream
+        assert record.request["seed"] == 1
+        assert_vllm_answers_the_same(vllm_stack, record)
+    handle = vllm_stack.client.get_workflow_handle(f"rollout/{rollout_id}")
+    assert await vllm_stack.wait_for_calls(handle, 3) == 3
     await handle.cancel()

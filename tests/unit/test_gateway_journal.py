@@ -170,3 +170,21 @@ async def test_a_closed_attempt_stays_closed_for_a_later_store(tmp_path: Path) -
     assert await later.is_closed("r1", 1)
     assert not await later.is_closed("r1", 2)
     assert not await later.is_closed("r2", 1)
+
+
+async def test_agent_events_are_kept_per_attempt_in_order_past_a_torn_line(
+    tmp_path: Path,
+) -> None:
+    store = DirectoryTrajectoryStore(tmp_path, fsync=True)
+    assert await store.events("r1", 1) == []
+    first = await store.record_event("r1", 1, {"event_type": "span", "data": {"n": 1}})
+    assert first["event_type"] == "span" and isinstance(first["timestamp"], float)
+    await store.record_event("r1", 2, {"event_type": "log", "data": {}})
+    with store.events_path("r1", 1).open("a") as f:
+        f.write('{"event_type": "span", "da')  # the gateway died mid-write, never answered
+    later = DirectoryTrajectoryStore(tmp_path)
+    await later.record_event("r1", 1, {"event_type": "span", "data": {"n": 2}})
+    assert [e["data"]["n"] for e in await later.events("r1", 1)] == [1, 2]
+    assert [e["event_type"] for e in await later.events("r1", 2)] == ["log"]
+    # The events are not model calls: reading the rollout's calls does not trip over them.
+    assert later.read_sync("r1") == []

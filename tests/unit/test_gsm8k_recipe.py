@@ -265,6 +265,12 @@ def test_the_prompt_is_verls_quickstart_prompt():
     ]
 
 
+def test_a_task_that_is_the_question_itself_gets_the_same_prompt():
+    assert agent.messages(TASK["question"]) == agent.messages(TASK)
+    with pytest.raises(ValueError, match="no string 'question'"):
+        agent.messages(["not", "a", "question"])
+
+
 def test_the_agent_asks_once_and_answers_with_the_whole_reply():
     gateway = FakeGateway()
     client = OpenAI(

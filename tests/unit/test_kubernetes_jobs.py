@@ -22,15 +22,18 @@ from darl.workflows.contracts import KubernetesAgentSpec, RolloutSpec, RolloutTi
 from tests.k8s_schema import validate
 
 TEMPLATE = Path(__file__).parents[1] / "k8s_fixtures" / "loose-job.yaml"
+AGL_TEMPLATE = Path(__file__).parents[1] / "k8s_fixtures" / "agl-job.yaml"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
-def spec(agent: KubernetesAgentSpec, rollout_id: str = "run.e0.t3.1") -> RolloutSpec:
+def spec(
+    agent: KubernetesAgentSpec, rollout_id: str = "run.e0.t3.1", task: object = None
+) -> RolloutSpec:
     return RolloutSpec(
         run_id="run",
         rollout_id=rollout_id,
         group_id="run.e0.t3",
-        task={"id": "t3", "question": "2+2", "answer": "4"},
+        task=task if task is not None else {"id": "t3", "question": "2+2", "answer": "4"},
         agent=agent,
         timeouts=RolloutTimeouts(agent_seconds=90),
     )
@@ -79,13 +82,48 @@ def test_a_template_is_rendered_and_tightened():
 def test_the_token_reaches_the_agent_only_through_the_secret():
     job = manifest(spec(KubernetesAgentSpec(job_template=str(TEMPLATE))))
     env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
-    for name in ("OPENAI_API_KEY", "AGL_KEY"):
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AGL_KEY"):
         assert "value" not in env[name]
         assert env[name]["valueFrom"]["secretKeyRef"]["name"] == job["metadata"]["name"]
     assert env["KEEP_ME"]["value"] == "1"
     assert env["DARL_ROLLOUT_ID"]["value"] == "run.e0.t3.1"
     assert env["OPENAI_BASE_URL"]["value"].startswith("http://darl-gateway.darl.svc:8100/")
     assert not {"DARL_TOKEN_SECRET", "DARL_ADMIN_KEY"} & set(env)
+
+
+def test_an_agent_lightning_template_renders_unchanged():
+    question = 'Say "hi": {then} \\ go\nnext line # not a comment'
+    task = {"question": question, "level": 3}
+    job = manifest(spec(KubernetesAgentSpec(job_template=str(AGL_TEMPLATE)), task=task))
+    validate(job)
+    assert job["metadata"]["name"] == job_name("run.e0.t3.1", 1)
+    assert job["metadata"]["labels"]["app"] == "agl-agent"
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["QUESTION"]["value"] == question and env["LEVEL"]["value"] == "3"
+    assert "valueFrom" in env["AGL_KEY"]
+
+
+def test_a_template_may_render_a_task_that_is_not_an_object(tmp_path: Path):
+    template = tmp_path / "job.yaml"
+    template.write_text(
+        AGL_TEMPLATE.read_text()
+        .replace("input.question", "input")
+        .replace("input.level", "task | tojson")
+    )
+    job = manifest(spec(KubernetesAgentSpec(job_template=str(template)), task="just a string"))
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["QUESTION"]["value"] == "just a string"
+    assert env["LEVEL"]["value"] == '"just a string"'
+
+
+def test_a_template_of_more_than_one_document_is_a_spec_error(tmp_path: Path):
+    two = tmp_path / "two.yaml"
+    two.write_text(AGL_TEMPLATE.read_text() + "\n---\n" + AGL_TEMPLATE.read_text())
+    with pytest.raises(ApplicationError, match="one Job manifest") as raised:
+        manifest(
+            spec(KubernetesAgentSpec(job_template=str(two)), task={"question": "q", "level": 1})
+        )
+    assert raised.value.type == "AgentSpecError"
 
 
 def test_an_image_alone_makes_a_one_container_job():

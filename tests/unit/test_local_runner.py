@@ -43,7 +43,7 @@ def launch_request(command: list[str], rollout_id: str = "r1") -> LaunchRequest:
     spec = RolloutSpec(
         run_id="run",
         rollout_id=rollout_id,
-        task={"q": "2+2", "input": {"n": 3}},
+        task={"q": "2+2", "n": 3},
         agent=LocalAgentSpec(command=command, env_map={"N": "input.n"}),
         timeouts=RolloutTimeouts(agent_seconds=30, heartbeat_seconds=1),
     )

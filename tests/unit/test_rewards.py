@@ -11,7 +11,7 @@ SUMMARY = TrajectorySummary(
 )
 
 
-def run(spec: RewardSpec, task: dict, answer: str | None) -> float:
+def run(spec: RewardSpec, task: object, answer: str | None) -> float:
     return asyncio.run(score(spec, task, answer, SUMMARY))
 
 
@@ -46,6 +46,26 @@ def test_exact_match_ignores_case_and_spacing_only() -> None:
 def test_a_missing_reference_is_an_error_not_a_zero() -> None:
     with pytest.raises(RewardFunctionError, match="no reference"):
         run(RewardSpec(function="exact_match"), {"question": "q"}, "a")
+
+
+@pytest.mark.parametrize(
+    ("task", "kind"), [("What is 2 + 2?", "string"), ([1, 2], "list"), (4, "number")]
+)
+def test_the_built_ins_say_clearly_that_they_need_an_object_task(task: object, kind: str) -> None:
+    for function in ("exact_match", "numeric_match"):
+        with pytest.raises(RewardFunctionError, match=f"the task is a {kind}, not an object"):
+            run(RewardSpec(function=function), task, "4")
+
+
+def answer_is_task(task: object, answer: str | None, summary: TrajectorySummary) -> float:
+    return float(answer == str(task))
+
+
+def test_a_function_of_your_own_gets_a_task_of_any_kind() -> None:
+    spec = RewardSpec(function=f"{__name__}:answer_is_task")
+    assert run(spec, "four", "four") == 1.0
+    assert run(spec, 4, "4") == 1.0
+    assert run(spec, ["a"], "b") == 0.0
 
 
 def length_reward(task: dict, answer: str | None, summary: TrajectorySummary) -> float:

@@ -35,6 +35,19 @@ def test_parquet_and_jsonl_give_the_same_rows(tmp_path: Path):
     assert load_tasks(tmp_path / "tasks.jsonl").rows == ROWS
 
 
+def test_a_json_lines_task_may_be_any_json_value_and_is_kept_as_written(tmp_path: Path):
+    tasks = ["What is 2 + 2?", 7, [1, "a"], {"question": "q"}, {"when": "2024-01-02"}, True]
+    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(t) for t in tasks) + "\n\n")
+    # No fields of other lines added (as null), no date-like string turned into a timestamp.
+    assert load_tasks(tmp_path / "tasks.jsonl").rows == tasks
+
+
+def test_a_null_line_is_not_a_task(tmp_path: Path):
+    (tmp_path / "tasks.jsonl").write_text('{"question": "q"}\nnull\n')
+    with pytest.raises(DatasetError, match="line 2 is null"):
+        load_tasks(tmp_path / "tasks.jsonl")
+
+
 def test_epoch_order_is_a_deterministic_permutation(tmp_path: Path):
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     table = TaskTables().get(str(tmp_path / "tasks.jsonl"))
@@ -52,6 +65,7 @@ def test_epoch_order_is_a_deterministic_permutation(tmp_path: Path):
         ("empty.jsonl", "", "cannot be read|no rows"),
         ("tasks.csv", "a,b\n", "expected .parquet or .jsonl"),
         ("broken.jsonl", "{not json\n", "cannot be read"),
+        ("broken-later.jsonl", '{"a": 1}\n{not json\n', "cannot be read: line 2"),
     ],
 )
 def test_a_bad_dataset_is_a_clear_error(tmp_path: Path, name: str, content: str | None, why: str):

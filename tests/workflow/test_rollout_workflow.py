@@ -81,6 +81,7 @@ class StubAgents:
 
     def __init__(self) -> None:
         self.launches: list[tuple[str, int]] = []
+        self.tasks: list[object] = []
         self.release = asyncio.Event()
         self.scoring = asyncio.Event()
         self.lose_attempts: set[int] = set()
@@ -93,6 +94,7 @@ class StubAgents:
     @activity.defn(name="launch_agent")
     async def launch_agent(self, request: LaunchRequest) -> AgentHandle:
         self.launches.append((request.spec.rollout_id, request.attempt))
+        self.tasks.append(request.spec.task)
         if self.launch_gate is not None:
             await self.launch_gate.wait()
         return AgentHandle(
@@ -248,6 +250,28 @@ async def test_a_service_reply_keeps_what_the_agent_reported(
         result = await asyncio.wait_for(handle.result(), TIMEOUT)
     assert result.status == RolloutStatus.SUCCEEDED
     assert (result.reward, result.answer, result.metadata) == (0.5, "four", {"turns": 2})
+
+
+@pytest.mark.parametrize("task", ["What is 1 + 1?", [1, "+", 1], 11])
+async def test_a_task_of_any_json_kind_runs_and_a_reward_event_keeps_its_fields(
+    time_skipping_env: WorkflowEnvironment, task: object
+) -> None:
+    stubs = StubAgents()
+    s = spec(task=task)
+    async with stub_worker(time_skipping_env, stubs) as queue:
+        handle = await start(time_skipping_env, s, queue)
+        await wait_for_status(handle, RolloutStatus.RUNNING)
+        # What the gateway signals for `{"event_type": "reward", "data": {"value": 1.0,
+        # "source": "agent", "reason": "exact"}}`.
+        reported = AgentReport(
+            attempt=1, reward=1.0, metadata={"source": "agent", "reason": "exact"}
+        )
+        await handle.signal(RolloutWorkflow.agent_result, reported)
+        stubs.release.set()
+        result = await asyncio.wait_for(handle.result(), TIMEOUT)
+    assert stubs.tasks == [task]
+    assert result.status == RolloutStatus.SUCCEEDED and result.reward == 1.0
+    assert result.metadata == {"source": "agent", "reason": "exact"}
 
 
 async def test_a_gone_trainer_does_not_fail_the_rollout(
