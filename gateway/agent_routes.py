@@ -5,7 +5,7 @@ policy server's making) is an incident of its attempt (rule 7 of docs/architectu
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -87,32 +87,31 @@ async def noting_incidents(
     return response
 
 
-Translator = Callable[["Gateway", TokenClaims, dict[str, Any]], Awaitable[Translation]]
-
-
 async def proxy_call(
-    request: Request, endpoint: Endpoint, claims: TokenClaims, translator: Translator | None = None
+    request: Request,
+    endpoint: Endpoint,
+    claims: TokenClaims,
+    protocol: type[ResponsesTranslation | MessagesTranslation] | None = None,
 ) -> Response:
+    """An agent's model call: in the endpoint's own shape, or in `protocol`'s (translated to
+    a chat call)."""
     gateway = gateway_of(request)
     body = await read_json_object(request, gateway.settings.max_body_bytes)
 
     async def translate() -> Translation:
-        if translator is None:
-            raise RuntimeError("no translator")
-        return await translator(gateway, claims, body)
+        if protocol is None:
+            raise RuntimeError("no protocol to translate from")
+        return await protocol.of(body, claims, gateway.store)
 
     work = gateway.proxy.handle(
-        request, endpoint, claims, body, translate if translator is not None else None
+        request,
+        endpoint,
+        claims,
+        body,
+        translate if protocol is not None else None,
+        protocol.protocol if protocol is not None else None,
     )
     return await noting_incidents(gateway, claims, work)
-
-
-async def to_responses(gateway: Gateway, claims: TokenClaims, body: dict[str, Any]) -> Translation:
-    return await ResponsesTranslation.of(body, claims, gateway.store)
-
-
-async def to_messages(gateway: Gateway, claims: TokenClaims, body: dict[str, Any]) -> Translation:
-    return MessagesTranslation.of(body)
 
 
 async def report(gateway: Gateway, claims: TokenClaims, agent_report: AgentReport) -> Response:
@@ -145,13 +144,13 @@ async def completions(request: Request, claims: RolloutClaims) -> Response:
 @router.post("/rollouts/{rollout_id}/v1/responses")
 async def responses(request: Request, claims: RolloutClaims) -> Response:
     """The OpenAI Responses API (the OpenAI Agents SDK's default model)."""
-    return await proxy_call(request, CHAT, claims, to_responses)
+    return await proxy_call(request, CHAT, claims, ResponsesTranslation)
 
 
 @router.post("/rollouts/{rollout_id}/v1/messages")
 async def messages(request: Request, claims: RolloutClaims) -> Response:
     """The Anthropic Messages API (ANTHROPIC_BASE_URL is /rollouts/{rollout_id})."""
-    return await proxy_call(request, CHAT, claims, to_messages)
+    return await proxy_call(request, CHAT, claims, MessagesTranslation)
 
 
 @router.post("/rollouts/{rollout_id}/v1/messages/count_tokens")

@@ -111,6 +111,9 @@ class StreamAssembler:
             if part.get("finish_reason") is not None:
                 choice["finish_reason"] = part["finish_reason"]
                 ends = True
+            if part.get("stop_reason") is not None:
+                # vLLM's: the stop string (or token id) that ended the answer.
+                choice["stop_reason"] = part["stop_reason"]
         self.finished = self.finished or ends
         return ends
 
@@ -132,6 +135,7 @@ class StreamAssembler:
             "tool_calls": {},
             "role": None,
             "finish_reason": None,
+            "stop_reason": None,
             "prompt_token_ids": None,
             "top": [],
             "offsets": [],
@@ -182,6 +186,8 @@ class StreamAssembler:
             "finish_reason": choice["finish_reason"],
             "token_ids": choice["token_ids"],
         }
+        if choice["stop_reason"] is not None:
+            out["stop_reason"] = choice["stop_reason"]
         if self.endpoint == CHAT:
             message: dict[str, Any] = {"role": choice["role"] or "assistant", "content": text}
             if choice["tool_calls"]:

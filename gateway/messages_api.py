@@ -14,6 +14,7 @@ from anthropic.types import Message, TextBlock, ToolUseBlock, Usage
 from pydantic import Field
 
 from darl.gateway.errors import anthropic_error_body
+from darl.gateway.store import TrajectoryStore
 from darl.gateway.translation import (
     ChatAnswer,
     StreamTranslation,
@@ -26,6 +27,7 @@ from darl.gateway.translation import (
     sse_event,
     unsupported,
 )
+from darl.workflows.rollout_token import TokenClaims
 
 _CACHE = dict[str, Any] | None  # cache_control: a caching hint, nothing to honour here
 
@@ -299,7 +301,11 @@ class MessagesTranslation(Translation):
         super().__init__(chat, request.stream, {})
 
     @classmethod
-    def of(cls, body: dict[str, Any]) -> MessagesTranslation:
+    async def of(
+        cls, body: dict[str, Any], claims: TokenClaims, store: TrajectoryStore
+    ) -> MessagesTranslation:
+        """The request as a translation (a Messages request refers to no earlier call, so
+        `claims` and `store` are not read)."""
         return cls(parse_request(MessagesRequest, body, "messages"))
 
     def stop(self, answer: ChatAnswer) -> tuple[str, str | None]:
@@ -409,7 +415,8 @@ class _MessagesStream(StreamTranslation):
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
-            if delta.get("content"):
+            # As vLLM's Hermes parser has it, text after a tool call is not the answer's.
+            if delta.get("content") and not self.calls:
                 if self.text_block is None or self.open != self.text_block:
                     events += self._open({"type": "text", "text": ""})
                     self.text_block = self.open

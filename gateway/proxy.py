@@ -203,19 +203,21 @@ class ModelCallProxy:
         claims: TokenClaims,
         body: dict[str, Any],
         translate: Callable[[], Awaitable[Translation]] | None = None,
+        protocol: str | None = None,
     ) -> Response:
-        """One agent call: `body` as the endpoint's own, or, with `translate`, in another
-        protocol that `translate` turns into a chat call. A call that fails is recorded as
-        failed (status, error, latency, retries) before the agent hears of it."""
+        """One agent call: `body` as the endpoint's own, or, with `translate`, in `protocol`,
+        which `translate` turns into a chat call. A call that fails is recorded as failed
+        (status, error, latency, retries) before the agent hears of it."""
         started = time.monotonic()
         call: ModelCall | None = None
-        protocol: str = endpoint
+        protocol = protocol or endpoint
         try:
+            # A finished attempt takes nothing, not even a failed call.
+            await self.registry.check_open(claims.rollout_id, claims.attempt)
             translation = await translate() if translate is not None else None
             if translation is not None:
-                protocol, body = translation.protocol, translation.chat
+                body = translation.chat
             stream = validate_body(endpoint, body)
-            await self.registry.check_open(claims.rollout_id, claims.attempt)
             upstream = self.pool.pick(claims.rollout_id)
             call = ModelCall(
                 request=request,

@@ -416,7 +416,7 @@ class ResponsesTranslation(Translation):
     def answer(self, response: dict[str, Any], call_id: str) -> dict[str, Any]:
         answer = ChatAnswer(response)
         built = self.response(answer, call_id, self.output(answer, call_id), "completed")
-        return built.model_dump(mode="json", exclude_none=False, warnings=False)
+        return built.model_dump(mode="json", by_alias=True, warnings=False)
 
     def streaming(self, call_id: str) -> StreamTranslation:
         return _ResponsesStream(self, call_id)
@@ -448,7 +448,7 @@ class _ResponsesStream(StreamTranslation):
         self.started = True
         skeleton = self.t.response(None, self.call_id, [], "in_progress")
         skeleton.model = model or skeleton.model
-        body = skeleton.model_dump(mode="json", warnings=False)
+        body = skeleton.model_dump(mode="json", by_alias=True, warnings=False)
         return [
             self._event("response.created", response=body),
             self._event("response.in_progress", response=body),
@@ -475,7 +475,7 @@ class _ResponsesStream(StreamTranslation):
         self.message_open = False
         text = "".join(self.text)
         item = self.t.message_item(self.call_id, text, self.logprobs).model_dump(
-            mode="json", warnings=False
+            mode="json", by_alias=True, warnings=False
         )
         ids = {"item_id": item["id"], "output_index": self.message_index}
         return [
@@ -496,7 +496,8 @@ class _ResponsesStream(StreamTranslation):
             delta = choice.get("delta") or {}
             content = delta.get("content")
             logprobs = (choice.get("logprobs") or {}).get("content") or []
-            if content:
+            # As vLLM's Hermes parser has it, text after a tool call is not the answer's.
+            if content and not self.calls:
                 if self.message_index is None:
                     events += self._open_message()
                 self.text.append(content)
@@ -525,7 +526,7 @@ class _ResponsesStream(StreamTranslation):
                 events += self._close_message()
             item = self.t.call_item(
                 self.call_id, index, {"id": part.get("id"), "function": function}
-            ).model_dump(mode="json", warnings=False)
+            ).model_dump(mode="json", by_alias=True, warnings=False)
             item.update(arguments="", status="in_progress")
             self.calls[index] = (self.items, item, [])
             self.items += 1
@@ -557,7 +558,7 @@ class _ResponsesStream(StreamTranslation):
             output.append(
                 (
                     self.message_index,
-                    self.t.message_item(self.call_id, answer.text, answer.logprobs),
+                    self.t.message_item(self.call_id, "".join(self.text), self.logprobs),
                 )
             )
         for index, call in enumerate(answer.tool_calls):
@@ -570,7 +571,10 @@ class _ResponsesStream(StreamTranslation):
                     self._event(
                         "response.output_item.added",
                         output_index=opened[0],
-                        item={**final.model_dump(mode="json"), "status": "in_progress"},
+                        item={
+                            **final.model_dump(mode="json", by_alias=True, warnings=False),
+                            "status": "in_progress",
+                        },
                     )
                 )
             ids = {"item_id": final.id, "output_index": opened[0]}
@@ -586,14 +590,21 @@ class _ResponsesStream(StreamTranslation):
                 self._event(
                     "response.output_item.done",
                     output_index=opened[0],
-                    item=final.model_dump(mode="json", warnings=False),
+                    item=final.model_dump(mode="json", by_alias=True, warnings=False),
                 )
             )
             output.append((opened[0], final))
         built = self.t.response(answer, self.call_id, [o for _, o in sorted(output)], "completed")
         kind = "response.incomplete" if built.status == "incomplete" else "response.completed"
-        events.append(self._event(kind, response=built.model_dump(mode="json", warnings=False)))
+        events.append(
+            self._event(kind, response=built.model_dump(mode="json", by_alias=True, warnings=False))
+        )
         return events
 
     def error(self, message: str, code: str) -> bytes:
-        return self._event("error", code=code, message=message, param=None)
+        # The SDK's stream reader wants `response.created` before anything else.
+        started = b"" if self.started else b"".join(self._start(self.t.request.model or ""))
+        # The Responses API's error event, with the `error` object the openai SDK raises
+        # an APIError from (else it yields the event and the stream just ends).
+        failure = {"message": message, "type": "server_error", "code": code}
+        return started + self._event("error", code=code, message=message, param=None, error=failure)

@@ -24,7 +24,8 @@ MAX_INTEGER_DIGITS = 6
 # Four decimals at most: Python writes 0.00001 as 1e-05, which would not round-trip.
 MAX_DECIMALS = 4
 _ANNOTATIONS = {"description", "title", "examples", "default", "$comment"}
-_STRING_CHAR = r'[^"\\\x00-\x1f]'
+# No `<` in a forced string: `</tool_call>` inside the arguments would end the block early.
+_STRING_CHAR = r'[^"\\<\x00-\x1f]'
 _HEAD = regex.compile(r'\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"arguments"\s*:\s*')
 
 ChoiceKind = Literal["auto", "none", "required", "named"]
@@ -296,7 +297,9 @@ def _tag_overlap(text: str, tag: str) -> int:
 class ToolCallStream:
     """Splits one choice's text, fed as it is generated, into content and tool calls. Text
     that may begin `<tool_call>` is held back; a block is parsed once it closes (a block that
-    does not parse is content, as vLLM has it); what is open when the choice ends is content."""
+    does not parse is content, as vLLM has it); what is open when the choice ends is content.
+    As vLLM's Hermes parser has it, the content is what came before the first call: text after
+    a call (the newline between two calls too) is dropped."""
 
     content: str = ""
     calls: list[dict[str, Any]] = field(default_factory=list)
@@ -314,16 +317,16 @@ class ToolCallStream:
                 if at < 0:
                     hold = 0 if final else _tag_overlap(self._buffer, TOOL_CALL_START)
                     cut = len(self._buffer) - hold
-                    content += self._buffer[:cut]
+                    content += self._outside(self._buffer[:cut], calls)
                     self._buffer = self._buffer[cut:]
                     break
-                content += self._buffer[:at]
+                content += self._outside(self._buffer[:at], calls)
                 self._buffer = self._buffer[at:]
                 self._in_block = True
             end = self._buffer.find(TOOL_CALL_END)
             if end < 0:
                 if final:
-                    content += self._buffer
+                    content += self._outside(self._buffer, calls)
                     self._buffer = ""
                 break
             block = self._buffer[: end + len(TOOL_CALL_END)]
@@ -331,12 +334,16 @@ class ToolCallStream:
             self._in_block = False
             call = parse_block(block[len(TOOL_CALL_START) : -len(TOOL_CALL_END)])
             if call is None:
-                content += block
+                content += self._outside(block, calls)
             else:
                 calls.append({"index": len(self.calls) + len(calls), **call})
         self.content += content
         self.calls += calls
         return content, calls
+
+    def _outside(self, text: str, calls: list[dict[str, Any]]) -> str:
+        """Text outside a call: content until the first call, dropped after it."""
+        return "" if self.calls or calls else text
 
 
 def split_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:

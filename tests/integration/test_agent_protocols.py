@@ -6,6 +6,7 @@ tool-using rollout merges into one training row, and the answers parse as the SD
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import uuid
 from pathlib import Path
@@ -307,3 +308,46 @@ async def test_sdk_example_agents_train_through_darl(stack: Stack, stream: str) 
         assert_token_exact(records, served)
         counters = trajectory_counters(records)
         assert (counters.rows, counters.merge_mismatches) == (1, 0), result.rollout_id
+
+
+async def test_images_reach_the_policy_which_refuses_them(stack: Stack) -> None:
+    """An image block (Messages) or part (Responses) is translated, not dropped: the tiny text
+    policy refuses it with a 400 that reaches the agent in its protocol's shape."""
+    rollout = await stack.start_idle_rollout("images")
+    pixel = base64.b64encode(b"\x89PNG\r\n\x1a\n a one-pixel picture").decode()
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        await anthropic_client(stack, rollout).messages.create(
+            model="any",
+            max_tokens=4,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What is this?"},
+                        {
+                            "type": "image",
+                            "source": {"type": "base64", "media_type": "image/png", "data": pixel},
+                        },
+                    ],
+                }
+            ],
+        )
+    assert "text only" in refused.value.body["error"]["message"]  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as also:
+        await openai_client(stack, rollout).responses.create(
+            model="any",
+            max_output_tokens=4,
+            input=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "What is this?"},
+                        {"type": "input_image", "image_url": f"data:image/png;base64,{pixel}"},
+                    ],
+                }
+            ],
+        )
+    assert "text only" in str(also.value)
+    failed = await stack.store().failed_calls(rollout, 1)
+    assert [(f.status, f.protocol) for f in failed] == [(400, "messages"), (400, "responses")]
+    assert records_of(stack, rollout) == []
