@@ -365,6 +365,8 @@ class PolicyServer:
             "endpoint": endpoint,
             "prompt_token_ids": shape.prompt_ids,
             "token_ids": [c.token_ids for c in choices],
+            # The logprob of each token as generated (what the gateway must record).
+            "logprobs": [[step.logprob for step in c.steps] for c in choices],
             "policy_version": version,
         }
         with self.response_log.open("a") as f:
