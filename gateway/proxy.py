@@ -17,7 +17,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -136,6 +136,8 @@ class ModelCall:
     served_version: int | None = None
     # The agent's protocol when it is not the endpoint's own (the Responses or Messages API).
     translation: Translation | None = None
+    # Recorded, as answered or as failed: an agent that leaves after that leaves nothing to say.
+    settled: bool = False
 
     @property
     def protocol(self) -> str:
@@ -367,6 +369,8 @@ class ModelCallProxy:
         error: str,
     ) -> None:
         """Remember a call that got no answer, so a user sees why; never trained on."""
+        if call is not None:
+            call.settled = True
         await self.store.record_failed_call(
             FailedCall(
                 call_id=call.call_id if call is not None else uuid.uuid4().hex,
@@ -422,6 +426,26 @@ class ModelCallProxy:
     async def _relay(
         self, call: ModelCall, stack: AsyncExitStack, reply: UpstreamReply
     ) -> AsyncIterator[bytes]:
+        """The stream to the agent; an agent that hangs up before the call is recorded leaves
+        a failed call (499), as one that hangs up on a whole answer does."""
+        events = self._relay_events(call, stack, reply)
+        try:
+            async for event in events:
+                yield event
+        except (GeneratorExit, asyncio.CancelledError):
+            if not call.settled:
+                gone = "the agent went away mid-stream"
+                failed = self._failed(
+                    call.claims, call.protocol, call, call.started, CLIENT_CLOSED, gone
+                )
+                await asyncio.shield(failed)
+            raise
+        finally:
+            await events.aclose()
+
+    async def _relay_events(
+        self, call: ModelCall, stack: AsyncExitStack, reply: UpstreamReply
+    ) -> AsyncGenerator[bytes, None]:
         """Relay the SSE events as they come, except the one that ends the answer and what
         follows it: those wait until the call is recorded."""
         assembler = StreamAssembler(call.endpoint)
@@ -601,6 +625,7 @@ class ModelCallProxy:
                 exchange=call.translation.exchange if call.translation else {},
             )
         )
+        call.settled = True
         self.metrics.capture_seconds.labels("store").observe(time.monotonic() - started)
         self.delivery.enqueue(event_of(stored, self.store.ref(stored)))
         self.metrics.captured_calls.labels(call.endpoint, str(streamed).lower()).inc()

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import pytest
 
 from darl.examples.arithmetic.agent_service import ArithmeticService, create_service_app
 from darl.workflows.contracts import (
@@ -259,12 +260,14 @@ def test_admin_bodies_are_json_whatever_the_content_type(stack: Stack) -> None:
     assert httpx.post(f"{url}/admin/resume", content=b"{nope", headers=headers).status_code == 400
 
 
-async def test_an_agent_that_hangs_up_cancels_its_upstream_call(stack: Stack) -> None:
-    """The gateway drops the policy server call of an agent that went away, records nothing,
-    and frees the call's slot at once (so a drain does not wait for it)."""
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_agent_that_hangs_up_cancels_its_upstream_call(stack: Stack, stream: bool) -> None:
+    """The gateway drops the policy server call of an agent that went away (mid-stream too),
+    records no call but a failed one (499), and frees the call's slot at once (so a drain does
+    not wait for it)."""
     rollout_id = await stack.start_idle_rollout("ctl")
     records_before = len(stack.store().read_sync(rollout_id))
-    long_call = {**CHAT, "max_tokens": 1500, "ignore_eos": True}
+    long_call = {**CHAT, "max_tokens": 1500, "ignore_eos": True, "stream": stream}
     url = f"{stack.gateway_url}/rollouts/{rollout_id}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {stack.token(rollout_id)}"}
     with stack.admin() as admin:
@@ -279,8 +282,12 @@ async def test_an_agent_that_hangs_up_cancels_its_upstream_call(stack: Stack) ->
         async with asyncio.timeout(1.0):  # far sooner than 1500 tokens take
             while sum(admin.get("/admin/state").json()["inflight"].values()):
                 await asyncio.sleep(0.01)
-    metrics = httpx.get(f"{stack.gateway_url}/metrics").text
-    assert 'darl_gateway_requests_total{route="chat",status="499"}' in metrics
-    await asyncio.sleep(0.5)
+    if not stream:  # a stream has begun with 200 when the agent leaves
+        metrics = httpx.get(f"{stack.gateway_url}/metrics").text
+        assert 'darl_gateway_requests_total{route="chat",status="499"}' in metrics
+    async with asyncio.timeout(10):
+        while not (failed := await stack.store().failed_calls(rollout_id, 1)):
+            await asyncio.sleep(0.05)
+    assert [(f.status, f.protocol) for f in failed] == [(499, "chat.completions")]
     assert len(stack.store().read_sync(rollout_id)) == records_before
     await stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
