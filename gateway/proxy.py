@@ -58,6 +58,9 @@ UPSTREAM_PATHS: dict[Endpoint, str] = {
     "completions": "/v1/completions",
 }
 CLIENT_CLOSED = 499
+# Refusals that are no failed call: a finished attempt (its agent is gone; nobody reads its
+# record), and a paused gateway's 429 (flow control: the agent is told when to retry).
+NOT_FAILURES = frozenset({"rollout_finished", "gateway_paused"})
 
 
 class _ChatBody(BaseModel):
@@ -238,7 +241,7 @@ class ModelCallProxy:
             )
             return Response(status_code=CLIENT_CLOSED)
         except GatewayError as err:
-            if err.code != "rollout_finished":
+            if err.code not in NOT_FAILURES:
                 await self._failed(claims, protocol, call, started, err.status, err.message)
             raise
 

@@ -54,6 +54,8 @@ async def test_reject_mode_answers_429_and_resume_sets_the_version(stack: Stack)
     answered = call(stack, rollout_id)
     assert answered.status_code == 200
     assert answered.headers["x-darl-policy-version"] == "7"
+    # A paused gateway's 429 is flow control, not a failed call.
+    assert await stack.store().failed_calls(rollout_id, 1) == []
     handle = stack.client.get_workflow_handle(f"rollout/{rollout_id}")
     assert await stack.wait_for_calls(handle, 1) == 1
     await handle.cancel()
