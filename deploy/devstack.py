@@ -136,6 +136,14 @@ class DevStack:
         return self.home / "runs"
 
     @property
+    def serving_dir(self) -> Path:
+        """What the policy server and the gateway keep across restarts (the last weights
+        loaded, the run's policy version), per model: the demo trains the digits model to
+        version 20, and a `darl dev` on the tiny model after it must not inherit a checkpoint
+        it cannot load and a version its server never had (every call held as stale)."""
+        return self.home / "serving" / self.model
+
+    @property
     def ui_url(self) -> str | None:
         return f"http://127.0.0.1:{self.ports.ui}" if self.ui else None
 
@@ -191,7 +199,15 @@ class DevStack:
         self._launch(temporal)
         wait_for_port("127.0.0.1", self.ports.temporal, 30, temporal)
         asyncio.run(register_search_attributes(self.temporal))
+        components = self.components(env, logs)
+        for process in components:
+            self._launch(process)
+        for process in components:
+            process.wait_ready(timeout=180)
 
+    def components(self, env: dict[str, str], logs: Path) -> list[ManagedProcess]:
+        """DARL's processes of the stack (not started): policy server, gateway, rollout
+        worker, trainer worker and, if asked for, the agent service."""
         policy = ManagedProcess.darl(
             "policy-server",
             [
@@ -202,6 +218,8 @@ class DevStack:
                 str(self.model_dir),
                 "--model",
                 self.model,
+                "--state-file",
+                str(self.serving_dir / f"policy-server-{self.ports.policy}.json"),
             ],
             logs,
             env=env,
@@ -216,6 +234,8 @@ class DevStack:
                 self.policy_url,
                 "--store-dir",
                 str(self.home / "trajectories"),
+                "--journal-dir",
+                str(self.serving_dir / "gateway"),
             ],
             logs,
             env=env,
@@ -254,10 +274,7 @@ class DevStack:
                     env=env,
                 )
             )
-        for process in components:
-            self._launch(process)
-        for process in components:
-            process.wait_ready(timeout=180)
+        return components
 
     def _launch(self, process: ManagedProcess) -> None:
         self.processes.append(process.start())
