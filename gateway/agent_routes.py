@@ -91,26 +91,13 @@ async def proxy_call(
     request: Request,
     endpoint: Endpoint,
     claims: TokenClaims,
-    protocol: type[ResponsesTranslation | MessagesTranslation] | None = None,
+    spoken: type[Translation] | None = None,
 ) -> Response:
-    """An agent's model call: in the endpoint's own shape, or in `protocol`'s (translated to
-    a chat call)."""
+    """An agent's model call: in the endpoint's own shape, or in the protocol `spoken`
+    (translated to a chat call)."""
     gateway = gateway_of(request)
     body = await read_json_object(request, gateway.settings.max_body_bytes)
-
-    async def translate() -> Translation:
-        if protocol is None:
-            raise RuntimeError("no protocol to translate from")
-        return await protocol.of(body, claims, gateway.store)
-
-    work = gateway.proxy.handle(
-        request,
-        endpoint,
-        claims,
-        body,
-        translate if protocol is not None else None,
-        protocol.protocol if protocol is not None else None,
-    )
+    work = gateway.proxy.handle(request, endpoint, claims, body, spoken)
     return await noting_incidents(gateway, claims, work)
 
 

@@ -17,7 +17,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -207,19 +207,18 @@ class ModelCallProxy:
         endpoint: Endpoint,
         claims: TokenClaims,
         body: dict[str, Any],
-        translate: Callable[[], Awaitable[Translation]] | None = None,
-        protocol: str | None = None,
+        spoken: type[Translation] | None = None,
     ) -> Response:
-        """One agent call: `body` as the endpoint's own, or, with `translate`, in `protocol`,
-        which `translate` turns into a chat call. A call that fails is recorded as failed
-        (status, error, latency, retries) before the agent hears of it."""
+        """One agent call: `body` as the endpoint's own, or in the protocol `spoken`, which
+        translates it into a chat call. A call that fails is recorded as failed (status,
+        error, latency, retries) before the agent hears of it."""
         started = time.monotonic()
         call: ModelCall | None = None
-        protocol = protocol or endpoint
+        protocol = spoken.protocol if spoken is not None else endpoint
         try:
             # A finished attempt takes nothing, not even a failed call.
             await self.registry.check_open(claims.rollout_id, claims.attempt)
-            translation = await translate() if translate is not None else None
+            translation = await spoken.of(body, claims, self.store) if spoken else None
             if translation is not None:
                 body = translation.chat
             stream = validate_body(endpoint, body)

@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from darl.gateway.errors import GatewayError, bad_request, describe_errors, error_body
+from darl.gateway.store import TrajectoryStore
+from darl.workflows.rollout_token import TokenClaims
 
 
 class Strict(BaseModel):
@@ -145,6 +147,14 @@ class Translation(ABC):
         # What the record keeps of the protocol: the ids it answered under, and what a later
         # request that refers to this one (`previous_response_id`) needs.
         self.exchange = exchange
+
+    @classmethod
+    @abstractmethod
+    async def of(
+        cls, body: dict[str, Any], claims: TokenClaims, store: TrajectoryStore
+    ) -> Translation:
+        """The agent's request as a translation, or a 400 saying what is wrong with it;
+        `store` holds the rollout's earlier calls a request may refer to."""
 
     @abstractmethod
     def answer(self, response: dict[str, Any], call_id: str) -> dict[str, Any]:
