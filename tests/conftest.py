@@ -33,19 +33,13 @@ async def _start_time_skipping() -> WorkflowEnvironment:
     return env
 
 
-@pytest.fixture(scope="session")
-async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
-    """Temporal's time-skipping test server, with DARL's search attributes."""
-    env = await _start_time_skipping()
-    yield env
-    await env.shutdown()
-
-
 @pytest.fixture
-async def own_time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
-    """A time-skipping server for one test. An activity that completes after its workflow
-    was cancelled leaves the test server's time skipping locked for good (seen with
-    temporal-test-server 1.40), which would stall every later test that skips time."""
+async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+    """Temporal's time-skipping test server, with DARL's search attributes: one per test.
+    The server's time skipping is a counted lock that a test can leave taken (an activity
+    that completes after its workflow was cancelled does it, seen with temporal-test-server
+    1.40); on a shared server every later test that skips time would then wait in real
+    time and time out. A server per test costs ~0.1 s and keeps a leak inside its test."""
     env = await _start_time_skipping()
     yield env
     await env.shutdown()

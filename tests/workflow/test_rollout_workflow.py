@@ -315,11 +315,11 @@ async def test_a_finished_rollout_reports_to_its_trainer(
 
 
 async def test_cancelling_while_launching_stops_what_the_launch_starts(
-    own_time_skipping_env: WorkflowEnvironment,
+    time_skipping_env: WorkflowEnvironment,
 ) -> None:
     stubs = StubAgents()
     stubs.launch_gate = asyncio.Event()
-    env = own_time_skipping_env
+    env = time_skipping_env
     async with stub_worker(env, stubs) as queue:
         handle = await start(env, spec(), queue)
         await wait_until(lambda: stubs.launches)

@@ -237,12 +237,12 @@ async def test_validation_runs_every_k_steps_and_joins_the_step_record(
 # failure fails the suite.
 @pytest.mark.flaky(reruns=1)
 async def test_continue_as_new_loses_no_rollout_across_runs(
-    own_time_skipping_env: WorkflowEnvironment,
+    time_skipping_env: WorkflowEnvironment,
 ):
     """1,000+ rollouts through many runs of the chain; reports arrive at any moment,
     including while a run hands over to the next. Every rollout is accounted for."""
     rows = [{"id": i, "duration": 1 + (i * 7) % 13} for i in range(300)]
-    async with harness(own_time_skipping_env, rows) as h:
+    async with harness(time_skipping_env, rows) as h:
         config = h.config(
             mode="async",
             group_size=4,
