@@ -1,12 +1,18 @@
-"""A training run's config file: YAML or JSON in, a validated TrainingConfig with absolute
-paths out. Used by `darl train`, the demo and the tests alike."""
+"""A training run's config file: YAML or JSON in, `--set key=value` overrides on top, a
+validated TrainingConfig with absolute paths out. Used by `darl train`, the demo and the tests
+alike."""
 
 from __future__ import annotations
 
+import difflib
+import types
+import typing
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from darl.deploy.cli_support import one_line, validation_line
 from darl.workflows.training_config import TrainingConfig
@@ -16,15 +22,21 @@ class ConfigFileError(ValueError):
     """A config file that cannot be read or is not a TrainingConfig; the message is one line."""
 
 
-def load_config(path: Path, run_id: str | None = None) -> TrainingConfig:
-    """A TrainingConfig from YAML or JSON; `run_id` overrides the file's. A file that is not
-    one raises ConfigFileError with one line saying what is wrong."""
+def load_config(
+    path: Path, run_id: str | None = None, overrides: Sequence[str] = ()
+) -> TrainingConfig:
+    """A TrainingConfig from YAML or JSON; `overrides` (`key=value`, dotted keys, values as
+    YAML scalars, typed by the model) and then `run_id` override the file's. A file that is
+    not one, or an override of an unknown key or of a wrong type, raises ConfigFileError with
+    one line saying what is wrong."""
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as err:
         raise ConfigFileError(f"{path}: {one_line(str(err))}") from err
     if not isinstance(data, dict):
         raise ConfigFileError(f"{path}: expected a mapping of config keys")
+    for override in overrides:
+        apply_override(data, override)
     if run_id:
         data["run_id"] = run_id
     try:
@@ -52,3 +64,87 @@ def absolute_paths(config: TrainingConfig) -> TrainingConfig:
             "run_dir": resolved(config.run_dir),
         }
     )
+
+
+# Keys the user does not set (continue-as-new fills it in).
+HIDDEN_KEYS = {"carried_state"}
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """`key=value` into the config's data: `total_steps=5`, `knobs.max_inflight=4`. The key
+    must be the config's (else ConfigFileError naming the nearest ones); the value is read as
+    YAML (`5`, `true`, `[a, b]`, a string) and typed by the model when it validates."""
+    key, sep, text = override.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigFileError(f"--set {override!r}: expected key=value")
+    check_key(key)
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigFileError(f"--set {key}: {one_line(str(err))}") from err
+    *parents, leaf = key.split(".")
+    node = data
+    for i, part in enumerate(parents):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigFileError(f"--set {key}: {'.'.join(parents[: i + 1])} is not a mapping")
+        node = child
+    node[leaf] = value
+
+
+def check_key(key: str) -> None:
+    """A dotted key of TrainingConfig; below a field that is not one model (a dict of backend
+    settings, a union of agent kinds) any key is left for the model to judge."""
+    model: type[BaseModel] | None = TrainingConfig
+    walked: list[str] = []
+    for part in key.split("."):
+        if model is None:
+            return
+        fields = {n: f for n, f in model.model_fields.items() if n not in HIDDEN_KEYS}
+        if part not in fields:
+            raise ConfigFileError(_unknown(".".join([*walked, part]), model, walked))
+        walked.append(part)
+        model = _one_model(fields[part].annotation)
+    if model is not None:
+        raise ConfigFileError(
+            f"--set {key}: {key} is a section; set one of its keys, e.g. "
+            f"{key}.{next(iter(model.model_fields))}"
+        )
+
+
+def config_keys(model: type[BaseModel] = TrainingConfig, prefix: str = "") -> list[str]:
+    """Every dotted key of `model`'s fields, nested models included."""
+    keys = []
+    for name, field in model.model_fields.items():
+        if name in HIDDEN_KEYS:
+            continue
+        nested = _one_model(field.annotation)
+        keys.extend(config_keys(nested, f"{prefix}{name}.") if nested else [f"{prefix}{name}"])
+    return keys
+
+
+def _unknown(key: str, model: type[BaseModel], walked: list[str]) -> str:
+    prefix = "".join(f"{w}." for w in walked)
+    candidates = config_keys(model, prefix)
+    close = difflib.get_close_matches(key, candidates, n=1)
+    if not close:
+        # A misspelt last part still points at its siblings.
+        leaf = key.rsplit(".", 1)[-1]
+        names = {c.removeprefix(prefix).split(".")[0]: c for c in candidates}
+        close = [names[n] for n in difflib.get_close_matches(leaf, list(names), n=1)]
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"--set {key}: no such config key{hint}"
+
+
+def _one_model(annotation: Any) -> type[BaseModel] | None:
+    """The model class a field holds (`Knobs`, `Knobs | None`); None for anything else."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        models = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(models) == 1:
+            return _one_model(models[0])
+    return None

@@ -14,11 +14,12 @@ from rich.console import Console
 import darl.examples.digits
 from darl.deploy.config_file import load_config
 from darl.deploy.devstack import DevStack
-from darl.deploy.progress import follow, web_ui_link
+from darl.deploy.progress import follow, viewer_run_link, web_ui_link
+from darl.deploy.stack_file import on_stack
 from darl.deploy.temporal_connection import connect
 from darl.trainer.run_files import plot_rewards, read_metrics
 from darl.workflows.names import TRAINER_TASK_QUEUE, TRAINING_WORKFLOW
-from darl.workflows.training_config import PolicyServerSpec, TrainingConfig, training_workflow_id
+from darl.workflows.training_config import TrainingConfig, training_workflow_id
 from darl.workflows.training_messages import TrainingSummary
 from darl.workflows.training_state import StepRecord
 
@@ -27,22 +28,10 @@ AGENT_SERVICE = "darl.examples.digits.agent_service:app"
 
 
 def demo_config(stack: DevStack, run_id: str, steps: int | None) -> TrainingConfig:
-    config = load_config(DEMO_CONFIG, run_id)
+    """The demo's config on `stack`: every endpoint and the model dir are the stack's."""
+    config = on_stack(load_config(DEMO_CONFIG, run_id), stack.endpoints(), only_defaults=False)
     updates: dict = {
         "backend": config.backend.model_copy(update={"model_dir": str(stack.model_dir)}),
-        "weight_sync": config.weight_sync.model_copy(
-            update={
-                "gateway_admin_url": stack.gateway_url,
-                "policy_servers": [PolicyServerSpec(url=stack.policy_url)],
-            }
-        ),
-        "rollout": config.rollout.model_copy(
-            update={
-                "agent": config.rollout.agent.model_copy(
-                    update={"url": f"{stack.agent_service_url}/rollouts"}
-                )
-            }
-        ),
     }
     if steps is not None:
         updates["total_steps"] = steps
@@ -60,6 +49,7 @@ async def train(stack: DevStack, config: TrainingConfig, console: Console) -> Tr
     )
     if stack.ui_url:
         console.print(f"Web UI: {web_ui_link(stack.ui_url, handle.id)}", soft_wrap=True)
+    console.print(f"Viewer: {viewer_run_link(stack.viewer_url, config.run_id)}", soft_wrap=True)
     console.print(
         f"pause/resume/stop it from another shell: darl pause {config.run_id}", soft_wrap=True
     )
@@ -71,8 +61,10 @@ def report(
     summary: TrainingSummary,
     records: list[StepRecord],
     seconds: float,
-    run_dir: Path,
+    run_dir: Path | None,
 ) -> None:
+    """A finished run in a few lines: rewards first to last, the weight sync's cost, where
+    every rollout went and, when `run_dir` is on this machine, the run's files."""
     c = summary.counters
     first, last = records[:3], records[-3:]
     console.print(
@@ -82,7 +74,7 @@ def report(
     if records:
         console.print(
             f"reward {statistics.fmean(r.reward_mean for r in first):.3f} (first 3 steps) -> "
-            f"{statistics.fmean(r.reward_mean for r in last):.3f} (last 3); exact answers "
+            f"{statistics.fmean(r.reward_mean for r in last):.3f} (last 3); success "
             f"{statistics.fmean(r.success_rate for r in first):.0%} -> "
             f"{statistics.fmean(r.success_rate for r in last):.0%}"
         )
@@ -93,13 +85,16 @@ def report(
             f"train_step took {trained:.2f}s"
         )
     console.print(
-        f"{c.rollouts_started} rollouts started ({c.rollouts_started / seconds:.1f} rollouts/s): "
+        f"{c.rollouts_started} rollouts started "
+        f"({c.rollouts_started / max(seconds, 1e-3):.1f} rollouts/s): "
         f"{c.rollouts_trained} trained, {c.rollouts_in_dropped_groups} in dropped groups "
         f"({c.groups_dropped_equal} all-equal, {c.groups_dropped_stale} stale, "
         f"{c.groups_dropped_small} short), {c.rollouts_failed} failed, "
         f"{c.rollouts_cancelled} cancelled and {c.rollouts_left_over} left over at the end, "
         f"{c.rollouts_validated} validation"
     )
+    if run_dir is None or not (run_dir / "metrics.jsonl").exists():
+        return
     plot = plot_rewards(run_dir, summary.run_id)
     console.print(f"reward curve: {plot}", soft_wrap=True)
     console.print(

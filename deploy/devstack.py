@@ -1,7 +1,8 @@
 """The embedded dev stack: Temporal dev server (database and Web UI under the DARL home), the
-reference policy server, the gateway, a rollout worker, the trainer worker and, when asked, an
-agent HTTP service, each a child process with its log in `<home>/logs/`. Stopping it stops them
-all, last started first, and any local agent still running."""
+reference policy server, the gateway, a rollout worker, the trainer worker, the trajectory
+viewer and, when asked, an agent HTTP service, each a child process with its log in
+`<home>/logs/`. Once up, what it serves is in `<home>/stack.json` (deploy/stack_file.py).
+Stopping it stops them all, last started first, and any local agent still running."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from darl.activities.runners.local import stop_leftover_agents
 from darl.deploy.processes import ManagedProcess, ProcessFailedError
+from darl.deploy.stack_file import StackEndpoints, remove_stack_file, write_stack_file
 from darl.deploy.temporal_connection import TemporalSettings, connect
 from darl.workflows import search_attributes as sa
 
@@ -102,6 +104,7 @@ class DevPorts:
     gateway: int = 8100
     policy: int = 8200
     agent_service: int = 8300
+    viewer: int = 8400
 
 
 class DevStack:
@@ -125,6 +128,7 @@ class DevStack:
         self.gateway_url = f"http://127.0.0.1:{ports.gateway}"
         self.policy_url = f"http://127.0.0.1:{ports.policy}"
         self.agent_service_url = f"http://127.0.0.1:{ports.agent_service}"
+        self.viewer_url = f"http://127.0.0.1:{ports.viewer}"
         self.temporal = TemporalSettings(address=f"127.0.0.1:{ports.temporal}")
 
     @property
@@ -146,6 +150,20 @@ class DevStack:
     @property
     def ui_url(self) -> str | None:
         return f"http://127.0.0.1:{self.ports.ui}" if self.ui else None
+
+    def endpoints(self) -> StackEndpoints:
+        """What this stack serves, as `<home>/stack.json` says it while it is up."""
+        return StackEndpoints(
+            temporal_address=self.temporal.address,
+            namespace=self.temporal.namespace,
+            ui_url=self.ui_url,
+            gateway_url=self.gateway_url,
+            policy_url=self.policy_url,
+            agent_service_url=self.agent_service_url if self.agent_service else None,
+            viewer_url=self.viewer_url,
+            runs_dir=str(self.runs_dir),
+            pid=os.getpid(),
+        )
 
     def env(self) -> dict[str, str]:
         return {
@@ -204,10 +222,11 @@ class DevStack:
             self._launch(process)
         for process in components:
             process.wait_ready(timeout=180)
+        write_stack_file(self.home, self.endpoints())
 
     def components(self, env: dict[str, str], logs: Path) -> list[ManagedProcess]:
         """DARL's processes of the stack (not started): policy server, gateway, rollout
-        worker, trainer worker and, if asked for, the agent service."""
+        worker, trainer worker, trajectory viewer and, if asked for, the agent service."""
         policy = ManagedProcess.darl(
             "policy-server",
             [
@@ -264,7 +283,28 @@ class DevStack:
             logs,
             env=env,
         )
-        components = [policy, gateway, worker, trainer]
+        viewer = ManagedProcess.darl(
+            "viewer",
+            [
+                "viewer",
+                "--port",
+                str(self.ports.viewer),
+                "--temporal-address",
+                self.temporal.address,
+                "--namespace",
+                self.temporal.namespace,
+                "--store-dir",
+                str(self.home / "trajectories"),
+                "--runs-dir",
+                str(self.runs_dir),
+                "--agents-dir",
+                str(self.home / "agents"),
+                *(["--ui-url", self.ui_url] if self.ui_url else []),
+            ],
+            logs,
+            env=env,
+        )
+        components = [policy, gateway, worker, trainer, viewer]
         if self.agent_service:
             components.append(
                 ManagedProcess.darl(
@@ -280,6 +320,7 @@ class DevStack:
         self.processes.append(process.start())
 
     def stop(self) -> None:
+        remove_stack_file(self.home, os.getpid())
         for process in reversed(self.processes):
             process.stop()
         self.processes.clear()

@@ -1,5 +1,6 @@
 """Following a training run from the terminal: one line per step as the TrainingWorkflow's
-`metrics` query shows it, and a status line with what the run is doing now."""
+`metrics` query shows it, and a status line with what the run is doing now. A step's
+validation finishes after its row is shown: the row is shown again, with `val`, when it lands."""
 
 from __future__ import annotations
 
@@ -39,16 +40,29 @@ def status_line(progress: TrainingProgress) -> str:
     )
 
 
+def step_table(records: list[StepRecord]) -> list[str]:
+    """The header and a row per step (what `darl status` shows); nothing without steps."""
+    return [HEADER, *map(step_line, records)] if records else []
+
+
+def viewer_run_link(viewer_url: str, run_id: str) -> str:
+    return f"{viewer_url}/runs/{quote(run_id, safe='')}"
+
+
 def web_ui_link(ui_url: str, workflow_id: str, namespace: str = "default") -> str:
     return f"{ui_url}/namespaces/{namespace}/workflows/{quote(workflow_id, safe='')}"
 
 
 async def follow(
-    handle: WorkflowHandle, console: Console, interval: float = 1.0
+    handle: WorkflowHandle,
+    console: Console,
+    interval: float = 1.0,
+    shown: dict[int, StepRecord] | None = None,
 ) -> TrainingSummary:
-    """Print steps as they land until the run ends; returns its summary."""
-    shown: dict[int, StepRecord] = {}
-    console.print(HEADER, style="bold")
+    """Print steps as they land until the run ends; returns its summary. `shown` (by step)
+    holds the records seen, last version of each, for the caller's report."""
+    shown = {} if shown is None else shown
+    console.print(HEADER, style="bold", soft_wrap=True)
     # The handle was made with result_type=TrainingSummary.
     result = asyncio.ensure_future(handle.result())
     with console.status("starting...") as status:
@@ -72,10 +86,8 @@ async def follow(
 def _print_new(console: Console, records: list[StepRecord], shown: dict[int, StepRecord]) -> None:
     for record in records:
         if record.step not in shown:
-            console.print(step_line(record))
-        elif record != shown[record.step] and record.val_reward_mean is not None:
-            console.print(
-                f"{'':>5} validation of step {record.step}: reward "
-                f"{record.val_reward_mean:.3f}, success {record.val_success_rate or 0:.0%}"
-            )
+            console.print(step_line(record), soft_wrap=True)
+        elif record.val_reward_mean is not None and shown[record.step].val_reward_mean is None:
+            # Validation of a step lands after its row: the row again, its `val` filled in.
+            console.print(f"{step_line(record)}  validated", soft_wrap=True)
         shown[record.step] = record

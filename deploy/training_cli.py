@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -24,8 +25,15 @@ from darl.deploy.cli_support import (
     setup_logging,
 )
 from darl.deploy.config_file import ConfigFileError, load_config
-from darl.deploy.progress import follow, status_line, step_line, web_ui_link
+from darl.deploy.progress import follow, status_line, step_table, viewer_run_link, web_ui_link
 from darl.deploy.serving import serve_app
+from darl.deploy.stack_file import (
+    STACK_FILE,
+    StackEndpoints,
+    endpoint_changes,
+    on_stack,
+    read_stack_file,
+)
 from darl.deploy.temporal_connection import (
     DEFAULT_ADDRESS,
     DEFAULT_NAMESPACE,
@@ -45,8 +53,27 @@ from darl.workflows.training_config import training_workflow_id
 from darl.workflows.training_messages import StopRequest, TrainingProgress, TrainingSummary
 from darl.workflows.training_state import StepRecord
 
+if TYPE_CHECKING:
+    from temporalio.client import WorkflowHandle
+
 Run = Annotated[str, typer.Argument(help="The run id (its workflow is train/<run id>).")]
-UiUrl = Annotated[str, typer.Option(envvar="DARL_UI_URL", help="The Temporal Web UI.")]
+DEFAULT_UI_URL = "http://127.0.0.1:8233"
+# Where the run's Temporal is when no --temporal-address (or TEMPORAL_ADDRESS) says: the
+# running `darl dev`'s, as its <home>/stack.json says, else the default address.
+StackAddress = Annotated[
+    str | None,
+    typer.Option(
+        envvar="TEMPORAL_ADDRESS",
+        help=f"Default: the running `darl dev`'s (<home>/{STACK_FILE}), else {DEFAULT_ADDRESS}.",
+    ),
+]
+Home = Annotated[Path, typer.Option(envvar="DARL_HOME", help="DARL's state directory.")]
+FINISH_TIMEOUT_SECONDS = 600.0
+
+
+def _address(temporal_address: str | None, home: Path) -> str:
+    stack = read_stack_file(home)
+    return temporal_address or (stack.temporal_address if stack else DEFAULT_ADDRESS)
 
 
 async def _handle(run_id: str, address: str, namespace: str):
@@ -57,24 +84,56 @@ async def _handle(run_id: str, address: str, namespace: str):
 def train(
     config_file: Annotated[Path, typer.Argument(help="TrainingConfig as YAML or JSON.")],
     run_id: Annotated[str | None, typer.Option(help="Override the config's run_id.")] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            metavar="KEY=VALUE",
+            help="Override a config key (dotted: knobs.max_inflight=4); repeat.",
+        ),
+    ] = None,
     follow_run: Annotated[bool, typer.Option("--follow", help="Show steps as they land.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="With --follow, end with the raw summary (JSON).")
+    ] = False,
     task_queue: str = TRAINER_TASK_QUEUE,
-    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    temporal_address: StackAddress = None,
     namespace: Namespace = DEFAULT_NAMESPACE,
-    ui_url: UiUrl = "http://127.0.0.1:8233",
+    ui_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DARL_UI_URL",
+            help=f"The Temporal Web UI. Default: the running `darl dev`'s, else {DEFAULT_UI_URL}.",
+        ),
+    ] = None,
+    home: Home = Path(".darl"),
 ) -> None:
-    """Start a TrainingWorkflow (idempotent: a run id runs once)."""
+    """Start a TrainingWorkflow (idempotent: a run id runs once). With a `darl dev` running
+    under --home, endpoints the config gives as the default dev stack's (gateway :8100,
+    policy server :8200, agent service :8300 on 127.0.0.1) are that stack's, wherever its
+    flags put them; other endpoints are kept."""
     from temporalio.client import WorkflowExecutionStatus
     from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
     try:
-        config = load_config(config_file, run_id)
+        config = load_config(config_file, run_id, overrides or ())
     except ConfigFileError as err:
         raise typer.BadParameter(str(err)) from err
+    stack = read_stack_file(home)
+    if stack is not None and temporal_address not in (None, stack.temporal_address):
+        # Another Temporal than the dev stack's: that stack is not the one this run is on.
+        stack = None
+    if stack is not None:
+        moved = on_stack(config, stack)
+        for change in endpoint_changes(config, moved):
+            typer.echo(f"dev stack ({home / STACK_FILE}): {change}")
+        config = moved
+    address = temporal_address or (stack.temporal_address if stack else DEFAULT_ADDRESS)
+    ui = ui_url or (stack.ui_url if stack and stack.ui_url else DEFAULT_UI_URL)
 
     async def main() -> None:
-        client = await connect(TemporalSettings.from_env(temporal_address, namespace))
+        client = await connect(TemporalSettings.from_env(address, namespace))
         workflow_id = training_workflow_id(config.run_id)
         async for earlier in client.list_workflows(f'WorkflowId = "{workflow_id}"'):
             if earlier.status == WorkflowExecutionStatus.COMPLETED:
@@ -101,24 +160,50 @@ def train(
                 "once: give this one another --run-id"
             ) from None
         typer.echo(f"started {handle.id}")
-        typer.echo(f"Web UI: {web_ui_link(ui_url, handle.id, namespace)}")
+        typer.echo(f"Web UI: {web_ui_link(ui, handle.id, namespace)}")
+        if stack is not None and stack.viewer_url:
+            typer.echo(f"Viewer: {viewer_run_link(stack.viewer_url, config.run_id)}")
         if follow_run:
-            summary = await follow(handle, Console())
-            typer.echo(summary.model_dump_json(indent=2))
+            await _follow_to_the_end(handle, stack, as_json)
 
     run_client(main)
+
+
+async def _follow_to_the_end(
+    handle: WorkflowHandle[Any, TrainingSummary], stack: StackEndpoints | None, as_json: bool
+) -> None:
+    """Steps as they land, then the summary: the demo's report, or the raw JSON."""
+    from darl.deploy.demo import report
+
+    console = Console()
+    shown: dict[int, StepRecord] = {}
+    started = time.monotonic()
+    summary = await follow(handle, console, shown=shown)
+    if as_json:
+        typer.echo(summary.model_dump_json(indent=2))
+        return
+    seconds = summary.seconds if summary.seconds is not None else time.monotonic() - started
+    runs_dir = Path(stack.runs_dir) if stack and stack.runs_dir else _runs_dir()
+    run_dir = Path(summary.run_dir) if summary.run_dir else runs_dir / summary.run_id
+    records = [shown[step] for step in sorted(shown)]
+    report(console, summary, records, seconds, run_dir)
+
+
+def _runs_dir() -> Path:
+    return Path(os.environ.get("DARL_RUNS_DIR", ".darl/runs"))
 
 
 def status(
     run: Run,
     as_json: Annotated[bool, typer.Option("--json")] = False,
-    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    temporal_address: StackAddress = None,
     namespace: Namespace = DEFAULT_NAMESPACE,
+    home: Home = Path(".darl"),
 ) -> None:
     """Where a run stands (the `status` and `metrics` queries)."""
 
     async def main() -> None:
-        handle = await _handle(run, temporal_address, namespace)
+        handle = await _handle(run, _address(temporal_address, home), namespace)
         failure = await run_failure(handle)
         if failure is not None:
             raise CliError(f"{handle.id} {failure}")
@@ -128,8 +213,8 @@ def status(
             typer.echo(progress.model_dump_json(indent=2))
             return
         typer.echo(status_line(progress))
-        for record in records[-10:]:
-            typer.echo(step_line(record))
+        for line in step_table(records[-10:]):
+            typer.echo(line)
 
     run_client(main)
 
@@ -148,20 +233,22 @@ def _signal(run: str, name: str, address: str, namespace: str, arg: object = Non
 
 def pause(
     run: Run,
-    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    temporal_address: StackAddress = None,
     namespace: Namespace = DEFAULT_NAMESPACE,
+    home: Home = Path(".darl"),
 ) -> None:
     """No new rollouts or steps until resume; rollouts out finish and wait in the buffer."""
-    _signal(run, PAUSE_SIGNAL, temporal_address, namespace)
+    _signal(run, PAUSE_SIGNAL, _address(temporal_address, home), namespace)
 
 
 def resume(
     run: Run,
-    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    temporal_address: StackAddress = None,
     namespace: Namespace = DEFAULT_NAMESPACE,
+    home: Home = Path(".darl"),
 ) -> None:
     """Continue a paused run."""
-    _signal(run, RESUME_SIGNAL, temporal_address, namespace)
+    _signal(run, RESUME_SIGNAL, _address(temporal_address, home), namespace)
 
 
 def stop(
@@ -169,11 +256,26 @@ def stop(
     finish: Annotated[
         bool, typer.Option(help="Let running rollouts finish instead of cancelling them.")
     ] = False,
-    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    finish_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            metavar="SECONDS",
+            help="With --finish, how long the run waits for its rollouts before it cancels "
+            "those still running.",
+        ),
+    ] = FINISH_TIMEOUT_SECONDS,
+    temporal_address: StackAddress = None,
     namespace: Namespace = DEFAULT_NAMESPACE,
+    home: Home = Path(".darl"),
 ) -> None:
     """Stop gracefully: no new rollouts, in-flight ones cancelled (or finished), a summary."""
-    _signal(run, STOP_SIGNAL, temporal_address, namespace, StopRequest(cancel_inflight=not finish))
+    request = (
+        StopRequest(cancel_inflight=False, grace_seconds=finish_timeout)
+        if finish
+        else StopRequest(cancel_inflight=True)
+    )
+    _signal(run, STOP_SIGNAL, _address(temporal_address, home), namespace, request)
 
 
 def plot(

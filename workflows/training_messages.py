@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from darl.workflows.contracts import (
     Contract,
@@ -27,15 +27,23 @@ from darl.workflows.training_state import Counters, Knobs, StepRecord
 
 
 class StopRequest(Contract):
-    """`cancel_inflight` False lets running rollouts finish (they are not trained)."""
+    """`cancel_inflight` False lets running rollouts finish (they are not trained): the run
+    waits up to `grace_seconds` for them (None: the config's `stop_grace_seconds`), then
+    cancels the ones still out."""
 
     cancel_inflight: bool = True
+    grace_seconds: float | None = Field(default=None, ge=0)
 
 
 class KnobUpdate(Contract):
     learning_rate: float | None = Field(default=None, gt=0, le=1)
     max_inflight: int | None = Field(default=None, ge=1, le=100_000)
     max_staleness: int | None = Field(default=None, ge=0, le=1000)
+
+
+def validation_text(err: ValidationError) -> str:
+    """Pydantic's errors as one line naming each field: `max_inflight: Input should be ...`."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in err.errors())
 
 
 class TrainingPhase(StrEnum):
@@ -79,6 +87,8 @@ class TrainingSummary(Contract):
     inflight_at_end: int = 0
     last: StepRecord | None = None
     run_dir: str | None = None
+    # From the run's start (the first run of its chain) to its end, in workflow time.
+    seconds: float | None = None
 
 
 # --- activity inputs and outputs -------------------------------------------------------------

@@ -114,6 +114,9 @@ class TrainingState(State):
     paused: bool = False
     stop_requested: bool = False
     stop_cancels_inflight: bool = True
+    # How long a stop that lets rollouts finish waits for them (StopRequest.grace_seconds);
+    # None: the config's stop_grace_seconds.
+    stop_grace_seconds: float | None = None
     runs: int = 1
     started_at: float = 0.0
     # Step records (or their late validation results) not yet written to disk.

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any, NoReturn
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -66,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
         TrainingSummary,
         TrainStepRequest,
         TrainStepResult,
+        validation_text,
     )
     from darl.workflows.training_state import Knobs, StepRecord, TrainingState
 
@@ -112,6 +114,8 @@ START_TO_CLOSE = {
     RECORD_STEP: timedelta(minutes=1),
 }
 RECENT_STEPS = 50
+# A knob update refused (by its fields' rules or the run's): sending it again cannot help.
+KNOB_UPDATE_ERROR = "KnobUpdateError"
 FAILING = "failing"
 FEEDER_FAILED = "feeder failed"
 
@@ -286,7 +290,9 @@ class TrainingWorkflow:
             await self._wait_for(
                 lambda: not self._book.validating(), self._config.rollout.timeouts.agent_seconds
             )
-        grace = self._config.stop_grace_seconds
+        grace = self._state.stop_grace_seconds
+        if grace is None:
+            grace = self._config.stop_grace_seconds
         if self._book.inflight() and grace and not self._state.stop_cancels_inflight:
             await self._wait_for_rollouts(grace)
         pending = self._book.pending_rollouts()
@@ -315,6 +321,7 @@ class TrainingWorkflow:
             inflight_at_end=self._book.inflight(),
             last=state.recent_steps[-1] if state.recent_steps else None,
             run_dir=self._config.run_dir,
+            seconds=workflow.time() - state.started_at,
         )
 
     async def _wait_out_cancelled(self) -> None:
@@ -538,26 +545,30 @@ class TrainingWorkflow:
 
     @workflow.signal(name=STOP_SIGNAL)
     def stop(self, request: StopRequest | None = None) -> None:
+        request = request or StopRequest()
         self._state.stop_requested = True
-        self._state.stop_cancels_inflight = (request or StopRequest()).cancel_inflight
+        self._state.stop_cancels_inflight = request.cancel_inflight
+        self._state.stop_grace_seconds = request.grace_seconds
 
+    # The update takes what the sender sent as a dict when it is no KnobUpdate, so that the
+    # validator refuses it with pydantic's message (a KnobUpdate that failed to decode would
+    # be refused by the SDK as a retryable ValidationError, naming no rule).
     @workflow.update(name=UPDATE_KNOBS)
-    def update_knobs(self, update: KnobUpdate) -> Knobs:
-        changes = update.model_dump(exclude_none=True)
+    def update_knobs(self, update: KnobUpdate | dict[str, Any]) -> Knobs:
+        changes = _knob_update(update).model_dump(exclude_none=True)
         self._state.knobs = self._state.knobs.model_copy(update=changes)
         return self._state.knobs
 
     @update_knobs.validator
-    def _check_knobs(self, update: KnobUpdate) -> None:
-        if not update.model_dump(exclude_none=True):
-            raise ApplicationError("the update changes no knob")
-        inflight = update.max_inflight
+    def _check_knobs(self, update: KnobUpdate | dict[str, Any]) -> None:
+        knobs = _knob_update(update)
+        if not knobs.model_dump(exclude_none=True):
+            _refuse("the update changes no knob (learning_rate, max_inflight, max_staleness)")
+        inflight = knobs.max_inflight
         if inflight is not None and inflight < self._config.group_size:
-            raise ApplicationError(
-                f"max_inflight {inflight} cannot hold one group of {self._config.group_size}"
-            )
+            _refuse(f"max_inflight {inflight} cannot hold one group of {self._config.group_size}")
         if self._state.stop_requested:
-            raise ApplicationError("the run is stopping")
+            _refuse("the run is stopping")
 
     @workflow.query(name=STATUS_QUERY)
     def status(self) -> TrainingProgress:
@@ -583,3 +594,16 @@ class TrainingWorkflow:
     @workflow.query(name=METRICS_QUERY)
     def metrics(self) -> list[StepRecord]:
         return list(self._state.recent_steps)
+
+
+def _knob_update(update: KnobUpdate | dict[str, Any]) -> KnobUpdate:
+    if isinstance(update, KnobUpdate):
+        return update
+    try:
+        return KnobUpdate.model_validate(update)
+    except ValidationError as err:
+        _refuse(f"invalid knob update: {validation_text(err)}")
+
+
+def _refuse(why: str) -> NoReturn:
+    raise ApplicationError(why, type=KNOB_UPDATE_ERROR, non_retryable=True)

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from temporalio.testing import WorkflowEnvironment
 
+from darl.deploy.progress import HEADER
 from tests.conftest import BIN
 from tests.integration.stack import Stack
 from tests.integration.training_stack import start_training_stack, training_config
@@ -103,7 +104,9 @@ def test_the_readme_training_commands(training_stack: Stack):
     darl(stack, "pause", run_id)
     paused = wait_until_status(stack, workflow_id, lambda s: s["paused"])
     assert paused["phase"] == "paused"
-    assert "paused" in darl(stack, "status", run_id)
+    shown = darl(stack, "status", run_id)
+    assert "paused" in shown
+    assert HEADER in shown.splitlines(), shown  # the step rows say what their columns are
     darl(stack, "resume", run_id)
 
     knobs = temporal(
@@ -133,22 +136,28 @@ def test_the_readme_training_commands(training_stack: Stack):
 def test_darl_train_follows_a_run_to_its_summary(training_stack: Stack):
     stack = training_stack
     run_id = f"follow-{uuid.uuid4().hex[:8]}"
-    config = training_config(stack, run_id, steps=2)
+    config = training_config(stack, run_id, steps=5)
     config_file = stack.root / "train.yaml"
     config_file.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
-    out = darl(
-        stack,
-        "train",
-        str(config_file),
-        "--follow",
-        "--task-queue",
-        stack.trainer_queue,
-        "--ui-url",
-        "http://127.0.0.1:1",
-    )
+    follow = [str(config_file), "--follow", "--task-queue", stack.trainer_queue]
+    out = darl(stack, "train", *follow, "--set", "total_steps=2", "--ui-url", "http://ui:1")
     assert f"started train/{run_id}" in out
+    assert f"Web UI: http://ui:1/namespaces/default/workflows/train%2F{run_id}" in out
     step_lines = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["2"])]
     assert [words[0] for words in step_lines] == ["1", "2"], out
-    summary = json.loads(out[out.index("{") :])
-    assert summary["steps"] == 2 and summary["reason"] == "completed 2 steps"
+    # The end is the demo's report, not the summary's JSON.
+    assert f"{run_id}: 2 steps in" in out and "(completed 2 steps)" in out, out
+    assert "rollouts started" in out and f"reward curve: {stack.runs_dir / run_id}" in out
+    assert "{" not in out
     assert os.path.exists(stack.runs_dir / run_id / "metrics.jsonl")
+
+    # --json: the raw summary instead.
+    raw_config = training_config(stack, f"{run_id}-json", steps=1)
+    raw_file = stack.root / "raw.json"
+    raw_file.write_text(raw_config.model_dump_json(exclude_none=True))
+    raw = darl(
+        stack, "train", str(raw_file), "--follow", "--json", "--task-queue", stack.trainer_queue
+    )
+    summary = json.loads(raw[raw.index("{") :])
+    assert summary["steps"] == 1 and summary["reason"] == "completed 1 steps"
+    assert summary["seconds"] > 0

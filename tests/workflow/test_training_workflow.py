@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -196,6 +197,32 @@ async def test_pause_holds_new_rollouts_and_resume_and_stop_follow(
     assert_accounted(summary.counters)
 
 
+async def test_stop_that_finishes_waits_for_rollouts_within_its_grace(
+    time_skipping_env: WorkflowEnvironment,
+):
+    """`darl stop --finish`: rollouts out finish (within the request's grace) instead of
+    being cancelled, whatever the config's stop_grace_seconds (0 by default)."""
+    async with harness(time_skipping_env, tasks(40, duration=200)) as h:
+        waited = await h.start(h.config())
+        cut = await h.start(h.config())
+        await h.env.sleep(30)
+        assert (await h.status(waited)).inflight_rollouts > 0
+        await waited.signal(
+            TrainingWorkflow.stop, StopRequest(cancel_inflight=False, grace_seconds=600)
+        )
+        await cut.signal(
+            TrainingWorkflow.stop, StopRequest(cancel_inflight=False, grace_seconds=60)
+        )
+        finished, cancelled = await result(waited), await result(cut)
+    assert finished.stopped and finished.inflight_at_end == 0
+    assert finished.counters.rollouts_cancelled == 0 and finished.counters.rollouts_left_over > 0
+    # A grace shorter than the rollouts: those still out are cancelled after it.
+    assert cancelled.counters.rollouts_cancelled > 0
+    assert finished.seconds is not None and finished.seconds >= 200
+    assert_accounted(finished.counters)
+    assert_accounted(cancelled.counters)
+
+
 async def test_knob_update_is_validated_and_reaches_train_step(
     time_skipping_env: WorkflowEnvironment,
 ):
@@ -204,10 +231,16 @@ async def test_knob_update_is_validated_and_reaches_train_step(
         for update, why in (
             (KnobUpdate(max_inflight=2), "cannot hold one group"),
             (KnobUpdate(), "changes no knob"),
+            # What the temporal CLI sends as --input: pydantic's rule, naming the field.
+            ({"max_inflight": 0}, "max_inflight: Input should be greater than or equal to 1"),
+            ({"max_inflght": 4}, "max_inflght: Extra inputs are not permitted"),
         ):
             with pytest.raises(WorkflowUpdateFailedError) as failed:
                 await handle.execute_update(TrainingWorkflow.update_knobs, update)
-            assert why in str(failed.value.cause)
+            cause = failed.value.cause
+            assert isinstance(cause, ApplicationError) and why in cause.message, cause
+            # A refused update is refused again: it says so (`retryable: false`).
+            assert cause.non_retryable and cause.type == "KnobUpdateError"
         knobs = await handle.execute_update(
             TrainingWorkflow.update_knobs, KnobUpdate(learning_rate=0.005)
         )

@@ -1,0 +1,141 @@
+"""What a running embedded stack serves, as `<home>/stack.json`: written by `darl dev` and
+the demo when their stack is up, removed when it stops, and read by `darl train` for its Web
+UI link, its Temporal address and the endpoints of a config written for the default stack."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from darl.workflows.contracts import HttpAgentSpec
+from darl.workflows.training_config import PolicyServerSpec, TrainingConfig
+
+STACK_FILE = "stack.json"
+# The endpoints `darl dev` serves with its default ports, as examples/digits/train.yaml (and
+# the README's configs) write them: a config naming these means "the dev stack", wherever
+# its flags moved it.
+DEFAULT_GATEWAY_URL = "http://127.0.0.1:8100"
+DEFAULT_POLICY_URL = "http://127.0.0.1:8200"
+DEFAULT_AGENT_SERVICE_URL = "http://127.0.0.1:8300"
+
+
+class StackEndpoints(BaseModel):
+    """Where a stack's components listen; None for what it does not run."""
+
+    temporal_address: str
+    namespace: str = "default"
+    ui_url: str | None = None
+    gateway_url: str
+    policy_url: str
+    agent_service_url: str | None = None
+    viewer_url: str | None = None
+    runs_dir: str | None = None
+    # The process that started the stack: a file left by one that was killed is ignored.
+    pid: int = 0
+
+
+def stack_file(home: Path) -> Path:
+    return home / STACK_FILE
+
+
+def write_stack_file(home: Path, endpoints: StackEndpoints) -> Path:
+    """Atomically (a reader never sees half a file)."""
+    path = stack_file(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(endpoints.model_dump_json(indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def remove_stack_file(home: Path, pid: int) -> None:
+    """Removes the file if the stack of process `pid` wrote it (not another's, still up)."""
+    path = stack_file(home)
+    try:
+        written_by = StackEndpoints.model_validate_json(path.read_text()).pid
+    except (OSError, ValidationError):
+        written_by = pid
+    if written_by == pid:
+        path.unlink(missing_ok=True)
+
+
+def read_stack_file(home: Path) -> StackEndpoints | None:
+    """The running stack's endpoints; None when no stack under `home` is up (no file, an
+    unreadable one, or one whose `darl dev` is gone)."""
+    try:
+        endpoints = StackEndpoints.model_validate(json.loads(stack_file(home).read_text()))
+    except (OSError, ValueError, ValidationError):
+        return None
+    if endpoints.pid and not _alive(endpoints.pid):
+        return None
+    return endpoints
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def on_stack(
+    config: TrainingConfig, stack: StackEndpoints, only_defaults: bool = True
+) -> TrainingConfig:
+    """The config with its gateway, policy server and agent service on `stack`.
+
+    With `only_defaults` (what `darl train` does) only endpoints that are the default dev
+    stack's (DEFAULT_GATEWAY_URL, a sole policy server at DEFAULT_POLICY_URL, an HTTP agent
+    under DEFAULT_AGENT_SERVICE_URL) are moved; any other endpoint is the user's choice and
+    kept. Without it (the demo) all of them are the stack's."""
+    sync = config.weight_sync
+    sync_update: dict = {}
+    if not only_defaults or sync.gateway_admin_url.rstrip("/") == DEFAULT_GATEWAY_URL:
+        sync_update["gateway_admin_url"] = stack.gateway_url
+    servers = [s.url.rstrip("/") for s in sync.policy_servers]
+    if not only_defaults or (servers == [DEFAULT_POLICY_URL] and not _vllm(sync.policy_servers)):
+        sync_update["policy_servers"] = [PolicyServerSpec(url=stack.policy_url)]
+    updates: dict = {"weight_sync": sync.model_copy(update=sync_update)}
+    agent = config.rollout.agent
+    if isinstance(agent, HttpAgentSpec) and stack.agent_service_url is not None:
+        url = _moved(agent.url, stack.agent_service_url, only_defaults)
+        if url != agent.url:
+            updates["rollout"] = config.rollout.model_copy(
+                update={"agent": agent.model_copy(update={"url": url})}
+            )
+    return config.model_copy(update=updates)
+
+
+def _vllm(servers: list[PolicyServerSpec]) -> bool:
+    return any(s.kind != "reference" for s in servers)
+
+
+def _moved(url: str, base: str, only_defaults: bool) -> str:
+    if url.startswith(DEFAULT_AGENT_SERVICE_URL + "/") or url == DEFAULT_AGENT_SERVICE_URL:
+        return base + url[len(DEFAULT_AGENT_SERVICE_URL) :]
+    if only_defaults:
+        return url
+    return f"{base}/rollouts"
+
+
+def endpoint_changes(before: TrainingConfig, after: TrainingConfig) -> list[str]:
+    """What `on_stack` moved, one `what: from -> to` each, for `darl train` to say."""
+    changes = []
+    old, new = before.weight_sync, after.weight_sync
+    if old.gateway_admin_url != new.gateway_admin_url:
+        changes.append(f"gateway {old.gateway_admin_url} -> {new.gateway_admin_url}")
+    if old.policy_servers != new.policy_servers:
+        changes.append(f"policy server {old.policy_servers[0].url} -> {new.policy_servers[0].url}")
+    old_agent, new_agent = before.rollout.agent, after.rollout.agent
+    if (
+        isinstance(old_agent, HttpAgentSpec)
+        and isinstance(new_agent, HttpAgentSpec)
+        and old_agent.url != new_agent.url
+    ):
+        changes.append(f"agent {old_agent.url} -> {new_agent.url}")
+    return changes
