@@ -447,6 +447,8 @@ class TrainerActivities:
                         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                         search_attributes=sa.rollout_attributes(spec, RolloutStatus.PENDING.value),
+                        # The Summary that `temporal workflow describe` and the Web UI show.
+                        static_summary=sa.rollout_summary(spec),
                     )
 
         await heartbeating(asyncio.gather(*(start(s) for s in request.specs)), heartbeat_every())

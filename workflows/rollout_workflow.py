@@ -143,6 +143,10 @@ class RolloutWorkflow:
         self._metadata: dict[str, Any] = {}
         # The final attempt's model calls that got no answer (status, protocol, error).
         self._failed_calls: list[str] = []
+        # The latest call received (highest attempt, then sequence): its version is the
+        # rollout's last serving version, DarlPolicyVersion.
+        self._last_call: ModelCallEvent | None = None
+        self._published_version = spec.policy_version
 
     # --- the story ---------------------------------------------------------------------
 
@@ -155,6 +159,7 @@ class RolloutWorkflow:
         given = workflow.info().typed_search_attributes
         if any(given.get(pair.key) != pair.value for pair in initial):
             workflow.upsert_search_attributes([p.key.value_set(p.value) for p in initial])
+        self._show_details()
         try:
             for attempt in range(1, spec.max_attempts + 1):
                 retry = await self._run_attempt(attempt)
@@ -383,6 +388,10 @@ class RolloutWorkflow:
                 self._stale_signals += 1
                 continue
             self._calls.append(event)
+            last = self._last_call
+            if last is None or (event.attempt, event.sequence) > (last.attempt, last.sequence):
+                self._last_call = event
+        self._show_details()
 
     @workflow.signal(name=AGENT_RESULT_SIGNAL)
     def agent_result(self, report: AgentReport) -> None:
@@ -431,6 +440,17 @@ class RolloutWorkflow:
         )
         also = [] if earlier.reward is None else [sa.REWARD.value_set(earlier.reward)]
         workflow.upsert_search_attributes([sa.STATUS.value_set(earlier.status.value), *also])
+        workflow.set_current_details(
+            sa.rollout_details(
+                self._spec,
+                status=earlier.status.value,
+                attempt=earlier.attempts,
+                calls=earlier.calls,
+                policy_version=self._serving_version(),
+                reward=earlier.reward,
+                error=earlier.error,
+            )
+        )
         return earlier
 
     def _start_attempt(self, attempt: int) -> None:
@@ -445,10 +465,43 @@ class RolloutWorkflow:
         self, status: RolloutStatus, also: list[SearchAttributeUpdate[Any]] | None = None
     ) -> None:
         self._status = check_transition(self._status, status)
+        self._show_details()
         # Brief statuses are left to the `status` query: each upsert is a history event and
         # a visibility write, and the server's work is what bounds rollouts per second.
-        if status not in BRIEF_STATUSES:
-            workflow.upsert_search_attributes([sa.STATUS.value_set(status.value), *(also or [])])
+        if status in BRIEF_STATUSES:
+            return
+        updates: list[SearchAttributeUpdate[Any]] = [
+            sa.STATUS.value_set(status.value),
+            *(also or []),
+        ]
+        # The last serving version rides on the status upserts the rollout makes anyway (an
+        # attempt's end, the final status) rather than costing an upsert per call. Replay
+        # compares an upsert's command type, not its attributes, so histories recorded
+        # before this attribute was added still replay.
+        version = self._serving_version()
+        if version != self._published_version:
+            updates.append(sa.POLICY_VERSION.value_set(version))
+            self._published_version = version
+        workflow.upsert_search_attributes(updates)
+
+    def _serving_version(self) -> int:
+        last = self._last_call
+        return last.policy_version if last is not None else self._spec.policy_version
+
+    def _show_details(self) -> None:
+        """What the Web UI's workflow page shows as current details. Workflow memory only (the
+        `__temporal_workflow_metadata` query reads it), so keeping it current costs nothing."""
+        workflow.set_current_details(
+            sa.rollout_details(
+                self._spec,
+                status=self._status.value,
+                attempt=self._attempt,
+                calls=len(self._calls),
+                policy_version=self._serving_version(),
+                reward=self._reward,
+                error=self._error,
+            )
+        )
 
     def _infra_failure(self, error: str) -> bool:
         self._error = error

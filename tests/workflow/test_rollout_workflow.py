@@ -16,6 +16,8 @@ import httpx
 import psutil
 import pytest
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import CancelledError
 from temporalio.testing import WorkflowEnvironment
@@ -24,6 +26,7 @@ from temporalio.worker import Worker
 from darl.activities.errors import agent_lost_error
 from darl.activities.runners.local import stop_leftover_agents
 from darl.activities.worker import RolloutWorkerSettings, build_worker
+from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
@@ -59,7 +62,9 @@ def spec(agent_command: list[str] | None = None, **overrides: object) -> Rollout
     return RolloutSpec(**values)
 
 
-def call_event(s: RolloutSpec, call_id: str, sequence: int, attempt: int = 1) -> ModelCallEvent:
+def call_event(
+    s: RolloutSpec, call_id: str, sequence: int, attempt: int = 1, policy_version: int = 0
+) -> ModelCallEvent:
     return ModelCallEvent(
         call_id=call_id,
         rollout_id=s.rollout_id,
@@ -67,7 +72,7 @@ def call_event(s: RolloutSpec, call_id: str, sequence: int, attempt: int = 1) ->
         sequence=sequence,
         endpoint="chat.completions",
         upstream="http://policy",
-        policy_version=0,
+        policy_version=policy_version,
         prompt_tokens=10,
         completion_tokens=5,
         latency_ms=1.0,
@@ -199,6 +204,13 @@ async def wait_for_cancel_request(handle: WorkflowHandle) -> None:
             ):
                 return
             await asyncio.sleep(0.05)
+
+
+async def current_details(handle: WorkflowHandle) -> str:
+    """What the Web UI's workflow page shows as Current Details (it asks the same query)."""
+    async with asyncio.timeout(TIMEOUT):
+        metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    return metadata.current_details
 
 
 def agent_pid(tmp_path: Path, s: RolloutSpec, attempt: int = 1) -> int:
@@ -496,3 +508,98 @@ async def test_cancelling_kills_the_agent_and_reports(
         reported = await asyncio.wait_for(collector.result(), TIMEOUT)
     assert [r.status for r in reported] == [RolloutStatus.CANCELLED]
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_the_web_ui_shows_the_task_status_and_reward(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """The starter's static summary names the task; the current details follow the status,
+    the calls and, once scored, the reward."""
+    stubs = StubAgents()
+    s = spec()
+    async with stub_worker(time_skipping_env, stubs) as queue:
+        handle = await time_skipping_env.client.start_workflow(
+            RolloutWorkflow.run,
+            s,
+            id=rollout_workflow_id(s.rollout_id),
+            task_queue=queue,
+            static_summary=sa.rollout_summary(s),
+        )
+        await wait_for_status(handle, RolloutStatus.RUNNING)
+        running = await current_details(handle)
+        await handle.signal(
+            RolloutWorkflow.model_calls,
+            [call_event(s, "a", 0, policy_version=0), call_event(s, "b", 1, policy_version=1)],
+        )
+        await wait_for_status(handle, RolloutStatus.RUNNING, calls=2)
+        with_calls = await current_details(handle)
+        await handle.signal(RolloutWorkflow.agent_result, AgentReport(attempt=1, reward=0.75))
+        stubs.release.set()
+        result = await asyncio.wait_for(handle.result(), TIMEOUT)
+        finished = await current_details(handle)  # a closed workflow's, replayed by the worker
+        summary = await (await handle.describe()).static_summary()
+    task = '`{"question": "1+1", "answer": "2"}`'
+    assert summary == f"train · {task}"
+    assert running == f"**running** · attempt 1 of 3 · 0 calls · policy v0\n\ntrain · {task}"
+    assert with_calls.startswith("**running** · attempt 1 of 3 · 2 calls · policy v1\n\n")
+    assert result.status == RolloutStatus.SUCCEEDED
+    assert finished.startswith("**succeeded** · reward 0.75 · attempt 1 of 3 · 2 calls")
+
+
+async def test_the_details_of_a_failed_rollout_say_why(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    stubs = StubAgents()
+    stubs.lose_attempts = {1}
+    s = spec(max_attempts=1)
+    async with stub_worker(time_skipping_env, stubs) as queue:
+        handle = await start(time_skipping_env, s, queue)
+        result = await asyncio.wait_for(handle.result(), TIMEOUT)
+        details = await current_details(handle)
+    assert result.status == RolloutStatus.FAILED_INFRA
+    status_line, error_line, _task = details.split("\n\n")
+    assert status_line == "**failed_infra** · attempt 1 of 1 · 0 calls · policy v0"
+    assert "vanished" in error_line
+
+
+@pytest.mark.parametrize(
+    "task", ["x" * 1000, "é" * 1000, {"q": "`" * 500}, "line one\n\n  line two"]
+)
+def test_a_summary_is_one_line_within_the_servers_limit(task: object) -> None:
+    summary = sa.rollout_summary(spec(task=task))
+    assert len(summary.encode()) <= 200  # the server refuses a start with a longer one
+    assert "\n" not in summary and summary.count("`") == 2
+
+
+async def test_darl_policy_version_is_the_version_of_the_last_call(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """A rollout started at version 1 whose later calls were served by versions 2 and 3 ends
+    with DarlPolicyVersion 3, the version of its last call (highest sequence, whatever order
+    the calls arrived in), published with the final status, not an upsert per call."""
+    stubs = StubAgents()
+    s = spec(policy_version=1, reward=RewardSpec(missing_reward=1.0))
+    async with stub_worker(time_skipping_env, stubs) as queue:
+        handle = await start(time_skipping_env, s, queue)
+        await wait_for_status(handle, RolloutStatus.RUNNING)
+        for sequence, version in ((0, 1), (2, 3), (1, 2)):
+            await handle.signal(
+                RolloutWorkflow.model_calls,
+                [call_event(s, f"c{sequence}", sequence, policy_version=version)],
+            )
+        await wait_for_status(handle, RolloutStatus.RUNNING, calls=3)
+        while_running = (await handle.describe()).typed_search_attributes
+        stubs.release.set()
+        result = await asyncio.wait_for(handle.result(), TIMEOUT)
+        finished = (await handle.describe()).typed_search_attributes
+        history = await handle.fetch_history()
+    assert while_running.get(sa.POLICY_VERSION) == 1  # the calls cost no upsert
+    assert result.status == RolloutStatus.SUCCEEDED and result.policy_versions == [1, 2, 3]
+    assert finished.get(sa.POLICY_VERSION) == 3
+    assert finished.get(sa.STATUS) == RolloutStatus.SUCCEEDED.value
+    upserts = [
+        e
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+    ]
+    assert len(upserts) == 3  # the start's attributes, running, succeeded: as before
