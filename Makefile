@@ -39,7 +39,14 @@ demo: $(STAMP)
 dev: $(STAMP)
 	$(BIN)/darl dev
 
-test: $(STAMP) $(VLLM_STAMP)
+# The viewer's browser test drives Debian's Chromium through Playwright (never `playwright
+# install`: no browser is downloaded); installed here once, as root, if the machine lacks it.
+CHROMIUM_STAMP := $(VENV)/.chromium
+$(CHROMIUM_STAMP): $(STAMP)
+	command -v chromium >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
+	touch $(CHROMIUM_STAMP)
+
+test: $(STAMP) $(VLLM_STAMP) $(CHROMIUM_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MAKE) typecheck
@@ -63,7 +70,7 @@ lint: $(STAMP)
 # mypy finds modules by path, not through the editable install's import hook, so it reads the
 # folders through a tree of links named as they install (darl.workflows -> workflows, ...).
 TYPECHECK_TREE := .darl/typecheck
-PACKAGES := workflows activities gateway serving trainer deploy examples
+PACKAGES := workflows activities gateway serving trainer deploy viewer examples
 typecheck: $(STAMP)
 	mkdir -p $(TYPECHECK_TREE)/darl
 	for p in $(PACKAGES); do ln -sfn ../../../$$p $(TYPECHECK_TREE)/darl/$$p; done

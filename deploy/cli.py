@@ -245,6 +245,7 @@ def dev(
     gateway_port: int = DEFAULT_PORTS.gateway,
     policy_port: int = DEFAULT_PORTS.policy,
     agent_port: int = DEFAULT_PORTS.agent_service,
+    viewer_port: int = DEFAULT_PORTS.viewer,
     ui: Annotated[bool, typer.Option(help="Serve the Temporal Web UI.")] = True,
     model: Annotated[str, typer.Option(help="Policy model preset: tiny or digits.")] = "tiny",
     agent_service: Annotated[
@@ -255,7 +256,7 @@ def dev(
     setup_logging()
     stack = DevStack(
         home,
-        DevPorts(temporal_port, ui_port, gateway_port, policy_port, agent_port),
+        DevPorts(temporal_port, ui_port, gateway_port, policy_port, agent_port, viewer_port),
         ui=ui,
         model=model,
         agent_service=agent_service,
@@ -277,6 +278,7 @@ def dev(
         typer.echo(f"Policy server {stack.policy_url} (model {stack.model_dir})")
         if agent_service:
             typer.echo(f"Agent service {stack.agent_service_url}")
+        typer.echo(f"Viewer        {stack.viewer_url}")
         typer.echo(f"Logs          {stack.home / 'logs'}")
         typer.echo("Ctrl-C stops everything.")
         while not stopped:
@@ -295,6 +297,7 @@ def demo(
     gateway_port: int = DEFAULT_PORTS.gateway,
     policy_port: int = DEFAULT_PORTS.policy,
     agent_port: int = DEFAULT_PORTS.agent_service,
+    viewer_port: int = DEFAULT_PORTS.viewer,
 ) -> None:
     """Start the stack, train the tiny digits model with RL while you watch, stop."""
     setup_logging()
@@ -303,7 +306,7 @@ def demo(
 
     stack = DevStack(
         home,
-        DevPorts(temporal_port, ui_port, gateway_port, policy_port, agent_port),
+        DevPorts(temporal_port, ui_port, gateway_port, policy_port, agent_port, viewer_port),
         model="digits",
         agent_service=AGENT_SERVICE,
     )
@@ -326,6 +329,7 @@ def rollout(
     from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
+    from darl.workflows import search_attributes as sa
     from darl.workflows.contracts import (
         RolloutResult,
         RolloutSpec,
@@ -353,6 +357,7 @@ def rollout(
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 result_type=RolloutResult,
+                static_summary=sa.rollout_summary(spec),
             )
             typer.echo(f"started {handle.id}")
         except WorkflowAlreadyStartedError:
@@ -371,10 +376,12 @@ def rollout(
 
 def main() -> None:
     from darl.deploy.training_cli import register
+    from darl.deploy.viewer_cli import register as register_viewer
     from darl.deploy.vllm_cli import register as register_vllm
 
     register(app)
     register_vllm(app)
+    register_viewer(app)
     app()
 
 

@@ -12,7 +12,16 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
-FOLDERS = ["workflows", "activities", "gateway", "serving", "trainer", "deploy", "examples"]
+FOLDERS = [
+    "workflows",
+    "activities",
+    "gateway",
+    "serving",
+    "trainer",
+    "deploy",
+    "viewer",
+    "examples",
+]
 
 
 def test_the_wheel_installs_every_folder_under_darl_and_nothing_else(tmp_path: Path):
@@ -51,7 +60,12 @@ def test_the_wheel_installs_every_folder_under_darl_and_nothing_else(tmp_path: P
         sources = {s for s in sources if "__pycache__" not in s}
         assert {f"darl/{s}" for s in sources} <= set(names), folder
     # What the demo and the examples read at run time.
-    for data in ["examples/digits/train.yaml", "examples/digits/tasks.jsonl"]:
+    for data in [
+        "examples/digits/train.yaml",
+        "examples/digits/tasks.jsonl",
+        "viewer/templates/rollout.html",
+        "viewer/static/viewer.js",
+    ]:
         assert f"darl/{data}" in names
     entry_points = zipfile.ZipFile(wheel).read("darl-0.1.0.dist-info/entry_points.txt").decode()
     assert "darl = darl.deploy.cli:main" in entry_points

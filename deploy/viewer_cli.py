@@ -1,0 +1,209 @@
+"""`darl viewer` (the read-only web app over runs, rollouts and their trajectories) and `darl
+trajectory ROLLOUT` (one rollout's calls in the terminal). Registered by deploy/cli.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from darl.deploy.cli_support import (
+    Namespace,
+    TemporalAddress,
+    run_client,
+    run_until_signalled,
+    setup_logging,
+)
+from darl.deploy.serving import serve_app
+from darl.deploy.temporal_connection import (
+    DEFAULT_ADDRESS,
+    DEFAULT_NAMESPACE,
+    TemporalSettings,
+    connect,
+)
+
+StoreDir = Annotated[Path, typer.Option(help="The gateway's trajectory store.")]
+NOT_FOUND_EXIT = 2
+
+
+def viewer(
+    host: Annotated[str, typer.Option(help="Interface to bind; loopback unless you mean it.")] = (
+        "127.0.0.1"
+    ),
+    port: int = 8400,
+    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    namespace: Namespace = DEFAULT_NAMESPACE,
+    store_dir: StoreDir = Path(".darl/trajectories"),
+    runs_dir: Annotated[Path, typer.Option(envvar="DARL_RUNS_DIR")] = Path(".darl/runs"),
+    agents_dir: Annotated[
+        Path, typer.Option(help="The rollout worker's agents dir (local agents' logs).")
+    ] = Path(".darl/agents"),
+    ui_url: Annotated[
+        str, typer.Option(envvar="DARL_UI_URL", help="The Temporal Web UI to link to.")
+    ] = "http://127.0.0.1:8233",
+    ready_file: Annotated[
+        Path | None, typer.Option(help="Write the bound address here once serving (JSON).")
+    ] = None,
+) -> None:
+    """Serve the trajectory viewer: runs, curves, rollouts, calls and tokens (read-only)."""
+    setup_logging()
+    from darl.viewer.app import Viewer, ViewerSettings, create_viewer_app
+    from darl.viewer.temporal_view import TemporalView
+
+    settings = ViewerSettings(
+        store_dir=store_dir.resolve(),
+        runs_dir=runs_dir.resolve(),
+        agents_dir=agents_dir.resolve(),
+        ui_url=ui_url.rstrip("/"),
+    )
+
+    async def main(stop: asyncio.Event) -> None:
+        client = await connect(TemporalSettings.from_env(temporal_address, namespace))
+        app = create_viewer_app(Viewer(TemporalView(client), settings))
+        await serve_app(app, host, port, stop, ready_file, "viewer")
+
+    run_until_signalled(main)
+
+
+def trajectory(
+    rollout_id: Annotated[str, typer.Argument(help="The rollout id (workflow rollout/<id>).")],
+    attempt: Annotated[
+        int | None, typer.Option(help="The attempt to show (default: the rollout's last).")
+    ] = None,
+    tokens: Annotated[bool, typer.Option("--tokens", help="Show token ids and logprobs.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    store_dir: StoreDir = Path(".darl/trajectories"),
+    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    namespace: Namespace = DEFAULT_NAMESPACE,
+) -> None:
+    """Every model call of a rollout, in order: messages, completion, finish reason, latency,
+    policy version, protocol. Exit status 2 when nothing knows the rollout."""
+    from darl.gateway.store import DirectoryTrajectoryStore
+    from darl.viewer.temporal_view import TemporalView
+    from darl.viewer.trajectory import load_trajectory
+
+    async def main() -> None:
+        client = await connect(TemporalSettings.from_env(temporal_address, namespace))
+        state = await TemporalView(client).rollout(rollout_id)
+        wanted = attempt if attempt is not None else (state.last_attempt if state else None)
+        store = DirectoryTrajectoryStore(store_dir)
+        found = await load_trajectory(store, rollout_id, wanted)
+        if state is None and not found.in_store:
+            _leave(
+                f"error: no rollout {rollout_id!r}: Temporal has no workflow rollout/"
+                f"{rollout_id} and {store_dir / rollout_id} does not exist"
+            )
+        result = state.result if state else None
+        summary = {
+            "rollout_id": rollout_id,
+            "workflow_status": state.workflow_status if state else None,
+            "result": result.model_dump(mode="json") if result else None,
+            "attempt": found.attempt,
+            "attempts_in_store": found.attempts,
+            "calls": [_call_json(r, tokens) for r in found.calls],
+            "failed_calls": [asdict(f) for f in found.failed_calls],
+        }
+        if as_json:
+            typer.echo(json.dumps(summary, indent=2))
+        else:
+            _print(Console(), summary, found, tokens)
+
+    run_client(main)
+
+
+def _leave(message: str) -> None:
+    """Exit with NOT_FOUND_EXIT from inside a client command (run_client's own exits are 0
+    and 1); os._exit for the same reason run_client uses it."""
+    typer.echo(message, err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(NOT_FOUND_EXIT)
+
+
+def _call_json(record: Any, with_tokens: bool) -> dict[str, Any]:
+    from darl.viewer.render import completion_text
+
+    value: dict[str, Any] = {
+        "sequence": record.sequence,
+        "call_id": record.call_id,
+        "attempt": record.attempt,
+        "policy_version": record.policy_version,
+        "protocol": record.protocol,
+        "endpoint": record.endpoint,
+        "finish_reason": record.finish_reason(),
+        "latency_ms": record.latency_ms,
+        "retry_count": record.retry_count,
+        "streamed": record.streamed,
+        "messages": record.request.get("messages"),
+        "prompt": record.request.get("prompt"),
+        "completion": completion_text(record),
+        "prompt_tokens": len(record.prompt_token_ids),
+        "completion_tokens": len(record.completion_token_ids()),
+    }
+    if with_tokens:
+        value["prompt_token_ids"] = record.prompt_token_ids
+        value["completion_token_ids"] = record.completion_token_ids()
+        value["completion_logprobs"] = record.completion_logprobs()
+    return value
+
+
+def _print(console: Console, summary: dict[str, Any], found: Any, with_tokens: bool) -> None:
+    from darl.viewer.render import call_views
+    from darl.viewer.trajectory import returned_token_texts
+
+    result = summary["result"]
+    head = f"rollout {summary['rollout_id']}"
+    if result:
+        head += f": {result['status']}, reward {result['reward']}, answer {result['answer']!r}"
+    elif summary["workflow_status"]:
+        head += f": workflow {summary['workflow_status']}"
+    else:
+        head += ": no workflow in Temporal (the store's record only)"
+    console.print(head, style="bold", markup=False, highlight=False)
+    if result and result.get("error"):
+        console.print(f"error: {result['error']}", markup=False, highlight=False)
+    console.print(
+        f"attempt {found.attempt} (in the store: {found.attempts or 'none'}), "
+        f"{len(found.calls)} calls",
+        markup=False,
+        highlight=False,
+    )
+    for view in call_views(found.calls):
+        r = view.record
+        console.rule(
+            f"call {r.sequence} · policy version {r.policy_version} · {r.protocol} · "
+            f"finish {view.finish_reason} · {r.latency_ms:.1f} ms",
+            characters="─",
+        )
+        if view.earlier_messages:
+            console.print(f"  … {view.earlier_messages} earlier messages", highlight=False)
+        if view.prompt is not None:
+            console.print(f"  prompt: {view.prompt}", markup=False, highlight=False)
+        for message in view.messages:
+            console.print(f"  {message.role}: {message.text}", markup=False, highlight=False)
+        console.print(f"  completion: {view.completion}", markup=False, highlight=False)
+        if with_tokens:
+            table = Table("token id", "text", "logprob")
+            texts = returned_token_texts(r)
+            logprobs = view.logprobs or []
+            for i, token_id in enumerate(r.completion_token_ids()):
+                text = texts[i] if i < len(texts) else None
+                lp = f"{logprobs[i]:.4f}" if i < len(logprobs) else "-"
+                table.add_row(str(token_id), repr(text) if text is not None else "-", lp)
+            console.print(f"  prompt token ids: {r.prompt_token_ids}", highlight=False)
+            console.print(table)
+    for failed in found.failed_calls:
+        console.print(f"failed call: {failed.summary()}", markup=False, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(viewer)
+    app.command()(trajectory)

@@ -1,0 +1,349 @@
+"""The trajectory viewer (`darl viewer`) and `darl trajectory` against the real dev server, a real
+training run of the digits model and real multi-turn rollouts: every page over HTTP, unknown
+ids, a store that lost a rollout's file, what the trainer would see, and a real browser
+(Debian's Chromium through Playwright) watching a run train.
+
+The browser test comes first: it needs the module's training run still training (the other
+tests wait for the run's end)."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import re
+import statistics
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from temporalio.client import WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+
+from darl.deploy.processes import ManagedProcess
+from darl.workflows.contracts import (
+    LocalAgentSpec,
+    RewardSpec,
+    RolloutResult,
+    RolloutSpec,
+    RolloutTimeouts,
+)
+from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.training_messages import TrainingSummary
+from tests.integration.stack import Stack
+from tests.integration.test_rollouts_e2e import RESULT_TIMEOUT, example_spec
+from tests.integration.training_stack import (
+    start_training,
+    start_training_stack,
+    training_config,
+    training_result,
+)
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = Path("/usr/bin/chromium")
+MEMBER = re.compile(r'class="reward">([^<]+)</b>.*?class="advantage">([^<]+)</b>', re.S)
+SCRIPT = "<script>alert('x')</script>"
+
+
+@dataclass
+class ViewerStack:
+    stack: Stack
+    url: str
+    handle: WorkflowHandle[Any, TrainingSummary]
+    run_id: str
+    multi_turn: RolloutResult
+    lost_file: RolloutResult
+    no_calls: RolloutResult
+
+    def get(self, path: str, **params: Any) -> httpx.Response:
+        # No `params` at all when none are given: httpx's would replace the path's own query.
+        return httpx.get(f"{self.url}{path}", params=params or None, timeout=30)
+
+    async def finished(self) -> TrainingSummary:
+        return await training_result(self.stack, self.handle, 300)
+
+
+@pytest.fixture(scope="module")
+def served(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Stack, str]]:
+    """The training stack with a `darl viewer` process reading its store, runs and agents."""
+    stack = start_training_stack(tmp_path_factory.mktemp("viewer"), dev_env.client)
+    try:
+        process = ManagedProcess.darl(
+            "viewer",
+            [
+                "viewer",
+                "--port",
+                "0",
+                "--store-dir",
+                str(stack.store_dir),
+                "--runs-dir",
+                str(stack.runs_dir),
+                "--agents-dir",
+                str(stack.agents_dir),
+                "--ui-url",
+                "http://ui.example:8233",
+            ],
+            stack.root / "logs",
+            env=stack.env(),
+        )
+        stack.processes["viewer"] = process.start()
+        url = process.wait_ready(timeout=120)["url"]
+    except BaseException:
+        stack.stop()
+        raise
+    yield stack, url
+    stack.stop()
+
+
+async def _rollout(stack: Stack, spec: RolloutSpec) -> RolloutResult:
+    handle = await stack.start_rollout(spec)
+    return await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+async def viewer_stack(served: tuple[Stack, str]) -> AsyncIterator[ViewerStack]:
+    stack, url = served
+    run_id = f"viewer-{uuid.uuid4().hex[:8]}"
+    handle = await start_training(
+        stack.client, training_config(stack, run_id, 6), stack.trainer_queue
+    )
+    multi = example_spec("darl.examples.arithmetic.calculator_agent", 3)
+    multi = multi.model_copy(
+        update={"task": {"question": f"What is 3 + 2? {SCRIPT}", "answer": "5"}}
+    )
+    lost = example_spec("darl.examples.arithmetic.calculator_agent", 4)
+    quiet = RolloutSpec(
+        run_id="viewer-quiet",
+        rollout_id=f"quiet-{uuid.uuid4().hex[:8]}",
+        task={},
+        agent=LocalAgentSpec(command=["true"]),
+        reward=RewardSpec(missing_reward=0.0),
+        timeouts=RolloutTimeouts(agent_seconds=60),
+    )
+    results = await asyncio.gather(*(_rollout(stack, s) for s in (multi, lost, quiet)))
+    for result in results:
+        assert result.status == RolloutStatus.SUCCEEDED, result.error
+    # The store loses the second rollout's file (a store on another disk, a cleanup).
+    (stack.store_dir / lost.rollout_id / f"attempt-{results[1].attempts}.jsonl").unlink()
+    yield ViewerStack(stack, url, handle, run_id, *results)
+
+
+def _points(svg_html: str) -> int:
+    return int(re.search(r'data-points="(\d+)"', svg_html).group(1))  # type: ignore[union-attr]
+
+
+async def test_a_browser_watches_the_run_train_and_opens_a_rollout(
+    viewer_stack: ViewerStack, tmp_path: Path
+) -> None:
+    if not CHROMIUM.exists():
+        pytest.fail("Debian's chromium is missing: `make test` installs it (apt-get)")
+    from playwright.async_api import async_playwright
+
+    v = viewer_stack
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=["--no-sandbox"], timeout=60_000
+        )
+        try:
+            page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(30_000)
+            await page.goto(f"{v.url}/runs/{v.run_id}")
+            first_chart = page.locator("svg.chart").first
+            before = int(await first_chart.get_attribute("data-points") or "-1")
+            steps_before = await page.locator("#steps tr[data-step]").count()
+            # The script refetches the curves; no reload: a step appears that was not there.
+            await page.wait_for_function(
+                "n => Number(document.querySelector('svg.chart').dataset.points) > n",
+                arg=before,
+                timeout=120_000,
+            )
+            assert await page.locator("#live").get_attribute("data-refreshed")
+            assert await page.locator("#steps tr[data-step]").count() > steps_before
+            await page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
+
+            await page.goto(f"{v.url}/runs/{v.run_id}/rollouts")
+            await page.fill("input[name=version]", "0")
+            await page.select_option("select[name=mode]", "train")
+            await page.click("#apply")
+            await page.wait_for_selector("#rollouts tr.rollout")
+            versions = await page.locator("#rollouts tr.rollout td:nth-child(6)").all_inner_texts()
+            assert versions and set(versions) == {"0"}, versions
+            assert "version=0" in page.url
+            await page.screenshot(path=str(tmp_path / "rollouts.png"), full_page=True)
+
+            await page.locator("#rollouts tr.rollout a").first.click()
+            await page.wait_for_selector("#calls section.call")
+            assert await page.locator("#calls .tok").count() > 0
+            assert await page.locator("section.row").count() >= 1
+            await page.screenshot(path=str(tmp_path / "rollout.png"), full_page=True)
+
+            await page.goto(f"{v.url}/rollouts/{v.multi_turn.rollout_id}")
+            assert await page.locator("#calls section.call").count() == 2
+            # The prompt's <script> is text on the page, never run.
+            assert SCRIPT in await page.locator("#calls").inner_text()
+            await page.screenshot(path=str(tmp_path / "multi-turn.png"), full_page=True)
+        finally:
+            await browser.close()
+    for name in ("run", "rollouts", "rollout", "multi-turn"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 10_000
+
+
+async def test_the_runs_page_and_the_run_page_show_the_finished_run(
+    viewer_stack: ViewerStack,
+) -> None:
+    v = viewer_stack
+    summary = await v.finished()
+    runs = v.get("/")
+    assert runs.status_code == 200
+    assert f'href="/runs/{v.run_id}"' in runs.text
+    row = runs.text.split(f'href="/runs/{v.run_id}"', 1)[1].split("</tr>", 1)[0]
+    assert f"<td>{summary.steps}</td>" in row  # DarlStep
+    assert "completed" in row
+
+    run = v.get(f"/runs/{v.run_id}")
+    assert run.status_code == 200
+    assert run.text.count('<svg class="chart"') == 7
+    assert _points(run.text) == 6
+    assert "http://ui.example:8233/namespaces/default/workflows/train%2F" + v.run_id in run.text
+    assert f"rollouts started</th><td>{summary.counters.rollouts_started}<" in run.text
+    live = v.get(f"/runs/{v.run_id}/live")
+    assert live.status_code == 200 and "<html" not in live.text and "svg" in live.text
+
+
+async def test_the_rollouts_table_filters_and_pages_through_visibility(
+    viewer_stack: ViewerStack,
+) -> None:
+    v = viewer_stack
+    await v.finished()
+    every = v.get(f"/runs/{v.run_id}/rollouts", size=20)
+    assert every.status_code == 200
+    assert every.text.count('<tr class="rollout">') == 20
+    second = re.search(r'id="next" href="\?([^"]+)"', every.text)
+    assert second, "a run of 6 x 16 rollouts has a second page of 20"
+    following = v.get(f"/runs/{v.run_id}/rollouts?{html.unescape(second.group(1))}")
+    first_ids = set(re.findall(r'href="/rollouts/([^"]+)"', every.text))
+    next_ids = set(re.findall(r'href="/rollouts/([^"]+)"', following.text))
+    assert len(next_ids) == 20 and not first_ids & next_ids
+
+    top = v.get(f"/runs/{v.run_id}/rollouts", version="2", reward_min="0.5", size=200)
+    cells = re.findall(r'<tr class="rollout">.*?</tr>', top.text, re.S)
+    assert cells, top.text[-2000:]
+    for cell in cells:
+        reward, version = re.findall(r"<td>([^<]*)</td>", cell)[-3:-1]
+        assert float(reward) >= 0.5 and version == "2", cell
+    assert v.get(f"/runs/{v.run_id}/rollouts", status="failed_infra").text.count('id="empty"')
+    assert v.get(f"/runs/{v.run_id}/rollouts", version="x").status_code == 400
+    for token in ("%%%", "AAAA"):  # not base64; base64 that Temporal cannot read
+        assert v.get(f"/runs/{v.run_id}/rollouts", page=token).status_code == 404, token
+
+
+async def test_a_group_shows_grpo_advantages_as_the_trainer_computes_them(
+    viewer_stack: ViewerStack,
+) -> None:
+    v = viewer_stack
+    await v.finished()
+    page = v.get(f"/runs/{v.run_id}/rollouts", status="succeeded", mode="train", size=20)
+    group = re.search(r'href="/groups/([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+    shown = v.get(f"/groups/{group}")
+    assert shown.status_code == 200
+    members = [
+        found.groups()
+        for block in shown.text.split('<div class="member">')[1:]
+        if (
+            found := re.search(
+                r'class="reward">([^<]+)</b>.*?class="advantage">([^<]+)</b>', block, re.S
+            )
+        )
+    ]
+    assert len(members) >= 3, shown.text
+    rewards = [float(r) for r, _ in members]
+    mean, std = statistics.mean(rewards), statistics.stdev(rewards)
+    for reward, advantage in members:
+        assert float(advantage) == pytest.approx((float(reward) - mean) / (std + 1e-6), abs=1e-3)
+
+
+async def test_a_multi_turn_rollout_shows_its_calls_tokens_and_rows(
+    viewer_stack: ViewerStack,
+) -> None:
+    v = viewer_stack
+    rollout = v.get(f"/rollouts/{v.multi_turn.rollout_id}")
+    assert rollout.status_code == 200
+    text = rollout.text
+    assert text.index('id="call-0"') < text.index('id="call-1"')
+    assert "<script>alert" not in text and "&lt;script&gt;alert(" in text
+    assert text.count('class="tok"') >= v.multi_turn.completion_tokens
+    assert "finish <b" in text and "policy version <b>0</b>" in text
+    assert "the default settings" in text  # a rollout of no training run
+    assert 'id="agent-log"' in text and "expression" in text  # the local agent's own print
+    assert "rollout%2F" + v.multi_turn.rollout_id in text
+    rows = text.count('class="row"')
+    assert rows >= 1 and f"{rows} rows from 2 calls" in text
+
+
+async def test_a_trained_rollout_shows_the_runs_aggregation(viewer_stack: ViewerStack) -> None:
+    v = viewer_stack
+    await v.finished()
+    page = v.get(f"/runs/{v.run_id}/rollouts", status="succeeded", size=20)
+    rollout_id = re.search(r'href="/rollouts/([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+    shown = v.get(f"/rollouts/{rollout_id}")
+    assert shown.status_code == 200
+    assert "the run's settings (its TrainingConfig)" in shown.text
+    assert "prompts up to 16 tokens, responses up to 8" in shown.text  # the demo config's
+    assert 'id="no-log"' in shown.text  # an HTTP agent service: no log on this machine
+
+
+def test_unknown_ids_are_404_pages(viewer_stack: ViewerStack) -> None:
+    v = viewer_stack
+    for path, what in [
+        ("/runs/no-such-run", "training run"),
+        ("/rollouts/no-such-rollout", "rollout"),
+        ("/groups/no-such-group", "group"),
+    ]:
+        response = v.get(path)
+        assert response.status_code == 404, path
+        assert "Not found: " + what in response.text
+    assert v.get("/runs/no-such-run/live").status_code == 404
+
+
+def test_a_store_missing_a_rollouts_file_is_said_on_the_page(viewer_stack: ViewerStack) -> None:
+    v = viewer_stack
+    for result in (v.lost_file, v.no_calls):
+        response = v.get(f"/rollouts/{result.rollout_id}")
+        assert response.status_code == 200, response.text[-1000:]
+        assert 'id="missing"' in response.text
+        assert 'id="status" class="status-succeeded"' in response.text
+
+
+def test_darl_trajectory_prints_every_call_in_order(viewer_stack: ViewerStack) -> None:
+    v = viewer_stack
+    store = ["--store-dir", str(v.stack.store_dir)]
+    rollout_id = v.multi_turn.rollout_id
+    shown = v.stack.darl("trajectory", rollout_id, *store)
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert out.index("call 0") < out.index("call 1"), out
+    assert "succeeded" in out and "policy version 0" in out and SCRIPT in out
+    assert out.count("completion:") == 2
+
+    as_json = v.stack.darl("trajectory", rollout_id, "--json", "--tokens", *store)
+    assert as_json.returncode == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert [c["sequence"] for c in data["calls"]] == [0, 1]
+    assert [c["call_id"] for c in data["calls"]] == v.multi_turn.call_ids
+    assert data["result"]["status"] == "succeeded"
+    for call in data["calls"]:
+        assert len(call["completion_logprobs"]) == len(call["completion_token_ids"]) > 0
+
+    tokens = v.stack.darl("trajectory", rollout_id, "--tokens", *store)
+    assert tokens.returncode == 0 and "logprob" in tokens.stdout
+
+    missing = v.stack.darl("trajectory", "no-such-rollout", *store)
+    assert missing.returncode == 2
+    assert "no rollout 'no-such-rollout'" in missing.stderr

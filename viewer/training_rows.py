@@ -1,0 +1,92 @@
+"""What the trainer would make of a rollout: its training rows (trainer/aggregation.py, called,
+not copied) under the run's aggregation settings, and a group's advantages (verl's estimator,
+called as the reference backend calls it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from verl.trainer.config import AlgoConfig
+from verl.trainer.ppo import core_algos
+
+from darl.gateway.store import CallRecord
+from darl.trainer.aggregation import (
+    AggregationCounters,
+    AggregationError,
+    AggregationSettings,
+    RolloutSample,
+    TrainingRow,
+    rollout_rows,
+    to_data_proto,
+)
+from darl.trainer.reference_backend import ReferenceTrainerSettings
+from darl.workflows.training_config import AggregationSpec, TrainingConfig
+
+
+@dataclass(frozen=True)
+class AggregatedRows:
+    """The rows the trainer makes of a rollout's calls, and under which settings."""
+
+    settings: AggregationSettings
+    from_run: bool
+    rows: list[TrainingRow] = field(default_factory=list)
+    counters: AggregationCounters = field(default_factory=AggregationCounters)
+    error: str | None = None
+
+
+def aggregation_settings(config: TrainingConfig | None) -> tuple[AggregationSettings, bool]:
+    """The run's aggregation settings, or the defaults (False: not the run's own)."""
+    spec = config.aggregation if config is not None else AggregationSpec()
+    return AggregationSettings(**spec.model_dump()), config is not None
+
+
+def trainer_rows(
+    rollout_id: str,
+    group_id: str,
+    reward: float | None,
+    calls: list[CallRecord],
+    config: TrainingConfig | None,
+) -> AggregatedRows:
+    settings, from_run = aggregation_settings(config)
+    counters = AggregationCounters()
+    sample = RolloutSample(rollout_id, group_id, reward or 0.0, calls)
+    try:
+        rows = rollout_rows(sample, settings, counters)
+    except AggregationError as err:
+        return AggregatedRows(settings, from_run, counters=counters, error=str(err))
+    return AggregatedRows(settings, from_run, rows, counters)
+
+
+def group_advantages(rows: list[TrainingRow], config: TrainingConfig | None) -> dict[str, float]:
+    """Each rollout's advantage as the reference backend computes it: the rows made into
+    verl's batch (`to_data_proto`) and verl's estimator named by the run's settings (GRPO:
+    (r - mean) / (std + eps) over the group's rows). A rollout's rows share one value."""
+    if not rows:
+        return {}
+    settings = ReferenceTrainerSettings(
+        **(config.backend.settings if config and config.backend.name == "reference" else {})
+    )
+    aggregation, _ = aggregation_settings(config)
+    data = to_data_proto(rows, aggregation)
+    kwargs: dict[str, Any] = {
+        "token_level_rewards": data.batch["token_level_rewards"].float(),
+        "response_mask": data.batch["response_mask"].float(),
+        "config": AlgoConfig(
+            gamma=settings.gamma,
+            adv_estimator=settings.adv_estimator,
+            norm_adv_by_std_in_grpo=settings.norm_adv_by_std_in_grpo,
+        ),
+    }
+    if settings.adv_estimator in ("grpo", "rloo"):
+        kwargs["index"] = np.array([row.uid for row in rows], dtype=object)
+    if settings.adv_estimator == "grpo":
+        kwargs["norm_adv_by_std_in_grpo"] = settings.norm_adv_by_std_in_grpo
+    estimator = core_algos.get_adv_estimator_fn(settings.adv_estimator)
+    advantages, _ = estimator(**kwargs)
+    found: dict[str, float] = {}
+    for i, row in enumerate(rows):
+        mask = data.batch["response_mask"][i].bool()
+        found.setdefault(row.rollout_id, float(advantages[i][mask][0]))
+    return found
