@@ -23,6 +23,7 @@ from temporalio.worker import Worker
 
 from darl.deploy.devstack import SECRETS_FILE
 from darl.deploy.serving import write_ready_file
+from darl.deploy.telemetry import flush_tracing
 from darl.deploy.temporal_connection import TemporalSettings, connect
 
 # The Temporal options every command takes, read from the temporal CLI's own variables.
@@ -71,6 +72,7 @@ def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> Non
     except Exception:
         log.exception("stopped by an error")
         code = 1
+    flush_tracing()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -160,6 +162,7 @@ def run_client(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     except CliError as err:
         typer.echo(f"error: {err}", err=True)
         code = 1
+    flush_tracing()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -4,6 +4,8 @@ A tracer provider is always installed, so trace context (and an agent's TRACEPAR
 even when nothing is exported. Exporting follows OTEL_TRACES_EXPORTER (`otlp`, `console`,
 `none`; default `none`, or `otlp` when OTEL_EXPORTER_OTLP_ENDPOINT is set); the OTLP exporter
 reads its own OTEL_EXPORTER_OTLP_* variables. OTEL_SERVICE_NAME overrides the service name.
+The provider is Temporal's replay-safe one: workflow spans get ids from the workflow's own
+deterministic random and are not exported again when a worker replays a workflow.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ import os
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from temporalio.contrib.opentelemetry import ReplaySafeTracerProvider, create_tracer_provider
 
 
 class TelemetryConfigError(ValueError):
@@ -40,13 +42,21 @@ def _exporters() -> list[SpanExporter]:
     return exporters
 
 
-def configure_tracing(service_name: str) -> TracerProvider | None:
+def configure_tracing(service_name: str) -> ReplaySafeTracerProvider | None:
     """Install the process's tracer provider; None when OTEL_SDK_DISABLED=true."""
     if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return None
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)})
-    provider = TracerProvider(resource=resource)
+    provider = create_tracer_provider(resource=resource)
     for exporter in _exporters():
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return provider
+
+
+def flush_tracing(timeout_seconds: float = 5.0) -> None:
+    """Export the spans still queued. Components leave with os._exit (see cli_support), which
+    skips the provider's own shutdown: without this a stopping gateway drops its last spans."""
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, ReplaySafeTracerProvider):
+        provider.force_flush(timeout_millis=int(timeout_seconds * 1000))

@@ -1,6 +1,6 @@
 """How every DARL component talks to Temporal: one data converter (pydantic JSON, so the
-temporal CLI can send plain JSON) and tracing on every client. For components, never called from
-workflow code."""
+temporal CLI can send plain JSON) and tracing on every client and the workers built from it
+(`darl.deploy.temporal_tracing`). For components, never called from workflow code."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from temporalio.client import Client
-from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import TLSConfig
+
+from darl.deploy.temporal_tracing import tracing_plugin
 
 DATA_CONVERTER = pydantic_data_converter
 
@@ -58,5 +59,5 @@ async def connect(settings: TemporalSettings) -> Client:
         api_key=settings.api_key,
         tls=settings.tls(),
         data_converter=DATA_CONVERTER,
-        interceptors=[TracingInterceptor()],
+        plugins=[tracing_plugin()],
     )

@@ -1,23 +1,32 @@
 """One trace covers a rollout: the workflow, its activities, the agent's call through the
 gateway (joined by the trace context the rollout token carries, since the example agent sends
-no traceparent), the gateway's call to the policy server, and the signal back into Temporal.
+no traceparent), the gateway's call to the policy server, and the signal back into Temporal;
+whoever started it. A training run's trace holds its steps; its rollouts are traces of their own
+linked to it.
 
-All DARL components run in this process so one in-memory exporter sees every span; the agent
-is a real subprocess using the official OpenAI SDK."""
+The first test runs every DARL component in this process, so one in-memory exporter sees every
+span (the agent is a real subprocess using the official OpenAI SDK), and so does the replay
+test. The others run the components as real `darl` processes exporting OTLP/HTTP to a receiver
+on loopback, and start the workflows with the temporal CLI, which sends no trace context."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as OtlpSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.contrib.opentelemetry import create_tracer_provider
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 from darl.activities.worker import RolloutWorkerSettings, build_worker
 from darl.deploy.temporal_connection import TemporalSettings, connect
@@ -29,19 +38,37 @@ from darl.serving.tiny_model import create_model_dir
 from darl.workflows.contracts import (
     LocalAgentSpec,
     RewardSpec,
+    RolloutResult,
     RolloutSpec,
     RolloutTimeouts,
     rollout_workflow_id,
 )
+from darl.workflows.names import ROLLOUT_WORKFLOW, TRAINING_WORKFLOW
 from darl.workflows.rollout_status import RolloutStatus
 from darl.workflows.rollout_workflow import RolloutWorkflow
+from darl.workflows.training_config import training_workflow_id
+from darl.workflows.training_messages import TrainingSummary
+from tests.conftest import BIN
+from tests.integration.otlp_receiver import (
+    ReceivedSpan,
+    SpanSink,
+    in_one_tree,
+    otlp_receiver,
+    trace_of,
+)
+from tests.integration.stack import Stack
+from tests.integration.traced_workflow import STEP, TracedWorkflow
+from tests.integration.training_stack import AGENT_SERVICE, training_config
 from tests.serving import served
+
+SPAN_KIND_CLIENT = OtlpSpan.SpanKind.SPAN_KIND_CLIENT
 
 
 @pytest.fixture(scope="module")
 def exporter() -> InMemorySpanExporter:
     spans = InMemorySpanExporter()
-    provider = TracerProvider()
+    # Replay-safe, as configure_tracing's: workers make workflow spans only under such a one.
+    provider = create_tracer_provider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
     trace.set_tracer_provider(provider)
     if trace.get_tracer_provider() is not provider:
@@ -119,3 +146,277 @@ async def test_one_trace_covers_the_rollout(
         and s.attributes.get("url.full", s.attributes.get("http.url", "")).startswith(policy_url)
     ]
     assert upstream_calls, "the gateway's httpx call to the policy server is in the trace"
+
+
+# --- every starter: components as real processes exporting OTLP ----------------------------
+
+ROLLOUT_SPANS = {
+    "RunWorkflow:RolloutWorkflow",
+    "RunActivity:launch_agent",
+    "RunActivity:await_agent",
+    "RunActivity:compute_reward",
+    "POST /rollouts/{rollout_id}/v1/chat/completions",  # the gateway's server span
+    "POST /v1/chat/completions",  # the policy server's server span
+}
+
+
+class TracedStack(Stack):
+    """The integration stack, its components exporting their spans to `endpoint`."""
+
+    def __init__(self, root: Path, client: Client, endpoint: str) -> None:
+        super().__init__(root, client)
+        self.endpoint = endpoint
+
+    def env(self) -> dict[str, str]:
+        return {
+            **super().env(),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": self.endpoint,
+            "OTEL_TRACES_EXPORTER": "otlp",
+            # Export within a moment: the test waits for the spans, not for a 5 s batch.
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+        }
+
+
+@pytest.fixture(scope="module")
+def traced_stack(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[TracedStack, SpanSink]]:
+    with otlp_receiver() as (endpoint, sink):
+        stack = TracedStack(Path(tmp_path_factory.mktemp("traced")), dev_env.client, endpoint)
+        try:
+            yield stack.start(), sink
+        finally:
+            stack.stop()
+
+
+def complete(spans: list[ReceivedSpan]) -> bool:
+    _, orphans = in_one_tree(spans)
+    return {s.name for s in spans} >= ROLLOUT_SPANS and not orphans
+
+
+async def test_a_rollout_started_by_the_temporal_cli_is_one_trace(
+    traced_stack: tuple[TracedStack, SpanSink],
+) -> None:
+    stack, sink = traced_stack
+    spec = RolloutSpec(
+        run_id="cli-trace",
+        rollout_id=f"cli-trace-{uuid.uuid4().hex[:8]}",
+        task={"question": "What is 1 + 1?", "answer": "2"},
+        agent=LocalAgentSpec(command=["{python}", "-m", "darl.examples.arithmetic.agent"]),
+        reward=RewardSpec(function="numeric_match"),
+        timeouts=RolloutTimeouts(agent_seconds=120),
+    )
+    workflow_id = rollout_workflow_id(spec.rollout_id)
+    cli = await asyncio.create_subprocess_exec(
+        str(BIN / "temporal"),
+        "workflow",
+        "start",
+        "--address",
+        stack.client.service_client.config.target_host,
+        "--type",
+        ROLLOUT_WORKFLOW,
+        "--task-queue",
+        stack.task_queue,
+        "--workflow-id",
+        workflow_id,
+        "--input",
+        spec.model_dump_json(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await asyncio.wait_for(cli.communicate(), timeout=60)
+    assert cli.returncode == 0, stderr.decode()
+    handle = stack.client.get_workflow_handle(workflow_id, result_type=RolloutResult)
+    result = await asyncio.wait_for(handle.result(), timeout=180)
+    assert result.status == RolloutStatus.SUCCEEDED, result.error
+
+    spans = await asyncio.to_thread(
+        sink.wait_for,
+        lambda got: complete(trace_of(got, "RunWorkflow:RolloutWorkflow", workflow_id)),
+        60,
+    )
+    in_trace = trace_of(spans, "RunWorkflow:RolloutWorkflow", workflow_id)
+    # Every span Temporal made for this workflow is in one trace (before, each activity's span
+    # was the root of a trace of its own, and the workflow made none).
+    of_workflow = [s for s in spans if s.attributes.get("temporalWorkflowID") == workflow_id]
+    assert len({s.trace_id for s in of_workflow}) == 1, sorted(
+        (s.trace_id, s.name) for s in of_workflow
+    )
+    names = {s.name for s in in_trace}
+    assert names >= ROLLOUT_SPANS, sorted(names)
+    assert {s.trace_id for s in of_workflow} == {in_trace[0].trace_id}
+    roots, orphans = in_one_tree(in_trace)
+    assert [s.name for s in roots] == ["RunWorkflow:RolloutWorkflow"], [s.name for s in roots]
+    assert not orphans, [s.name for s in orphans]
+    launch = next(s for s in in_trace if s.name == "RunActivity:launch_agent")
+    assert launch.attributes.get("darl.rollout_id") == spec.rollout_id
+    upstream_calls = [
+        s
+        for s in in_trace
+        if s.service == "darl-gateway"
+        and s.kind == SPAN_KIND_CLIENT
+        and str(s.attributes.get("url.full", s.attributes.get("http.url", ""))).startswith(
+            stack.policy_url
+        )
+    ]
+    assert upstream_calls, "the gateway's call to the policy server is in the rollout's trace"
+    assert {s.service for s in in_trace} >= {
+        "darl-rollout-worker",
+        "darl-gateway",
+        "darl-policy-server",
+    }
+
+
+# --- replay: a worker that caches no workflow replays it at every task ----------------------
+
+
+@activity.defn(name=STEP)
+async def traced_step(which: str) -> str:
+    return which
+
+
+async def test_a_replayed_workflow_makes_each_span_once_in_one_trace(
+    dev_env: WorkflowEnvironment, exporter: InMemorySpanExporter
+) -> None:
+    """Started without a trace context (as the temporal CLI starts), on a worker that evicts
+    the workflow after every task: the workflow's span is re-created by each replay with the
+    same ids and ends once; no activity's span is made twice; continue-as-new stays in the
+    trace."""
+    traced = await connect(
+        TemporalSettings(address=dev_env.client.service_client.config.target_host)
+    )
+    queue = f"replay-{uuid.uuid4().hex[:8]}"
+    workflow_id = f"traced/{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        traced,
+        task_queue=queue,
+        workflows=[TracedWorkflow],
+        activities=[traced_step],
+        max_cached_workflows=0,
+    ):
+        # The session's untraced client: no trace context in the start, as from the CLI.
+        result = await asyncio.wait_for(
+            dev_env.client.execute_workflow(
+                TracedWorkflow.run, False, id=workflow_id, task_queue=queue
+            ),
+            timeout=60,
+        )
+    assert result == "done"
+    spans = [
+        s
+        for s in exporter.get_finished_spans()
+        if (s.attributes or {}).get("temporalWorkflowID") == workflow_id
+    ]
+    names = sorted(s.name for s in spans)
+    assert names == sorted(
+        ["RunWorkflow:TracedWorkflow"] * 2
+        + [f"StartActivity:{STEP}"] * 4
+        + [f"RunActivity:{STEP}"] * 4
+    ), names
+    assert len({s.context.span_id for s in spans}) == len(spans), "a span exported twice"
+    assert len({s.context.trace_id for s in spans}) == 1, "the workflow is one trace"
+    roots = [s for s in spans if s.parent is None]
+    assert [s.name for s in roots] == ["RunWorkflow:TracedWorkflow"]
+    by_id = {s.context.span_id: s for s in spans}
+    assert all(s.parent is None or s.parent.span_id in by_id for s in spans)
+
+
+# --- a training run: its steps are its trace, each rollout a trace linked to it -------------
+
+
+@pytest.fixture(scope="module")
+def traced_training_stack(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[TracedStack, SpanSink]]:
+    with otlp_receiver() as (endpoint, sink):
+        root = Path(tmp_path_factory.mktemp("traced-training"))
+        stack = TracedStack(root, dev_env.client, endpoint)
+        stack.model = "digits"
+        try:
+            stack.start()
+            stack.start_agent_service(AGENT_SERVICE)
+            stack.start_trainer_worker("trainer")
+            yield stack, sink
+        finally:
+            stack.stop()
+
+
+async def test_a_training_run_started_by_the_temporal_cli_traces_its_steps_and_rollouts(
+    traced_training_stack: tuple[TracedStack, SpanSink],
+) -> None:
+    """The run's trace holds its workflow and its steps (train_step among them); each of its
+    rollouts is a trace of its own whose root links to the run's start_rollouts span."""
+    stack, sink = traced_training_stack
+    run_id = f"traced-{uuid.uuid4().hex[:6]}"
+    config = training_config(stack, run_id, steps=1)
+    workflow_id = training_workflow_id(run_id)
+    cli = await asyncio.create_subprocess_exec(
+        str(BIN / "temporal"),
+        "workflow",
+        "start",
+        "--address",
+        stack.client.service_client.config.target_host,
+        "--type",
+        TRAINING_WORKFLOW,
+        "--task-queue",
+        stack.trainer_queue,
+        "--workflow-id",
+        workflow_id,
+        "--input",
+        config.model_dump_json(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await asyncio.wait_for(cli.communicate(), timeout=60)
+    assert cli.returncode == 0, stderr.decode()
+    handle = stack.client.get_workflow_handle(workflow_id, result_type=TrainingSummary)
+    summary = await asyncio.wait_for(handle.result(), timeout=240)
+    assert summary.steps == 1, summary
+
+    def run_trace_done(got: list[ReceivedSpan]) -> bool:
+        run = trace_of(got, "RunWorkflow:TrainingWorkflow", workflow_id)
+        return "RunActivity:train_step" in {s.name for s in run} and not in_one_tree(run)[1]
+
+    spans = await asyncio.to_thread(sink.wait_for, run_trace_done, 60)
+    run = trace_of(spans, "RunWorkflow:TrainingWorkflow", workflow_id)
+    roots, orphans = in_one_tree(run)
+    assert [s.name for s in roots] == ["RunWorkflow:TrainingWorkflow"], [s.name for s in roots]
+    assert not orphans, [s.name for s in orphans]
+    steps = [s for s in run if s.name == "RunActivity:train_step"]
+    assert [s.attributes.get("darl.step") for s in steps] == [1], steps
+    assert steps[0].attributes.get("darl.run_id") == run_id
+    starts = {s.span_id for s in run if s.name == "RunActivity:start_rollouts"}
+    assert starts, sorted({s.name for s in run})
+
+    # No rollout's span is in the run's trace; each rollout's trace links to a start.
+    rollout_roots = [
+        s
+        for s in spans
+        if s.name == "StartWorkflow:RolloutWorkflow" and s.attributes.get("darl.run_id") == run_id
+    ]
+    assert len(rollout_roots) >= summary.steps * 4, len(rollout_roots)
+    for root in rollout_roots:
+        assert not root.parent_span_id, "a rollout is the root of its own trace"
+        assert [span_id for _, span_id in root.links] and all(
+            span_id in starts for _, span_id in root.links
+        ), root.links
+    assert not any(s.name == "RunWorkflow:RolloutWorkflow" for s in run)
+    assert all(s.trace_id != run[0].trace_id for s in rollout_roots)
+
+    # And each rollout's trace is whole: one root, the workflow and the agent's calls in it.
+    def rollouts_done(got: list[ReceivedSpan]) -> bool:
+        return all(
+            "RunWorkflow:RolloutWorkflow" in {s.name for s in one} and not in_one_tree(one)[1]
+            for one in ([s for s in got if s.trace_id == r.trace_id] for r in rollout_roots)
+        )
+
+    spans = await asyncio.to_thread(sink.wait_for, rollouts_done, 60)
+    for root in rollout_roots:
+        one = [s for s in spans if s.trace_id == root.trace_id]
+        roots, orphans = in_one_tree(one)
+        assert roots == [root] and not orphans, sorted(s.name for s in one)
+        assert "RunWorkflow:RolloutWorkflow" in {s.name for s in one}
+    # The digits agent service speaks the completions API.
+    called = [s for s in spans if s.name == "POST /rollouts/{rollout_id}/v1/completions"]
+    assert called, "the agents' calls are traced"
+    assert {s.trace_id for s in called} <= {r.trace_id for r in rollout_roots}
