@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from darl.deploy.cli_support import (
+    Home,
     Namespace,
     TemporalAddress,
     run_client,
@@ -34,7 +35,6 @@ from darl.workflows.names import ROLLOUT_TASK_QUEUE, ROLLOUT_WORKFLOW
 
 app = typer.Typer(no_args_is_help=True, help="DARL: durable agentic RL on Temporal.")
 
-Home = Annotated[Path, typer.Option(envvar="DARL_HOME", help="DARL's state directory.")]
 ReadyFile = Annotated[
     Path | None, typer.Option(help="Write the bound address here once serving (JSON).")
 ]

@@ -23,12 +23,30 @@ from temporalio.worker import Worker
 
 from darl.deploy.devstack import SECRETS_FILE
 from darl.deploy.serving import write_ready_file
+from darl.deploy.stack_file import STACK_FILE, read_stack_file
 from darl.deploy.telemetry import flush_tracing
-from darl.deploy.temporal_connection import TemporalSettings, connect
+from darl.deploy.temporal_connection import DEFAULT_ADDRESS, TemporalSettings, connect
 
 # The Temporal options every command takes, read from the temporal CLI's own variables.
 TemporalAddress = Annotated[str, typer.Option(envvar="TEMPORAL_ADDRESS")]
 Namespace = Annotated[str, typer.Option(envvar="TEMPORAL_NAMESPACE")]
+Home = Annotated[Path, typer.Option(envvar="DARL_HOME", help="DARL's state directory.")]
+# For commands that look at a stack rather than serve in one: where its Temporal is when no
+# --temporal-address (or TEMPORAL_ADDRESS) says: the running `darl dev`'s, as its
+# <home>/stack.json says, else the default address.
+StackAddress = Annotated[
+    str | None,
+    typer.Option(
+        envvar="TEMPORAL_ADDRESS",
+        help=f"Default: the running `darl dev`'s (<home>/{STACK_FILE}), else {DEFAULT_ADDRESS}.",
+    ),
+]
+
+
+def stack_address(temporal_address: str | None, home: Path) -> str:
+    stack = read_stack_file(home)
+    return temporal_address or (stack.temporal_address if stack else DEFAULT_ADDRESS)
+
 
 log = logging.getLogger("darl")
 

@@ -15,7 +15,9 @@ from rich.console import Console
 
 from darl.deploy.cli_support import (
     CliError,
+    Home,
     Namespace,
+    StackAddress,
     TemporalAddress,
     run_client,
     run_failure,
@@ -23,6 +25,7 @@ from darl.deploy.cli_support import (
     run_worker,
     secret,
     setup_logging,
+    stack_address,
 )
 from darl.deploy.config_file import ConfigFileError, load_config
 from darl.deploy.progress import follow, status_line, step_table, viewer_run_link, web_ui_link
@@ -58,22 +61,7 @@ if TYPE_CHECKING:
 
 Run = Annotated[str, typer.Argument(help="The run id (its workflow is train/<run id>).")]
 DEFAULT_UI_URL = "http://127.0.0.1:8233"
-# Where the run's Temporal is when no --temporal-address (or TEMPORAL_ADDRESS) says: the
-# running `darl dev`'s, as its <home>/stack.json says, else the default address.
-StackAddress = Annotated[
-    str | None,
-    typer.Option(
-        envvar="TEMPORAL_ADDRESS",
-        help=f"Default: the running `darl dev`'s (<home>/{STACK_FILE}), else {DEFAULT_ADDRESS}.",
-    ),
-]
-Home = Annotated[Path, typer.Option(envvar="DARL_HOME", help="DARL's state directory.")]
 FINISH_TIMEOUT_SECONDS = 600.0
-
-
-def _address(temporal_address: str | None, home: Path) -> str:
-    stack = read_stack_file(home)
-    return temporal_address or (stack.temporal_address if stack else DEFAULT_ADDRESS)
 
 
 async def _handle(run_id: str, address: str, namespace: str):
@@ -203,7 +191,7 @@ def status(
     """Where a run stands (the `status` and `metrics` queries)."""
 
     async def main() -> None:
-        handle = await _handle(run, _address(temporal_address, home), namespace)
+        handle = await _handle(run, stack_address(temporal_address, home), namespace)
         failure = await run_failure(handle)
         if failure is not None:
             raise CliError(f"{handle.id} {failure}")
@@ -238,7 +226,7 @@ def pause(
     home: Home = Path(".darl"),
 ) -> None:
     """No new rollouts or steps until resume; rollouts out finish and wait in the buffer."""
-    _signal(run, PAUSE_SIGNAL, _address(temporal_address, home), namespace)
+    _signal(run, PAUSE_SIGNAL, stack_address(temporal_address, home), namespace)
 
 
 def resume(
@@ -248,7 +236,7 @@ def resume(
     home: Home = Path(".darl"),
 ) -> None:
     """Continue a paused run."""
-    _signal(run, RESUME_SIGNAL, _address(temporal_address, home), namespace)
+    _signal(run, RESUME_SIGNAL, stack_address(temporal_address, home), namespace)
 
 
 def stop(
@@ -275,7 +263,7 @@ def stop(
         if finish
         else StopRequest(cancel_inflight=True)
     )
-    _signal(run, STOP_SIGNAL, _address(temporal_address, home), namespace, request)
+    _signal(run, STOP_SIGNAL, stack_address(temporal_address, home), namespace, request)
 
 
 def plot(

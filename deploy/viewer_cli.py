@@ -9,28 +9,34 @@ import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from darl.deploy.cli_support import (
+    Home,
     Namespace,
-    TemporalAddress,
+    StackAddress,
     run_client,
     run_until_signalled,
     setup_logging,
+    stack_address,
 )
 from darl.deploy.serving import serve_app
-from darl.deploy.temporal_connection import (
-    DEFAULT_ADDRESS,
-    DEFAULT_NAMESPACE,
-    TemporalSettings,
-    connect,
-)
+from darl.deploy.stack_file import read_stack_file
+from darl.deploy.temporal_connection import DEFAULT_NAMESPACE, TemporalSettings, connect
 
-StoreDir = Annotated[Path, typer.Option(help="The gateway's trajectory store.")]
+if TYPE_CHECKING:
+    from darl.viewer.app import ViewerSettings
+
+# The dev stack keeps its store, runs and agents under <home> (deploy/devstack.py).
+StoreDir = Annotated[
+    Path | None,
+    typer.Option(help="The gateway's trajectory store (default: <home>/trajectories)."),
+]
+DEFAULT_UI_URL = "http://127.0.0.1:8233"
 NOT_FOUND_EXIT = 2
 
 
@@ -39,38 +45,65 @@ def viewer(
         "127.0.0.1"
     ),
     port: int = 8400,
-    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    temporal_address: StackAddress = None,
     namespace: Namespace = DEFAULT_NAMESPACE,
-    store_dir: StoreDir = Path(".darl/trajectories"),
-    runs_dir: Annotated[Path, typer.Option(envvar="DARL_RUNS_DIR")] = Path(".darl/runs"),
+    store_dir: StoreDir = None,
+    runs_dir: Annotated[
+        Path | None, typer.Option(envvar="DARL_RUNS_DIR", help="Default: <home>/runs.")
+    ] = None,
     agents_dir: Annotated[
-        Path, typer.Option(help="The rollout worker's agents dir (local agents' logs).")
-    ] = Path(".darl/agents"),
+        Path | None,
+        typer.Option(
+            help="The rollout worker's agents dir, for local agents' logs (default: <home>/agents)."
+        ),
+    ] = None,
     ui_url: Annotated[
-        str, typer.Option(envvar="DARL_UI_URL", help="The Temporal Web UI to link to.")
-    ] = "http://127.0.0.1:8233",
+        str | None,
+        typer.Option(
+            envvar="DARL_UI_URL",
+            help=f"The Temporal Web UI to link to (default: the running `darl dev`'s, "
+            f"else {DEFAULT_UI_URL}).",
+        ),
+    ] = None,
+    home: Home = Path(".darl"),
     ready_file: Annotated[
         Path | None, typer.Option(help="Write the bound address here once serving (JSON).")
     ] = None,
 ) -> None:
     """Serve the trajectory viewer: runs, curves, rollouts, calls and tokens (read-only)."""
     setup_logging()
-    from darl.viewer.app import Viewer, ViewerSettings, create_viewer_app
+    from darl.viewer.app import Viewer, create_viewer_app
     from darl.viewer.temporal_view import TemporalView
 
-    settings = ViewerSettings(
-        store_dir=store_dir.resolve(),
-        runs_dir=runs_dir.resolve(),
-        agents_dir=agents_dir.resolve(),
-        ui_url=ui_url.rstrip("/"),
-    )
+    settings = viewer_settings(home, store_dir, runs_dir, agents_dir, ui_url)
+    address = stack_address(temporal_address, home)
 
     async def main(stop: asyncio.Event) -> None:
-        client = await connect(TemporalSettings.from_env(temporal_address, namespace))
+        client = await connect(TemporalSettings.from_env(address, namespace))
         app = create_viewer_app(Viewer(TemporalView(client), settings))
         await serve_app(app, host, port, stop, ready_file, "viewer")
 
     run_until_signalled(main)
+
+
+def viewer_settings(
+    home: Path,
+    store_dir: Path | None,
+    runs_dir: Path | None,
+    agents_dir: Path | None,
+    ui_url: str | None,
+) -> ViewerSettings:
+    """What the viewer reads: the flags given, else the dev stack's places under `home`
+    (deploy/devstack.py) and its Web UI when one is running."""
+    from darl.viewer.app import ViewerSettings
+
+    stack = read_stack_file(home)
+    return ViewerSettings(
+        store_dir=(store_dir or home / "trajectories").resolve(),
+        runs_dir=(runs_dir or home / "runs").resolve(),
+        agents_dir=(agents_dir or home / "agents").resolve(),
+        ui_url=(ui_url or (stack.ui_url if stack and stack.ui_url else DEFAULT_UI_URL)).rstrip("/"),
+    )
 
 
 def trajectory(
@@ -80,9 +113,10 @@ def trajectory(
     ] = None,
     tokens: Annotated[bool, typer.Option("--tokens", help="Show token ids and logprobs.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-    store_dir: StoreDir = Path(".darl/trajectories"),
-    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    store_dir: StoreDir = None,
+    temporal_address: StackAddress = None,
     namespace: Namespace = DEFAULT_NAMESPACE,
+    home: Home = Path(".darl"),
 ) -> None:
     """Every model call of a rollout, in order: messages, completion, finish reason, latency,
     policy version, protocol. Exit status 2 when nothing knows the rollout."""
@@ -90,16 +124,19 @@ def trajectory(
     from darl.viewer.temporal_view import TemporalView
     from darl.viewer.trajectory import load_trajectory
 
+    store_root = store_dir or home / "trajectories"
+    address = stack_address(temporal_address, home)
+
     async def main() -> None:
-        client = await connect(TemporalSettings.from_env(temporal_address, namespace))
+        client = await connect(TemporalSettings.from_env(address, namespace))
         state = await TemporalView(client).rollout(rollout_id)
         wanted = attempt if attempt is not None else (state.last_attempt if state else None)
-        store = DirectoryTrajectoryStore(store_dir)
+        store = DirectoryTrajectoryStore(store_root)
         found = await load_trajectory(store, rollout_id, wanted)
         if state is None and not found.in_store:
             _leave(
                 f"error: no rollout {rollout_id!r}: Temporal has no workflow rollout/"
-                f"{rollout_id} and {store_dir / rollout_id} does not exist"
+                f"{rollout_id} and {store_root / rollout_id} does not exist"
             )
         result = state.result if state else None
         summary = {
@@ -114,7 +151,7 @@ def trajectory(
         if as_json:
             typer.echo(json.dumps(summary, indent=2))
         else:
-            _print(Console(), summary, found, tokens)
+            _print(Console(), summary, found, tokens, store_root)
 
     run_client(main)
 
@@ -155,7 +192,9 @@ def _call_json(record: Any, with_tokens: bool) -> dict[str, Any]:
     return value
 
 
-def _print(console: Console, summary: dict[str, Any], found: Any, with_tokens: bool) -> None:
+def _print(
+    console: Console, summary: dict[str, Any], found: Any, with_tokens: bool, store_root: Path
+) -> None:
     from darl.viewer.render import call_views
     from darl.viewer.trajectory import returned_token_texts
 
@@ -176,6 +215,14 @@ def _print(console: Console, summary: dict[str, Any], found: Any, with_tokens: b
         markup=False,
         highlight=False,
     )
+    if result and result.get("calls") and not found.calls:
+        console.print(
+            f"the store has none of the {result['calls']} calls the rollout made: is "
+            f"{store_root} the gateway's store (--store-dir, --home)?",
+            style="yellow",
+            markup=False,
+            highlight=False,
+        )
     for view in call_views(found.calls):
         r = view.record
         console.rule(
