@@ -142,7 +142,7 @@ class ReferenceBackend(CheckpointedBackend):
         lr = knobs.lr if knobs.lr is not None else self.settings.lr
         for group in optimizer.param_groups:
             group["lr"] = lr
-        advantages = self._advantages(data)
+        advantages = compute_advantages(self.settings, data)
         reference = self._reference_log_probs(data) if config.use_kl_loss else None
         rows = data.batch["responses"].shape[0]
         order_rng = torch.Generator().manual_seed(self.settings.seed * 1_000_003 + step)
@@ -225,28 +225,6 @@ class ReferenceBackend(CheckpointedBackend):
             optimizer.zero_grad(set_to_none=True)
         out.append(("actor/skipped_mini_batches", float(not finite)))  # the mean: a fraction
         return out
-
-    def _advantages(self, data: DataProto) -> torch.Tensor:
-        """verl's advantage estimator, called as verl's `compute_advantage` calls it."""
-        settings = self.settings
-        estimator = core_algos.get_adv_estimator_fn(settings.adv_estimator)
-        kwargs: dict[str, object] = {
-            "token_level_rewards": data.batch["token_level_rewards"].float(),
-            "response_mask": data.batch["response_mask"].float(),
-            "config": AlgoConfig(
-                gamma=settings.gamma,
-                adv_estimator=settings.adv_estimator,
-                norm_adv_by_std_in_grpo=settings.norm_adv_by_std_in_grpo,
-            ),
-        }
-        if settings.adv_estimator in ("grpo", "rloo"):
-            if "uid" not in data.non_tensor_batch:
-                raise BatchError(f"{settings.adv_estimator} needs the group ids `uid`")
-            kwargs["index"] = data.non_tensor_batch["uid"]
-        if settings.adv_estimator == "grpo":
-            kwargs["norm_adv_by_std_in_grpo"] = settings.norm_adv_by_std_in_grpo
-        advantages, _ = estimator(**kwargs)
-        return advantages.detach()
 
     def _reference_log_probs(self, data: DataProto) -> torch.Tensor:
         """Log-probs under the step-0 model (verl's `ref_log_prob`)."""
@@ -386,3 +364,26 @@ def _restore_optimizer(
     optimizer.load_state_dict(
         {"state": state, "param_groups": [{**groups[0], "params": list(range(len(names)))}]}
     )
+
+
+def compute_advantages(settings: ReferenceTrainerSettings, data: DataProto) -> torch.Tensor:
+    """verl's advantage estimator, called as verl's `compute_advantage` calls it (the viewer
+    shows a group's advantages with it too)."""
+    estimator = core_algos.get_adv_estimator_fn(settings.adv_estimator)
+    kwargs: dict[str, object] = {
+        "token_level_rewards": data.batch["token_level_rewards"].float(),
+        "response_mask": data.batch["response_mask"].float(),
+        "config": AlgoConfig(
+            gamma=settings.gamma,
+            adv_estimator=settings.adv_estimator,
+            norm_adv_by_std_in_grpo=settings.norm_adv_by_std_in_grpo,
+        ),
+    }
+    if settings.adv_estimator in ("grpo", "rloo"):
+        if "uid" not in data.non_tensor_batch:
+            raise BatchError(f"{settings.adv_estimator} needs the group ids `uid`")
+        kwargs["index"] = data.non_tensor_batch["uid"]
+    if settings.adv_estimator == "grpo":
+        kwargs["norm_adv_by_std_in_grpo"] = settings.norm_adv_by_std_in_grpo
+    advantages, _ = estimator(**kwargs)
+    return advantages.detach()

@@ -5,11 +5,6 @@ called as the reference backend calls it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
-from verl.trainer.config import AlgoConfig
-from verl.trainer.ppo import core_algos
 
 from darl.gateway.store import CallRecord
 from darl.trainer.aggregation import (
@@ -21,7 +16,7 @@ from darl.trainer.aggregation import (
     rollout_rows,
     to_data_proto,
 )
-from darl.trainer.reference_backend import ReferenceTrainerSettings
+from darl.trainer.reference_backend import ReferenceTrainerSettings, compute_advantages
 from darl.workflows.training_config import AggregationSpec, TrainingConfig
 
 
@@ -70,21 +65,7 @@ def group_advantages(rows: list[TrainingRow], config: TrainingConfig | None) -> 
     )
     aggregation, _ = aggregation_settings(config)
     data = to_data_proto(rows, aggregation)
-    kwargs: dict[str, Any] = {
-        "token_level_rewards": data.batch["token_level_rewards"].float(),
-        "response_mask": data.batch["response_mask"].float(),
-        "config": AlgoConfig(
-            gamma=settings.gamma,
-            adv_estimator=settings.adv_estimator,
-            norm_adv_by_std_in_grpo=settings.norm_adv_by_std_in_grpo,
-        ),
-    }
-    if settings.adv_estimator in ("grpo", "rloo"):
-        kwargs["index"] = np.array([row.uid for row in rows], dtype=object)
-    if settings.adv_estimator == "grpo":
-        kwargs["norm_adv_by_std_in_grpo"] = settings.norm_adv_by_std_in_grpo
-    estimator = core_algos.get_adv_estimator_fn(settings.adv_estimator)
-    advantages, _ = estimator(**kwargs)
+    advantages = compute_advantages(settings, data)
     found: dict[str, float] = {}
     for i, row in enumerate(rows):
         mask = data.batch["response_mask"][i].bool()

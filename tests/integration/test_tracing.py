@@ -22,6 +22,7 @@ from opentelemetry import trace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as OtlpSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic import BaseModel
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.contrib.opentelemetry import create_tracer_provider
@@ -194,6 +195,31 @@ def complete(spans: list[ReceivedSpan]) -> bool:
     return {s.name for s in spans} >= ROLLOUT_SPANS and not orphans
 
 
+async def start_with_temporal_cli(
+    stack: TracedStack, workflow_type: str, task_queue: str, workflow_id: str, value: BaseModel
+) -> None:
+    """`temporal workflow start`, as a user without a tracer starts a workflow."""
+    cli = await asyncio.create_subprocess_exec(
+        str(BIN / "temporal"),
+        "workflow",
+        "start",
+        "--address",
+        stack.client.service_client.config.target_host,
+        "--type",
+        workflow_type,
+        "--task-queue",
+        task_queue,
+        "--workflow-id",
+        workflow_id,
+        "--input",
+        value.model_dump_json(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await asyncio.wait_for(cli.communicate(), timeout=60)
+    assert cli.returncode == 0, stderr.decode()
+
+
 async def test_a_rollout_started_by_the_temporal_cli_is_one_trace(
     traced_stack: tuple[TracedStack, SpanSink],
 ) -> None:
@@ -207,25 +233,7 @@ async def test_a_rollout_started_by_the_temporal_cli_is_one_trace(
         timeouts=RolloutTimeouts(agent_seconds=120),
     )
     workflow_id = rollout_workflow_id(spec.rollout_id)
-    cli = await asyncio.create_subprocess_exec(
-        str(BIN / "temporal"),
-        "workflow",
-        "start",
-        "--address",
-        stack.client.service_client.config.target_host,
-        "--type",
-        ROLLOUT_WORKFLOW,
-        "--task-queue",
-        stack.task_queue,
-        "--workflow-id",
-        workflow_id,
-        "--input",
-        spec.model_dump_json(),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, stderr = await asyncio.wait_for(cli.communicate(), timeout=60)
-    assert cli.returncode == 0, stderr.decode()
+    await start_with_temporal_cli(stack, ROLLOUT_WORKFLOW, stack.task_queue, workflow_id, spec)
     handle = stack.client.get_workflow_handle(workflow_id, result_type=RolloutResult)
     result = await asyncio.wait_for(handle.result(), timeout=180)
     assert result.status == RolloutStatus.SUCCEEDED, result.error
@@ -350,25 +358,9 @@ async def test_a_training_run_started_by_the_temporal_cli_traces_its_steps_and_r
     run_id = f"traced-{uuid.uuid4().hex[:6]}"
     config = training_config(stack, run_id, steps=1)
     workflow_id = training_workflow_id(run_id)
-    cli = await asyncio.create_subprocess_exec(
-        str(BIN / "temporal"),
-        "workflow",
-        "start",
-        "--address",
-        stack.client.service_client.config.target_host,
-        "--type",
-        TRAINING_WORKFLOW,
-        "--task-queue",
-        stack.trainer_queue,
-        "--workflow-id",
-        workflow_id,
-        "--input",
-        config.model_dump_json(),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    await start_with_temporal_cli(
+        stack, TRAINING_WORKFLOW, stack.trainer_queue, workflow_id, config
     )
-    _, stderr = await asyncio.wait_for(cli.communicate(), timeout=60)
-    assert cli.returncode == 0, stderr.decode()
     handle = stack.client.get_workflow_handle(workflow_id, result_type=TrainingSummary)
     summary = await asyncio.wait_for(handle.result(), timeout=240)
     assert summary.steps == 1, summary
