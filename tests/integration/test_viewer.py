@@ -3,8 +3,10 @@ training run of the digits model and real multi-turn rollouts: every page over H
 ids, a store that lost a rollout's file, what the trainer would see, and a real browser
 (Debian's Chromium through Playwright) watching a run train.
 
-The browser test comes first: it needs the module's training run still training (the other
-tests wait for the run's end)."""
+The module's training run is paused as soon as it starts, so the browser test sees it train
+whatever the machine's speed: it opens the run's page, resumes the run and waits for a step
+the page did not have. The other tests resume it too, if the browser test has not, and wait for
+its end."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from darl.workflows.contracts import (
     RolloutSpec,
     RolloutTimeouts,
 )
+from darl.workflows.names import PAUSE_SIGNAL, RESUME_SIGNAL
 from darl.workflows.rollout_status import RolloutStatus
 from darl.workflows.training_messages import TrainingSummary
 from tests.integration.stack import Stack
@@ -59,12 +62,20 @@ class ViewerStack:
     multi_turn: RolloutResult
     lost_file: RolloutResult
     no_calls: RolloutResult
+    resumed: bool = False
 
     def get(self, path: str, **params: Any) -> httpx.Response:
         # No `params` at all when none are given: httpx's would replace the path's own query.
         return httpx.get(f"{self.url}{path}", params=params or None, timeout=30)
 
+    async def resume(self) -> None:
+        """Resume the run, once: a completed run takes no more signals."""
+        if not self.resumed:
+            self.resumed = True
+            await self.handle.signal(RESUME_SIGNAL)
+
     async def finished(self) -> TrainingSummary:
+        await self.resume()
         return await training_result(self.stack, self.handle, 300)
 
 
@@ -114,6 +125,7 @@ async def viewer_stack(served: tuple[Stack, str]) -> AsyncIterator[ViewerStack]:
     handle = await start_training(
         stack.client, training_config(stack, run_id, 6), stack.trainer_queue
     )
+    await handle.signal(PAUSE_SIGNAL)
     multi = example_spec("darl.examples.arithmetic.calculator_agent", 3)
     multi = multi.model_copy(
         update={"task": {"question": f"What is 3 + 2? {SCRIPT}", "answer": "5"}}
@@ -158,6 +170,7 @@ async def test_a_browser_watches_the_run_train_and_opens_a_rollout(
             first_chart = page.locator("svg.chart").first
             before = int(await first_chart.get_attribute("data-points") or "-1")
             steps_before = await page.locator("#steps tr[data-step]").count()
+            await v.resume()
             # The script refetches the curves; no reload: a step appears that was not there.
             await page.wait_for_function(
                 "n => Number(document.querySelector('svg.chart').dataset.points) > n",
