@@ -52,7 +52,7 @@ from darl.workflows.names import (
     TRAINER_TASK_QUEUE,
     TRAINING_WORKFLOW,
 )
-from darl.workflows.training_config import training_workflow_id
+from darl.workflows.training_config import MAX_WAIT_SECONDS, training_workflow_id
 from darl.workflows.training_messages import StopRequest, TrainingProgress, TrainingSummary
 from darl.workflows.training_state import StepRecord
 
@@ -248,6 +248,7 @@ def stop(
         float,
         typer.Option(
             min=0,
+            max=MAX_WAIT_SECONDS,
             metavar="SECONDS",
             help="With --finish, how long the run waits for its rollouts before it cancels "
             "those still running.",
@@ -263,7 +264,10 @@ def stop(
         if finish
         else StopRequest(cancel_inflight=True)
     )
-    _signal(run, STOP_SIGNAL, stack_address(temporal_address, home), namespace, request)
+    # Without the fields left at None: a trainer worker of the release before `grace_seconds`
+    # refuses a payload naming a field it does not know (and drops the signal).
+    payload = request.model_dump(mode="json", exclude_none=True)
+    _signal(run, STOP_SIGNAL, stack_address(temporal_address, home), namespace, payload)
 
 
 def plot(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from darl.deploy.cli_support import (
     Home,
@@ -226,8 +227,11 @@ def _print(
     for view in call_views(found.calls):
         r = view.record
         console.rule(
-            f"call {r.sequence} · policy version {r.policy_version} · {r.protocol} · "
-            f"finish {view.finish_reason} · {r.latency_ms:.1f} ms",
+            # Text, not markup: a protocol or finish reason is the upstream's string.
+            Text(
+                f"call {r.sequence} · policy version {r.policy_version} · {r.protocol} · "
+                f"finish {view.finish_reason} · {r.latency_ms:.1f} ms"
+            ),
             characters="─",
         )
         if view.earlier_messages:
@@ -243,8 +247,13 @@ def _print(
             logprobs = view.logprobs or []
             for i, token_id in enumerate(r.completion_token_ids()):
                 text = texts[i] if i < len(texts) else None
-                lp = f"{logprobs[i]:.4f}" if i < len(logprobs) else "-"
-                table.add_row(str(token_id), repr(text) if text is not None else "-", lp)
+                logprob = logprobs[i] if i < len(logprobs) else None
+                # Text cells: a token such as "[/b]" is the model's, never rich markup.
+                table.add_row(
+                    Text(str(token_id)),
+                    Text(repr(text) if text is not None else "-"),
+                    Text("-" if logprob is None else f"{logprob:.4f}"),
+                )
             console.print(f"  prompt token ids: {r.prompt_token_ids}", highlight=False)
             console.print(table)
     for failed in found.failed_calls:

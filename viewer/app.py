@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -143,19 +144,19 @@ def create_viewer_app(viewer: Viewer) -> FastAPI:
         }
         try:
             filters = RolloutFilters(
-                policy_version=int(version) if version.strip() else None,
+                policy_version=_version(version),
                 status=status.strip() or None,
                 mode=mode.strip() or None,
                 group=group.strip() or None,
-                reward_min=float(reward_min) if reward_min.strip() else None,
-                reward_max=float(reward_max) if reward_max.strip() else None,
+                reward_min=_finite(reward_min),
+                reward_max=_finite(reward_max),
             )
         except ValueError:
             return page(
                 "error.html",
                 400,
                 title="Bad filter",
-                message=f"A version is a whole number, a reward a number: got {form}",
+                message=f"A version is a whole number from 0, a reward a finite number: got {form}",
             )
         size = size if size in PAGE_SIZES else PAGE_SIZES[1]
         found = await viewer.temporal.rollouts(run_id, filters, page_token or None, size)
@@ -182,7 +183,8 @@ def create_viewer_app(viewer: Viewer) -> FastAPI:
     ) -> HTMLResponse:
         return page("rollout.html", **await _rollout_context(viewer, rollout_id, attempt))
 
-    @app.get("/groups/{group_id}", response_class=HTMLResponse)
+    # A group id may hold "/" (it has no pattern): the rest of the path is the id.
+    @app.get("/groups/{group_id:path}", response_class=HTMLResponse)
     async def group(group_id: str, viewer: ViewerDep) -> HTMLResponse:
         return page("group.html", **await _group_context(viewer, group_id))
 
@@ -301,3 +303,23 @@ async def _group_context(viewer: Viewer, group_id: str) -> dict[str, Any]:
         "reward_mean": sum(rewards) / len(rewards) if rewards else None,
         "link": viewer.ui_link,
     }
+
+
+def _version(text: str) -> int | None:
+    """A policy version filter: a whole number that fits DarlPolicyVersion (an Int, 64 bits)."""
+    if not text.strip():
+        return None
+    value = int(text)
+    if not 0 <= value < 2**63:
+        raise ValueError(f"policy version {value} out of range")
+    return value
+
+
+def _finite(text: str) -> float | None:
+    """A reward bound: a finite number (nan and inf make Temporal refuse the query)."""
+    if not text.strip():
+        return None
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"reward bound {text!r} is not finite")
+    return value

@@ -228,7 +228,8 @@ class TemporalView:
 
     async def start_input(self, workflow_id: str, kind: type[Any]) -> Any:
         """The input the workflow's current run started with (a continue-as-new carries the
-        config on); None when the workflow does not exist."""
+        config on); None when the workflow does not exist or its input is not a `kind` of
+        this DARL (a spec that failed validation at once, another version's config)."""
         handle = self.client.get_workflow_handle(workflow_id)
         try:
             async for event in handle.fetch_history_events(page_size=1):
@@ -241,6 +242,9 @@ class TemporalView:
             if err.status == RPCStatusCode.NOT_FOUND:
                 return None
             raise
+        except ValueError as err:  # pydantic's ValidationError among them
+            log.warning("%s: its input is not a %s: %s", workflow_id, kind.__name__, err)
+            return None
         return None
 
     async def training_config(self, run_id: str) -> TrainingConfig | None:
@@ -267,7 +271,10 @@ class TemporalView:
         summary = failure = query_error = None
         progress, records = None, []
         if status == WorkflowExecutionStatus.COMPLETED:
-            summary = await handle.result()
+            try:
+                summary = await handle.result()
+            except ValueError as err:
+                failure = f"completed, but its summary does not read as this DARL's: {err}"
         elif status != WorkflowExecutionStatus.RUNNING:
             failure = await self._failure(handle, status)
         try:
@@ -297,7 +304,11 @@ class TemporalView:
             rollout_id, status.name.lower(), spec if isinstance(spec, RolloutSpec) else None
         )
         if status == WorkflowExecutionStatus.COMPLETED:
-            result = await handle.result()
+            try:
+                result = await handle.result()
+            except ValueError as err:
+                note = f"completed, but its result does not read as this DARL's: {err}"
+                return replace(state, notes=[note])
             return replace(state, result=result)
         if status != WorkflowExecutionStatus.RUNNING:
             failure = await self._failure(handle, status)

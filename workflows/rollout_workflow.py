@@ -128,6 +128,8 @@ class RolloutWorkflow:
     @workflow.init
     def __init__(self, spec: RolloutSpec) -> None:
         self._spec = spec
+        # Once: the task can be large, and the details are rewritten at every change.
+        self._summary = sa.rollout_summary(spec)
         self._status = RolloutStatus.PENDING
         self._attempt = 0
         self._accepting_signals = False
@@ -442,7 +444,8 @@ class RolloutWorkflow:
         workflow.upsert_search_attributes([sa.STATUS.value_set(earlier.status.value), *also])
         workflow.set_current_details(
             sa.rollout_details(
-                self._spec,
+                self._summary,
+                max_attempts=self._spec.max_attempts,
                 status=earlier.status.value,
                 attempt=earlier.attempts,
                 calls=earlier.calls,
@@ -493,7 +496,8 @@ class RolloutWorkflow:
         `__temporal_workflow_metadata` query reads it), so keeping it current costs nothing."""
         workflow.set_current_details(
             sa.rollout_details(
-                self._spec,
+                self._summary,
+                max_attempts=self._spec.max_attempts,
                 status=self._status.value,
                 attempt=self._attempt,
                 calls=len(self._calls),

@@ -85,25 +85,27 @@ def rollout_summary(spec: RolloutSpec) -> str:
 
 
 def rollout_details(
-    spec: RolloutSpec,
+    summary: str,
     *,
     status: str,
     attempt: int,
+    max_attempts: int,
     calls: int,
     policy_version: int,
     reward: float | None,
     error: str | None,
 ) -> str:
     """A rollout's current details: where it stands, its reward once scored, its error on one
-    line, and its summary (so a rollout started without one, by the temporal CLI, says it too)."""
+    line, and its `summary` (so a rollout started without one, by the temporal CLI, says it
+    too)."""
     facts = [f"**{status}**"]
     if reward is not None:
         facts.append(f"reward {reward:g}")
     if attempt:
-        facts.append(f"attempt {attempt} of {spec.max_attempts}")
+        facts.append(f"attempt {attempt} of {max_attempts}")
     facts += [f"{calls} call{'' if calls == 1 else 's'}", f"policy v{policy_version}"]
     lines = [" · ".join(facts)]
     if error and error.strip():
         lines.append(_clipped(" ".join(error.split()), ERROR_LINE_BYTES))
-    lines.append(rollout_summary(spec))
+    lines.append(summary)
     return "\n\n".join(lines)

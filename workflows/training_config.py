@@ -19,6 +19,10 @@ from darl.workflows.contracts import (
 from darl.workflows.names import ROLLOUT_TASK_QUEUE
 from darl.workflows.training_state import Knobs, TrainingState
 
+# The longest a run's own timers wait (a week): a timer past what a timedelta holds would
+# fail every workflow task of the run instead of being refused when it is asked for.
+MAX_WAIT_SECONDS = 7 * 24 * 3600.0
+
 
 def training_workflow_id(run_id: str) -> str:
     """The one workflow id of a training run (rule 2); rollouts signal it by this id, so a
@@ -184,11 +188,11 @@ class TrainingConfig(Contract):
     # Continue-as-new at a step boundary once the history is this long (or Temporal says so).
     continue_as_new_after_events: int = Field(default=10_000, ge=100)
     # A rollout not heard of for this long is looked up (its report may have been lost).
-    reconcile_after_seconds: float = Field(default=300.0, gt=0)
+    reconcile_after_seconds: float = Field(default=300.0, gt=0, le=MAX_WAIT_SECONDS)
     # Seconds to wait for in-flight rollouts when stopping before they are cancelled.
-    stop_grace_seconds: float = Field(default=0.0, ge=0)
+    stop_grace_seconds: float = Field(default=0.0, ge=0, le=MAX_WAIT_SECONDS)
     # How long the end of a run waits for its cancelled rollouts to report.
-    cancel_wait_seconds: float = Field(default=600.0, ge=0)
+    cancel_wait_seconds: float = Field(default=600.0, ge=0, le=MAX_WAIT_SECONDS)
     # A trainer worker that dies mid-step is noticed after this long and the step retried.
     train_heartbeat_seconds: float = Field(default=60.0, gt=0)
     # A run whose rollouts keep failing (an agent that cannot start, a reward that cannot be

@@ -14,6 +14,7 @@ from darl.workflows.contracts import (
     Task,
 )
 from darl.workflows.training_config import (
+    MAX_WAIT_SECONDS,
     AggregationSpec,
     BackendSpec,
     DatasetSpec,
@@ -32,7 +33,9 @@ class StopRequest(Contract):
     cancels the ones still out."""
 
     cancel_inflight: bool = True
-    grace_seconds: float | None = Field(default=None, ge=0)
+    grace_seconds: float | None = Field(
+        default=None, ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False
+    )
 
 
 class KnobUpdate(Contract):

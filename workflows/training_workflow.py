@@ -294,7 +294,7 @@ class TrainingWorkflow:
         if grace is None:
             grace = self._config.stop_grace_seconds
         if self._book.inflight() and grace and not self._state.stop_cancels_inflight:
-            await self._wait_for_rollouts(grace)
+            await self._wait_for_rollouts_to_finish(grace)
         pending = self._book.pending_rollouts()
         if pending:
             await workflow.execute_activity(
@@ -333,6 +333,16 @@ class TrainingWorkflow:
 
     async def _wait_for_rollouts(self, seconds: float) -> None:
         await self._wait_for(lambda: not self._book.inflight(), seconds)
+
+    async def _wait_for_rollouts_to_finish(self, grace: float) -> None:
+        """A stop that lets rollouts finish: they finish within the grace, or a later stop
+        that cancels cuts the wait short (histories from before that rule keep waiting)."""
+        if workflow.patched("a-cancelling-stop-cuts-the-grace"):
+            await self._wait_for(
+                lambda: not self._book.inflight() or self._state.stop_cancels_inflight, grace
+            )
+        else:
+            await self._wait_for_rollouts(grace)
 
     async def _wait_for(self, condition: Callable[[], bool], seconds: float) -> None:
         """Wait for rollouts to report; those still silent after `seconds` are looked up."""

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from darl.deploy.processes import ManagedProcess
@@ -245,14 +245,32 @@ async def test_the_rollouts_table_filters_and_pages_through_visibility(
     next_ids = set(re.findall(r'href="/rollouts/([^"]+)"', following.text))
     assert len(next_ids) == 20 and not first_ids & next_ids
 
-    top = v.get(f"/runs/{v.run_id}/rollouts", version="2", reward_min="0.5", size=200)
+    # Filter by one listed rollout's own version and reward: it must be among what comes back.
+    rewarded = [
+        (rollout_id, *re.findall(r"<td>([^<]*)</td>", cell)[-3:-1])
+        for rollout_id, cell in re.findall(
+            r'<tr class="rollout">.*?href="/rollouts/([^"]+)"(.*?)</tr>', every.text, re.S
+        )
+    ]
+    known, shown, version = next(r for r in rewarded if r[1] not in ("", "-"))
+    at_least = float(shown) - 0.001  # the table rounds to 3 places
+    top = v.get(f"/runs/{v.run_id}/rollouts", version=version, reward_min=str(at_least), size=200)
     cells = re.findall(r'<tr class="rollout">.*?</tr>', top.text, re.S)
-    assert cells, top.text[-2000:]
+    assert f'href="/rollouts/{known}"' in top.text, top.text[-2000:]
     for cell in cells:
-        reward, version = re.findall(r"<td>([^<]*)</td>", cell)[-3:-1]
-        assert float(reward) >= 0.5 and version == "2", cell
+        reward, shown_version = re.findall(r"<td>([^<]*)</td>", cell)[-3:-1]
+        assert float(reward) >= at_least and shown_version == version, cell
     assert v.get(f"/runs/{v.run_id}/rollouts", status="failed_infra").text.count('id="empty"')
-    assert v.get(f"/runs/{v.run_id}/rollouts", version="x").status_code == 400
+    for bad in (
+        {"version": "x"},
+        {"version": str(2**63)},
+        {"reward_min": "nan"},
+        {"reward_max": "inf"},
+    ):
+        assert v.get(f"/runs/{v.run_id}/rollouts", **bad).status_code == 400, bad
+    # A value is a quoted string in the visibility query, never more of the query.
+    injected = v.get(f"/runs/{v.run_id}/rollouts", group="x' OR DarlRun != '")
+    assert injected.status_code == 200 and injected.text.count('id="empty"'), injected.text[-2000:]
     for token in ("%%%", "AAAA"):  # not base64; base64 that Temporal cannot read
         assert v.get(f"/runs/{v.run_id}/rollouts", page=token).status_code == 404, token
 
@@ -323,6 +341,26 @@ def test_unknown_ids_are_404_pages(viewer_stack: ViewerStack) -> None:
         assert response.status_code == 404, path
         assert "Not found: " + what in response.text
     assert v.get("/runs/no-such-run/live").status_code == 404
+
+
+async def test_a_rollout_whose_spec_does_not_validate_shows_its_failure(
+    viewer_stack: ViewerStack,
+) -> None:
+    """A rollout started by hand with a spec DARL refuses fails at once (rule 9); its page
+    shows that failure, not a 500 from reading the input back."""
+    v = viewer_stack
+    rollout_id = f"bad-spec-{uuid.uuid4().hex[:8]}"
+    handle = await v.stack.client.start_workflow(
+        "RolloutWorkflow",
+        {"rollout_id": rollout_id, "no_such_field": 1},
+        id=f"rollout/{rollout_id}",
+        task_queue=v.stack.task_queue,
+    )
+    with pytest.raises(WorkflowFailureError):
+        await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
+    page = v.get(f"/rollouts/{rollout_id}")
+    assert page.status_code == 200, page.text[-2000:]
+    assert "failed" in page.text
 
 
 def test_a_store_missing_a_rollouts_file_is_said_on_the_page(viewer_stack: ViewerStack) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import uuid
 from collections.abc import Callable, Coroutine
@@ -145,7 +146,7 @@ def test_train_links_and_aims_at_the_stack_the_user_started(
     assert "Web UI: http://ui.example/namespaces/default/workflows/" in again.output
 
 
-def test_stop_finish_waits_for_rollouts_within_its_timeout(
+def test_stop_sends_the_grace_finish_asks_for(
     dev_env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(training_cli, "run_client", in_this_process)
@@ -158,14 +159,19 @@ def test_stop_finish_waits_for_rollouts_within_its_timeout(
             "TrainingWorkflow", "{}", id=f"train/{run_id}", task_queue=f"nobody-{run_id}"
         )
 
-    async def stops() -> list[StopRequest]:
+    async def signals() -> list[Any]:
         history = await dev_env.client.get_workflow_handle(f"train/{run_id}").fetch_history()
-        signals = [
+        return [
             e.workflow_execution_signaled_event_attributes
             for e in history.events
             if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
         ]
-        return [(await DATA_CONVERTER.decode(s.input.payloads, [StopRequest]))[0] for s in signals]
+
+    async def stops() -> list[StopRequest]:
+        return [
+            (await DATA_CONVERTER.decode(s.input.payloads, [StopRequest]))[0]
+            for s in await signals()
+        ]
 
     asyncio.run(start())
     base = ["stop", run_id, "--temporal-address", address]
@@ -179,11 +185,17 @@ def test_stop_finish_waits_for_rollouts_within_its_timeout(
     ):
         result = CliRunner().invoke(cli(), args)
         assert result.exit_code == 0, result.output
+    # Past what a run's timer may wait: refused here, never sent.
+    too_long = CliRunner().invoke(cli(), [*base, "--finish", "--finish-timeout", "1e15"])
+    assert too_long.exit_code == 2, too_long.output
     assert asyncio.run(stops()) == [
         StopRequest(cancel_inflight=False, grace_seconds=600),
         StopRequest(cancel_inflight=False, grace_seconds=30),
         StopRequest(cancel_inflight=True),
     ]
+    # A plain stop names no field a trainer worker from before `grace_seconds` refuses.
+    plain = json.loads(asyncio.run(signals())[-1].input.payloads[0].data)
+    assert plain == {"cancel_inflight": True}
 
 
 # --- --set ---------------------------------------------------------------------------------

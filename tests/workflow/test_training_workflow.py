@@ -223,6 +223,27 @@ async def test_stop_that_finishes_waits_for_rollouts_within_its_grace(
     assert_accounted(cancelled.counters)
 
 
+async def test_a_cancelling_stop_cuts_a_finishing_stops_wait_short(
+    time_skipping_env: WorkflowEnvironment,
+):
+    """`darl stop --finish`, then a plain `darl stop`: the second stop cancels what is out
+    at once rather than after the first one's grace."""
+    async with harness(time_skipping_env, tasks(40, duration=200)) as h:
+        handle = await h.start(h.config())
+        await h.env.sleep(30)
+        assert (await h.status(handle)).inflight_rollouts > 0
+        await handle.signal(
+            TrainingWorkflow.stop, StopRequest(cancel_inflight=False, grace_seconds=600)
+        )
+        await h.env.sleep(10)
+        await handle.signal(TrainingWorkflow.stop, StopRequest(cancel_inflight=True))
+        summary = await result(handle)
+    assert summary.stopped and summary.counters.rollouts_cancelled > 0
+    # Cancelled before the rollouts' 200 s were up, let alone the 600 s grace.
+    assert summary.seconds is not None and summary.seconds < 200
+    assert_accounted(summary.counters)
+
+
 async def test_knob_update_is_validated_and_reaches_train_step(
     time_skipping_env: WorkflowEnvironment,
 ):
