@@ -14,10 +14,11 @@ from rich.console import Console
 import darl.examples.digits
 from darl.deploy.config_file import load_config
 from darl.deploy.devstack import DevStack
-from darl.deploy.progress import follow, viewer_run_link, web_ui_link
+from darl.deploy.progress import follow
 from darl.deploy.stack_file import on_stack
 from darl.deploy.temporal_connection import connect
 from darl.trainer.run_files import plot_rewards, read_metrics
+from darl.viewer.links import viewer_run_link, web_ui_link
 from darl.workflows.names import TRAINER_TASK_QUEUE, TRAINING_WORKFLOW
 from darl.workflows.training_config import TrainingConfig, training_workflow_id
 from darl.workflows.training_messages import TrainingSummary

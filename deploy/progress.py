@@ -5,7 +5,6 @@ validation finishes after its row is shown: the row is shown again, with `val`, 
 from __future__ import annotations
 
 import asyncio
-from urllib.parse import quote
 
 from rich.console import Console
 from temporalio.client import WorkflowHandle
@@ -43,14 +42,6 @@ def status_line(progress: TrainingProgress) -> str:
 def step_table(records: list[StepRecord]) -> list[str]:
     """The header and a row per step (what `darl status` shows); nothing without steps."""
     return [HEADER, *map(step_line, records)] if records else []
-
-
-def viewer_run_link(viewer_url: str, run_id: str) -> str:
-    return f"{viewer_url}/runs/{quote(run_id, safe='')}"
-
-
-def web_ui_link(ui_url: str, workflow_id: str, namespace: str = "default") -> str:
-    return f"{ui_url}/namespaces/{namespace}/workflows/{quote(workflow_id, safe='')}"
 
 
 async def follow(

@@ -28,7 +28,7 @@ from darl.deploy.cli_support import (
     stack_address,
 )
 from darl.deploy.config_file import ConfigFileError, load_config
-from darl.deploy.progress import follow, status_line, step_table, viewer_run_link, web_ui_link
+from darl.deploy.progress import follow, status_line, step_table
 from darl.deploy.serving import serve_app
 from darl.deploy.stack_file import (
     STACK_FILE,
@@ -43,6 +43,7 @@ from darl.deploy.temporal_connection import (
     TemporalSettings,
     connect,
 )
+from darl.viewer.links import viewer_run_link, web_ui_link
 from darl.workflows.names import (
     METRICS_QUERY,
     PAUSE_SIGNAL,

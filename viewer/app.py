@@ -19,10 +19,10 @@ from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from temporalio.service import RPCError
 
-from darl.deploy.progress import web_ui_link
 from darl.gateway.store import DirectoryTrajectoryStore
 from darl.trainer.run_files import read_metrics
 from darl.viewer.charts import charts
+from darl.viewer.links import web_ui_link
 from darl.viewer.render import call_views, completion_tokens_html, ids_text, row_tokens_html
 from darl.viewer.temporal_view import (
     PAGE_SIZES,
