@@ -73,16 +73,20 @@ HIDDEN_KEYS = {"carried_state"}
 def apply_override(data: dict[str, Any], override: str) -> None:
     """`key=value` into the config's data: `total_steps=5`, `knobs.max_inflight=4`. The key
     must be the config's (else ConfigFileError naming the nearest ones); the value is read as
-    YAML (`5`, `true`, `[a, b]`, a string) and typed by the model when it validates."""
+    YAML (`5`, `true`, `[a, b]`, a string) and typed by the model when it validates, except
+    for a text field, which takes the text as written (`run_id=42`, `command={python}`)."""
     key, sep, text = override.partition("=")
     key = key.strip()
     if not sep or not key:
         raise ConfigFileError(f"--set {override!r}: expected key=value")
-    check_key(key)
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigFileError(f"--set {key}: {one_line(str(err))}") from err
+    leaf_type = check_key(key)
+    if _is_text(leaf_type) and text.strip() not in ("null", "~"):
+        value: Any = text.strip()
+    else:
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigFileError(f"--set {key}: {one_line(str(err))}") from err
     *parents, leaf = key.split(".")
     node = data
     for i, part in enumerate(parents):
@@ -95,24 +99,37 @@ def apply_override(data: dict[str, Any], override: str) -> None:
     node[leaf] = value
 
 
-def check_key(key: str) -> None:
+def check_key(key: str) -> Any:
     """A dotted key of TrainingConfig; below a field that is not one model (a dict of backend
-    settings, a union of agent kinds) any key is left for the model to judge."""
+    settings, a union of agent kinds) any key is left for the model to judge. Returns the
+    key's field annotation (None below such a field)."""
     model: type[BaseModel] | None = TrainingConfig
     walked: list[str] = []
+    annotation: Any = None
     for part in key.split("."):
         if model is None:
-            return
+            return None
         fields = {n: f for n, f in model.model_fields.items() if n not in HIDDEN_KEYS}
         if part not in fields:
             raise ConfigFileError(_unknown(".".join([*walked, part]), model, walked))
         walked.append(part)
-        model = _one_model(fields[part].annotation)
+        annotation = fields[part].annotation
+        model = _one_model(annotation)
     if model is not None:
         raise ConfigFileError(
             f"--set {key}: {key} is a section; set one of its keys, e.g. "
             f"{key}.{next(iter(model.model_fields))}"
         )
+    return annotation
+
+
+def _is_text(annotation: Any) -> bool:
+    """`str` or `str | None`: a field whose value is the text itself."""
+    if annotation is str:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [a for a in typing.get_args(annotation) if a is not type(None)] == [str]
+    return False
 
 
 def config_keys(model: type[BaseModel] = TrainingConfig, prefix: str = "") -> list[str]:

@@ -31,9 +31,10 @@ from darl.viewer.temporal_view import (
     RolloutState,
     RunView,
     TemporalView,
+    WorkflowRow,
 )
 from darl.viewer.training_rows import group_advantages, trainer_rows
-from darl.viewer.trajectory import TokenText, agent_log_tail, load_trajectory
+from darl.viewer.trajectory import TokenText, Trajectory, agent_log_tail, load_trajectory
 from darl.workflows.contracts import rollout_workflow_id
 from darl.workflows.training_config import TrainingConfig, training_workflow_id
 from darl.workflows.training_state import StepRecord
@@ -181,7 +182,10 @@ def create_viewer_app(viewer: Viewer) -> FastAPI:
     async def rollout(
         rollout_id: str, viewer: ViewerDep, attempt: int | None = None
     ) -> HTMLResponse:
-        return page("rollout.html", **await _rollout_context(viewer, rollout_id, attempt))
+        context = await _rollout_context(viewer, rollout_id, attempt)
+        # Thousands of calls make megabytes of HTML: rendered off the event loop, so the
+        # other pages and the run pages' live polls are answered meanwhile.
+        return await asyncio.to_thread(page, "rollout.html", **context)
 
     # A group id may hold "/" (it has no pattern): the rest of the path is the id.
     @app.get("/groups/{group_id:path}", response_class=HTMLResponse)
@@ -226,6 +230,18 @@ async def _rollout_context(viewer: Viewer, rollout_id: str, attempt: int | None)
             f"the trajectory store has no {viewer.store.root / rollout_id})"
         )
     config = await _config_of(viewer, state)
+    return await asyncio.to_thread(_rollout_page, viewer, rollout_id, state, trajectory, config)
+
+
+def _rollout_page(
+    viewer: Viewer,
+    rollout_id: str,
+    state: RolloutState | None,
+    trajectory: Trajectory,
+    config: TrainingConfig | None,
+) -> dict[str, Any]:
+    """The rollout page's token text, training rows and token HTML: CPU work in proportion
+    to the calls, run in a thread (and the agent log read from disk)."""
     result = state.result if state else None
     committed = set(result.call_ids) if result and result.call_ids else None
     trained_calls = [c for c in trajectory.calls if committed is None or c.call_id in committed]
@@ -270,17 +286,16 @@ class Member:
     advantage: float | None
 
 
-async def _group_context(viewer: Viewer, group_id: str) -> dict[str, Any]:
-    rows = await viewer.temporal.group(group_id)
-    if not rows:
-        raise NotFoundError(f"group {group_id!r} (no rollout has DarlGroup = {group_id!r})")
-    states = await asyncio.gather(*(viewer.temporal.rollout(row.name) for row in rows))
-    config = await _config_of(viewer, next((s for s in states if s and s.spec), None))
+def _members(
+    group_id: str,
+    rows: list[WorkflowRow],
+    states: list[RolloutState | None],
+    trajectories: list[Trajectory],
+    config: TrainingConfig | None,
+) -> tuple[list[Member], list[float]]:
+    """Each member's last completion and advantage, and the group's rewards."""
     training_rows, texts, calls = [], {}, {}
-    for row, state in zip(rows, states, strict=True):
-        trajectory = await load_trajectory(
-            viewer.store, row.name, state.last_attempt if state else None
-        )
+    for row, state, trajectory in zip(rows, states, trajectories, strict=True):
         calls[row.name] = len(trajectory.calls)
         texts[row.name] = call_views(trajectory.calls)[-1].completion if trajectory.calls else ""
         result = state.result if state else None
@@ -295,6 +310,23 @@ async def _group_context(viewer: Viewer, group_id: str) -> dict[str, Any]:
         Member(row.name, state, texts[row.name], calls[row.name], advantages.get(row.name))
         for row, state in zip(rows, states, strict=True)
     ]
+    return members, rewards
+
+
+async def _group_context(viewer: Viewer, group_id: str) -> dict[str, Any]:
+    rows = await viewer.temporal.group(group_id)
+    if not rows:
+        raise NotFoundError(f"group {group_id!r} (no rollout has DarlGroup = {group_id!r})")
+    states = await asyncio.gather(*(viewer.temporal.rollout(row.name) for row in rows))
+    config = await _config_of(viewer, next((s for s in states if s and s.spec), None))
+    trajectories = [
+        await load_trajectory(viewer.store, row.name, state.last_attempt if state else None)
+        for row, state in zip(rows, states, strict=True)
+    ]
+    # The rows and verl's estimator (torch) are CPU work: off the event loop.
+    members, rewards = await asyncio.to_thread(
+        _members, group_id, rows, states, trajectories, config
+    )
     return {
         "title": f"Group {group_id}",
         "group_id": group_id,

@@ -218,6 +218,16 @@ def test_set_overrides_are_typed_by_the_config() -> None:
     assert config.knobs.max_staleness == 1  # the file's, untouched
 
 
+def test_set_gives_a_text_field_the_text_as_written() -> None:
+    """YAML would make `42` an int, `2024-01-05` a date and `{python}` a mapping: a text
+    field takes the text itself."""
+    config = load_config(DEMO_CONFIG, overrides=["run_id=2024-01-05", "dataset.path= 42.jsonl"])
+    assert config.run_id == "2024-01-05"
+    assert config.dataset.path.endswith("/42.jsonl")
+    numbered = load_config(DEMO_CONFIG, overrides=["run_id=42"])
+    assert numbered.run_id == "42"
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
