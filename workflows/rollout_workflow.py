@@ -442,18 +442,7 @@ class RolloutWorkflow:
         )
         also = [] if earlier.reward is None else [sa.REWARD.value_set(earlier.reward)]
         workflow.upsert_search_attributes([sa.STATUS.value_set(earlier.status.value), *also])
-        workflow.set_current_details(
-            sa.rollout_details(
-                self._summary,
-                max_attempts=self._spec.max_attempts,
-                status=earlier.status.value,
-                attempt=earlier.attempts,
-                calls=earlier.calls,
-                policy_version=self._serving_version(),
-                reward=earlier.reward,
-                error=earlier.error,
-            )
-        )
+        self._show_details(earlier)
         return earlier
 
     def _start_attempt(self, attempt: int) -> None:
@@ -491,19 +480,20 @@ class RolloutWorkflow:
         last = self._last_call
         return last.policy_version if last is not None else self._spec.policy_version
 
-    def _show_details(self) -> None:
-        """What the Web UI's workflow page shows as current details. Workflow memory only (the
+    def _show_details(self, earlier: RolloutResult | None = None) -> None:
+        """What the Web UI's workflow page shows as current details: this execution's, or the
+        `earlier` run's result it returns. Workflow memory only (the
         `__temporal_workflow_metadata` query reads it), so keeping it current costs nothing."""
         workflow.set_current_details(
             sa.rollout_details(
                 self._summary,
                 max_attempts=self._spec.max_attempts,
-                status=self._status.value,
-                attempt=self._attempt,
-                calls=len(self._calls),
+                status=(earlier.status if earlier else self._status).value,
+                attempt=earlier.attempts if earlier else self._attempt,
+                calls=earlier.calls if earlier else len(self._calls),
                 policy_version=self._serving_version(),
-                reward=self._reward,
-                error=self._error,
+                reward=earlier.reward if earlier else self._reward,
+                error=earlier.error if earlier else self._error,
             )
         )
 

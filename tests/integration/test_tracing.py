@@ -65,6 +65,17 @@ from tests.serving import served
 SPAN_KIND_CLIENT = OtlpSpan.SpanKind.SPAN_KIND_CLIENT
 
 
+# What every rollout's trace holds, whoever started it.
+ROLLOUT_SPANS = {
+    "RunWorkflow:RolloutWorkflow",
+    "RunActivity:launch_agent",
+    "RunActivity:await_agent",
+    "RunActivity:compute_reward",
+    "POST /rollouts/{rollout_id}/v1/chat/completions",  # the gateway's server span
+    "POST /v1/chat/completions",  # the policy server's server span
+}
+
+
 @pytest.fixture(scope="module")
 def exporter() -> InMemorySpanExporter:
     spans = InMemorySpanExporter()
@@ -131,12 +142,7 @@ async def test_one_trace_covers_the_rollout(
     in_trace = [s for s in spans if s.context.trace_id == root.context.trace_id]
     names = {s.name for s in in_trace}
     assert {
-        "RunWorkflow:RolloutWorkflow",
-        "RunActivity:launch_agent",
-        "RunActivity:await_agent",
-        "RunActivity:compute_reward",
-        "POST /rollouts/{rollout_id}/v1/chat/completions",  # the gateway's server span
-        "POST /v1/chat/completions",  # the policy server's server span
+        *ROLLOUT_SPANS,
         "SignalWorkflow:model_calls",  # the gateway delivering the call's event
         "POST /admin/rollouts/{rollout_id}/attempts/{attempt}/close",  # the worker closing
     } <= names, sorted(names)
@@ -150,15 +156,6 @@ async def test_one_trace_covers_the_rollout(
 
 
 # --- every starter: components as real processes exporting OTLP ----------------------------
-
-ROLLOUT_SPANS = {
-    "RunWorkflow:RolloutWorkflow",
-    "RunActivity:launch_agent",
-    "RunActivity:await_agent",
-    "RunActivity:compute_reward",
-    "POST /rollouts/{rollout_id}/v1/chat/completions",  # the gateway's server span
-    "POST /v1/chat/completions",  # the policy server's server span
-}
 
 
 class TracedStack(Stack):
