@@ -120,7 +120,12 @@ def run_worker(
 
 
 class CliError(Exception):
-    """What a client command prints as its one-line error (exit status 1)."""
+    """What a client command prints as its one-line error, leaving with `exit_code` (1, or
+    e.g. 2 for "nothing knows that id")."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def one_line(text: str) -> str:
@@ -179,7 +184,7 @@ def run_client(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
         code = 1
     except CliError as err:
         typer.echo(f"error: {err}", err=True)
-        code = 1
+        code = err.exit_code
     flush_tracing()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -17,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from darl.deploy.cli_support import (
+    CliError,
     Home,
     Namespace,
     StackAddress,
@@ -135,9 +134,10 @@ def trajectory(
         store = DirectoryTrajectoryStore(store_root)
         found = await load_trajectory(store, rollout_id, wanted)
         if state is None and not found.in_store:
-            _leave(
-                f"error: no rollout {rollout_id!r}: Temporal has no workflow rollout/"
-                f"{rollout_id} and {store_root / rollout_id} does not exist"
+            raise CliError(
+                f"no rollout {rollout_id!r}: Temporal has no workflow rollout/"
+                f"{rollout_id} and {store_root / rollout_id} does not exist",
+                exit_code=NOT_FOUND_EXIT,
             )
         result = state.result if state else None
         summary = {
@@ -155,15 +155,6 @@ def trajectory(
             _print(Console(), summary, found, tokens, store_root)
 
     run_client(main)
-
-
-def _leave(message: str) -> None:
-    """Exit with NOT_FOUND_EXIT from inside a client command (run_client's own exits are 0
-    and 1); os._exit for the same reason run_client uses it."""
-    typer.echo(message, err=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(NOT_FOUND_EXIT)
 
 
 def _call_json(record: Any, with_tokens: bool) -> dict[str, Any]:
