@@ -16,7 +16,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from darl.activities.training_activities import TrainerActivities
-from darl.gateway.store import DirectoryTrajectoryStore
+from darl.gateway.store_url import open_store
 from darl.workflows.names import TRAINER_TASK_QUEUE
 from darl.workflows.training_workflow import TrainingWorkflow
 
@@ -27,6 +27,8 @@ class TrainerWorkerSettings:
     runs_dir: Path
     admin_key: str
     task_queue: str = TRAINER_TASK_QUEUE
+    # An s3:// (or file://) URL of the store, in place of `store_dir` (gateway/store_url.py).
+    store_url: str | None = None
 
 
 @contextlib.asynccontextmanager
@@ -37,7 +39,7 @@ async def build_trainer_worker(
     the backends let go of what they hold (verl's Ray workers)."""
     activities = TrainerActivities(
         client,
-        DirectoryTrajectoryStore(settings.store_dir),
+        open_store(settings.store_url or settings.store_dir),
         settings.runs_dir,
         settings.admin_key,
         http_client,

@@ -6,7 +6,9 @@ RolloutWorkflow on the real dev server, served by a real rollout worker). It rep
 p50/p99 and calls/s for both, the added latency, and where the gateway's time goes (from its
 own Prometheus histograms). Then one client sends the same question as a chat completion, a
 Responses API call and an Anthropic Messages call, interleaved in rounds, through the same
-gateway to the same fake upstream: what translating a protocol adds.
+gateway to the same fake upstream: what translating a protocol adds. Last, the same load
+through a gateway on the directory store and one on the S3 store (moto's S3 emulator on
+loopback, its CPU counted apart): calls/s and CPU per call of each (bench/store_bench.py).
 
     make bench            # or: .venv/bin/python -m bench.gateway_bench [--calls 3000]
 """
@@ -15,39 +17,38 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
 import tempfile
-import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import httpx
 import psutil
 from temporalio.testing import WorkflowEnvironment
 
+from bench.load import (
+    ADMIN,
+    BODY,
+    SECRET,
+    Phase,
+    cpu_seconds,
+    drive,
+    gateway_targets,
+    idle_rollouts,
+    scrape,
+    temporal_server_pid,
+)
+from bench.store_bench import compare_stores, start_s3_gateway
 from darl.activities.runners.local import stop_leftover_agents
 from darl.deploy.processes import ManagedProcess
 from darl.deploy.temporal_connection import DATA_CONVERTER
 from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import (
-    LocalAgentSpec,
-    RewardSpec,
-    RolloutSpec,
-    RolloutTimeouts,
     rollout_workflow_id,
 )
-from darl.workflows.rollout_status import RolloutStatus
-from darl.workflows.rollout_token import TokenClaims, mint_token
-from darl.workflows.rollout_workflow import RolloutWorkflow
 
-SECRET = "bench-secret"
-ADMIN = "bench-admin"
-BODY = {"model": "m", "messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 16}
 PROTOCOLS = {
     "chat.completions": ("/v1/chat/completions", BODY),
     "responses": (
@@ -63,104 +64,6 @@ PROTOCOLS = {
         },
     ),
 }
-
-
-@dataclass
-class Phase:
-    name: str
-    latencies: list[float]
-    seconds: float
-
-    def pct(self, q: float) -> float:
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
-
-    @property
-    def rate(self) -> float:
-        return len(self.latencies) / self.seconds
-
-
-async def drive(
-    name: str,
-    targets: list[tuple[str, dict[str, str]]],
-    calls: int,
-    rate: float | None = None,
-    body: dict[str, object] = BODY,
-) -> Phase:
-    """len(targets) clients, each sending calls/len(targets) requests back to back, or, with
-    `rate`, each paced to rate/len(targets) calls per second (starts spread evenly). The load
-    generator is aiohttp: httpx cost ~2.5 ms of CPU per call here, more than the gateway."""
-    per_client = calls // len(targets)
-    latencies: list[float] = []
-    payload = json.dumps(body).encode()
-    connector = aiohttp.TCPConnector(limit=len(targets))
-    async with aiohttp.ClientSession(connector=connector) as session:
-
-        async def one_client(index: int, url: str, headers: dict[str, str]) -> None:
-            headers = {**headers, "Content-Type": "application/json"}
-            period = len(targets) / rate if rate else 0.0
-            start = time.perf_counter() + period * index / len(targets)
-            for n in range(per_client):
-                if period:
-                    await asyncio.sleep(max(0.0, start + n * period - time.perf_counter()))
-                t0 = time.perf_counter()
-                async with session.post(url, data=payload, headers=headers) as response:
-                    body = await response.read()
-                latencies.append(time.perf_counter() - t0)
-                if response.status != 200:
-                    raise RuntimeError(f"{name}: {response.status} {body[:300]!r}")
-
-        started = time.perf_counter()
-        await asyncio.gather(*(one_client(i, *target) for i, target in enumerate(targets)))
-        return Phase(name, latencies, time.perf_counter() - started)
-
-
-def scrape(metrics: str) -> dict[str, float]:
-    """Prometheus text format: {"name{labels}": value}."""
-    values = {}
-    for line in metrics.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            values[name] = float(value)
-    return values
-
-
-def temporal_server_pid() -> int:
-    """The dev server the SDK started (a child of this process)."""
-    for child in psutil.Process().children(recursive=True):
-        if child.name() == "temporal":
-            return child.pid
-    raise RuntimeError("no temporal dev server among this process's children")
-
-
-def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    seconds = {}
-    for name, pid in pids.items():
-        times = psutil.Process(pid).cpu_times()
-        seconds[name] = times.user + times.system
-    return seconds
-
-
-async def idle_rollouts(env: WorkflowEnvironment, queue: str, n: int) -> list[str]:
-    ids = []
-    for i in range(n):
-        spec = RolloutSpec(
-            run_id="bench",
-            rollout_id=f"bench-{uuid.uuid4().hex[:6]}-{i}",
-            task={},
-            agent=LocalAgentSpec(command=["sleep", "900"]),
-            reward=RewardSpec(missing_reward=0.0),
-            timeouts=RolloutTimeouts(agent_seconds=1200),
-        )
-        await env.client.start_workflow(
-            RolloutWorkflow.run, spec, id=rollout_workflow_id(spec.rollout_id), task_queue=queue
-        )
-        ids.append(spec.rollout_id)
-    for rollout_id in ids:
-        handle = env.client.get_workflow_handle(rollout_workflow_id(rollout_id))
-        while (await handle.query(RolloutWorkflow.status)).status != RolloutStatus.RUNNING:
-            await asyncio.sleep(0.05)
-    return ids
 
 
 async def main(calls: int, clients: int, fsync: bool, rate: float) -> None:
@@ -227,17 +130,7 @@ async def main(calls: int, clients: int, fsync: bool, rate: float) -> None:
         processes.append(worker)
         worker.wait_ready()
         rollouts = await idle_rollouts(env, queue, clients)
-        expires = int(time.time() + 3600)
-        through_gateway = [
-            (
-                f"{gateway_url}/rollouts/{r}/v1/chat/completions",
-                {
-                    "Authorization": "Bearer "
-                    + mint_token(SECRET.encode(), TokenClaims(r, 1, "train", expires))
-                },
-            )
-            for r in rollouts
-        ]
+        through_gateway = gateway_targets(gateway_url, rollouts)
         direct = [(f"{upstream_url}/v1/chat/completions", {})] * clients
 
         await drive("warm-up direct", direct, clients * 10)
@@ -281,6 +174,16 @@ async def main(calls: int, clients: int, fsync: bool, rate: float) -> None:
             g = (cpu2[name] - cpu1[name]) / calls * 1000
             print(f"  {name:<20}{d:>9.2f}{g:>9.2f}")
         await compare_protocols(gateway_url, rollouts[0], through_gateway[0][1], gateway.pid, calls)
+        emulator, s3_gateway, s3_url = start_s3_gateway(root, proc_env, upstream_url, processes)
+        await compare_stores(
+            env,
+            queue,
+            {"directory": (gateway_url, gateway.pid), "s3 (emulator)": (s3_url, s3_gateway.pid)},
+            {"s3 emulator": emulator.pid, "temporal server": temporal_server_pid()},
+            calls,
+            clients,
+            rollouts,
+        )
     finally:
         for rollout_id in locals().get("rollouts", []):
             await env.client.get_workflow_handle(rollout_workflow_id(rollout_id)).cancel()

@@ -37,6 +37,7 @@ from darl.deploy.stack_file import (
     on_stack,
     read_stack_file,
 )
+from darl.deploy.store_options import StoreUrl, open_checked_store, store_location
 from darl.deploy.temporal_connection import (
     DEFAULT_ADDRESS,
     DEFAULT_NAMESPACE,
@@ -319,6 +320,7 @@ def trainer_worker(
     store_dir: Annotated[Path, typer.Option(help="The gateway's trajectory store.")] = Path(
         ".darl/trajectories"
     ),
+    store_url: StoreUrl = None,
     runs_dir: Annotated[Path, typer.Option(envvar="DARL_RUNS_DIR")] = Path(".darl/runs"),
     task_queue: str = TRAINER_TASK_QUEUE,
     threads: Annotated[int, typer.Option(help="torch CPU threads.")] = 1,
@@ -335,8 +337,11 @@ def trainer_worker(
 
     setup_logging()
     torch.set_num_threads(threads)
+    location = store_location(store_url, store_dir.resolve())
+    open_checked_store(location)
     settings = TrainerWorkerSettings(
         store_dir=store_dir.resolve(),
+        store_url=store_url,
         runs_dir=runs_dir.resolve(),
         admin_key=secret("DARL_ADMIN_KEY", home),
         task_queue=task_queue,

@@ -26,6 +26,7 @@ from darl.deploy.cli_support import (
 )
 from darl.deploy.serving import serve_app
 from darl.deploy.stack_file import read_stack_file
+from darl.deploy.store_options import StoreUrl, open_checked_store, store_location
 from darl.deploy.temporal_connection import DEFAULT_NAMESPACE, TemporalSettings, connect
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ def viewer(
     temporal_address: StackAddress = None,
     namespace: Namespace = DEFAULT_NAMESPACE,
     store_dir: StoreDir = None,
+    store_url: StoreUrl = None,
     runs_dir: Annotated[
         Path | None, typer.Option(envvar="DARL_RUNS_DIR", help="Default: <home>/runs.")
     ] = None,
@@ -75,7 +77,8 @@ def viewer(
     from darl.viewer.app import Viewer, create_viewer_app
     from darl.viewer.temporal_view import TemporalView
 
-    settings = viewer_settings(home, store_dir, runs_dir, agents_dir, ui_url)
+    settings = viewer_settings(home, store_dir, runs_dir, agents_dir, ui_url, store_url)
+    open_checked_store(store_location(settings.store_url, settings.store_dir))
     address = stack_address(temporal_address, home)
 
     async def main(stop: asyncio.Event) -> None:
@@ -92,6 +95,7 @@ def viewer_settings(
     runs_dir: Path | None,
     agents_dir: Path | None,
     ui_url: str | None,
+    store_url: str | None = None,
 ) -> ViewerSettings:
     """What the viewer reads: the flags given, else the dev stack's places under `home`
     (deploy/devstack.py) and its Web UI when one is running."""
@@ -103,6 +107,7 @@ def viewer_settings(
         runs_dir=(runs_dir or home / "runs").resolve(),
         agents_dir=(agents_dir or home / "agents").resolve(),
         ui_url=(ui_url or (stack.ui_url if stack and stack.ui_url else DEFAULT_UI_URL)).rstrip("/"),
+        store_url=str(store_location(store_url, Path())) if store_url else None,
     )
 
 
@@ -114,29 +119,29 @@ def trajectory(
     tokens: Annotated[bool, typer.Option("--tokens", help="Show token ids and logprobs.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     store_dir: StoreDir = None,
+    store_url: StoreUrl = None,
     temporal_address: StackAddress = None,
     namespace: Namespace = DEFAULT_NAMESPACE,
     home: Home = Path(".darl"),
 ) -> None:
     """Every model call of a rollout, in order: messages, completion, finish reason, latency,
     policy version, protocol. Exit status 2 when nothing knows the rollout."""
-    from darl.gateway.store import DirectoryTrajectoryStore
     from darl.viewer.temporal_view import TemporalView
     from darl.viewer.trajectory import load_trajectory
 
-    store_root = store_dir or home / "trajectories"
+    location = store_location(store_url, store_dir or home / "trajectories")
+    store = open_checked_store(location)
     address = stack_address(temporal_address, home)
 
     async def main() -> None:
         client = await connect(TemporalSettings.from_env(address, namespace))
         state = await TemporalView(client).rollout(rollout_id)
         wanted = attempt if attempt is not None else (state.last_attempt if state else None)
-        store = DirectoryTrajectoryStore(store_root)
         found = await load_trajectory(store, rollout_id, wanted)
         if state is None and not found.in_store:
             raise CliError(
                 f"no rollout {rollout_id!r}: Temporal has no workflow rollout/"
-                f"{rollout_id} and {store_root / rollout_id} does not exist",
+                f"{rollout_id} and {store.where(rollout_id)} does not exist",
                 exit_code=NOT_FOUND_EXIT,
             )
         result = state.result if state else None
@@ -152,7 +157,7 @@ def trajectory(
         if as_json:
             typer.echo(json.dumps(summary, indent=2))
         else:
-            _print(Console(), summary, found, tokens, store_root)
+            _print(Console(), summary, found, tokens, str(location))
 
     run_client(main)
 
@@ -185,7 +190,7 @@ def _call_json(record: Any, with_tokens: bool) -> dict[str, Any]:
 
 
 def _print(
-    console: Console, summary: dict[str, Any], found: Any, with_tokens: bool, store_root: Path
+    console: Console, summary: dict[str, Any], found: Any, with_tokens: bool, store_root: str
 ) -> None:
     from darl.viewer.render import call_views
     from darl.viewer.trajectory import returned_token_texts
@@ -210,7 +215,7 @@ def _print(
     if result and result.get("calls") and not found.calls:
         console.print(
             f"the store has none of the {result['calls']} calls the rollout made: is "
-            f"{store_root} the gateway's store (--store-dir, --home)?",
+            f"{store_root} the gateway's store (--store-url, --store-dir, --home)?",
             style="yellow",
             markup=False,
             highlight=False,

@@ -1,4 +1,5 @@
-"""The gateway's own durable state, in a directory beside the trajectory store: its admin state
+"""The gateway's own durable state, beside the trajectory store (a directory, or objects under
+`<prefix>/_gateway/` of the store's bucket): its admin state
 (policy version, upstreams, pause) and its lifecycle (when it was last alive), so that a
 restarted gateway comes back as it left (rule 8) and knows when agents could not reach it
 (rule 7: an agent that failed while the gateway was down failed because of DARL).
@@ -12,10 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from darl.workflows.training_config import PauseMode
 
@@ -25,6 +27,13 @@ ALIVE_INTERVAL_SECONDS = 1.0
 # Clocks of the worker that asks and of the gateway, and the moments between a kill and the
 # last write: an outage counts for an attempt that ran this close to it.
 OUTAGE_MARGIN_SECONDS = 2.0
+# A replica that has not said it is alive for this long is taken for down (it says so every
+# ALIVE_INTERVAL_SECONDS): its outage is not recorded until it restarts, yet its calls in
+# flight failed agents, which the other replicas must count as DARL's doing (rule 7).
+SILENT_AFTER_SECONDS = ALIVE_INTERVAL_SECONDS + 1.5
+# The longest a silent replica's outage counts: by then a load balancer has long stopped
+# sending it calls (and a replica that never returns, a replaced pod, is no outage forever).
+SILENT_OUTAGE_SECONDS = 60.0
 STATE_FILE = "admin-state.json"
 OUTAGES_FILE = "outages.jsonl"
 
@@ -57,44 +66,94 @@ class Outage:
         return f"the gateway {self.instance} {how} and was down {down:.1f}s from {when}"
 
 
-def _write_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+class JournalStorage(Protocol):
+    """Where a journal keeps its few named documents and its outages (synchronous: the
+    gateway calls the journal on a thread)."""
+
+    def read(self, name: str) -> dict[str, Any] | None: ...
+
+    def write(self, name: str, data: dict[str, Any]) -> None:
+        """Replace the document whole (readers see the old one or the new one)."""
+
+    def add_outage(self, outage: dict[str, Any]) -> None: ...
+
+    def outages(self) -> list[dict[str, Any]]:
+        """Every outage recorded by any gateway sharing the storage, oldest first."""
+
+    def names(self, prefix: str) -> list[str]:
+        """The documents whose names start with `prefix` (every replica's lifecycle)."""
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except ValueError:
-        # Written by an atomic rename, so never torn; anything else is not ours to guess at.
-        log.error("%s is not JSON; ignoring it", path)
-        return None
-    return data
+class DirectoryJournal:
+    """`root/<name>.json` by atomic rename, `root/outages.jsonl` appended."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._outages: list[dict[str, Any]] = []
+        self._outages_read_at: tuple[int, int] = (-1, -1)
+
+    def read(self, name: str) -> dict[str, Any] | None:
+        path = self.root / name
+        try:
+            data: dict[str, Any] = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            # Written by an atomic rename, so never torn; anything else is not ours to guess at.
+            log.error("%s is not JSON; ignoring it", path)
+            return None
+        return data
+
+    def write(self, name: str, data: dict[str, Any]) -> None:
+        path = self.root / name
+        # A temporary name of this process's own: replicas write the admin state at once.
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+
+    def names(self, prefix: str) -> list[str]:
+        return sorted(p.name for p in self.root.glob(f"{prefix}*.json"))
+
+    def add_outage(self, outage: dict[str, Any]) -> None:
+        with (self.root / OUTAGES_FILE).open("a") as f:
+            f.write(json.dumps(outage) + "\n")
+
+    def outages(self) -> list[dict[str, Any]]:
+        """Re-read only when the file changed: closes ask for every attempt."""
+        path = self.root / OUTAGES_FILE
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            return []
+        changed = (stat.st_mtime_ns, stat.st_size)
+        if changed != self._outages_read_at:
+            lines = path.read_text().splitlines()
+            self._outages = [json.loads(line) for line in lines if line.strip()]
+            self._outages_read_at = changed
+        return self._outages
 
 
 @dataclass
 class GatewayJournal:
-    """`root/admin-state.json`, `root/lifecycle-<instance>.json`, `root/outages.jsonl`."""
+    """`admin-state.json`, `lifecycle-<instance>.json` and the outages, in `root` (a
+    directory, or a `JournalStorage` such as `S3Journal`)."""
 
-    root: Path
+    root: Path | JournalStorage
     instance: str = "gateway"
-    _outages: list[Outage] = field(default_factory=list)
-    _outages_read_at: tuple[int, int] = (-1, -1)
+    storage: JournalStorage = field(init=False)
 
     def __post_init__(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.storage = DirectoryJournal(self.root) if isinstance(self.root, Path) else self.root
 
     @property
-    def _lifecycle(self) -> Path:
-        return self.root / f"lifecycle-{self.instance}.json"
+    def _lifecycle(self) -> str:
+        return f"lifecycle-{self.instance}.json"
 
     # --- admin state -------------------------------------------------------------------
 
     def load_admin_state(self) -> AdminState | None:
-        data = _read(self.root / STATE_FILE)
+        data = self.storage.read(STATE_FILE)
         if data is None:
             return None
         return AdminState(
@@ -106,49 +165,74 @@ class GatewayJournal:
         )
 
     def save_admin_state(self, state: AdminState) -> None:
-        _write_atomic(self.root / STATE_FILE, asdict(state))
+        self.storage.write(STATE_FILE, asdict(state))
 
     # --- lifecycle ---------------------------------------------------------------------
 
     def came_up(self, now: float | None = None) -> Outage | None:
         """Record this start; returns the outage that ended with it (None on a first start)."""
         now = time.time() if now is None else now
-        last = _read(self._lifecycle)
+        last = self.storage.read(self._lifecycle)
         outage = None
         if last is not None:
             stopped = last.get("stopped_at")
             since = float(stopped if stopped is not None else last["alive_at"])
             outage = Outage(self.instance, since, now, killed=stopped is None)
-            with (self.root / OUTAGES_FILE).open("a") as f:
-                f.write(json.dumps(asdict(outage)) + "\n")
+            self.storage.add_outage(asdict(outage))
             log.warning("%s", outage.describe())
         self.alive(now)
         return outage
 
     def alive(self, now: float | None = None) -> None:
-        _write_atomic(self._lifecycle, {"alive_at": time.time() if now is None else now})
+        self.storage.write(self._lifecycle, {"alive_at": time.time() if now is None else now})
 
     def went_down(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
-        _write_atomic(self._lifecycle, {"alive_at": now, "stopped_at": now})
+        self.storage.write(self._lifecycle, {"alive_at": now, "stopped_at": now})
 
-    def outages_overlapping(self, start: float, end: float) -> list[Outage]:
-        """Outages of any gateway sharing this journal within [start, end] (with a margin)."""
+    def outages_overlapping(
+        self, start: float, end: float, silent_at: float | None = None
+    ) -> list[Outage]:
+        """Outages of any gateway sharing this journal within [start, end] (with a margin);
+        with `silent_at`, also those of the replicas silent then, which no restart has
+        recorded yet."""
         margin = OUTAGE_MARGIN_SECONDS
+        silent = self.silent_outages(silent_at) if silent_at is not None else []
         return [
-            o for o in self._read_outages() if o.since - margin <= end and o.until + margin >= start
+            o
+            for o in self._read_outages() + silent
+            if o.since - margin <= end and o.until + margin >= start
+        ]
+
+    # --- the other replicas sharing the journal ----------------------------------------
+
+    def _siblings_alive_at(self) -> dict[str, float]:
+        """When each other running instance last said it was alive (a stopped one is left
+        out: it drained its calls before it went)."""
+        found = {}
+        for name in self.storage.names("lifecycle-"):
+            instance = name.removeprefix("lifecycle-").removesuffix(".json")
+            data = self.storage.read(name) if instance != self.instance else None
+            if data is not None and "stopped_at" not in data:
+                found[instance] = float(data["alive_at"])
+        return found
+
+    def silent_outages(self, now: float) -> list[Outage]:
+        """The other replicas silent for SILENT_AFTER_SECONDS: down since their last word."""
+        return [
+            Outage(instance, at, min(now, at + SILENT_OUTAGE_SECONDS), killed=True)
+            for instance, at in self._siblings_alive_at().items()
+            if at < now - SILENT_AFTER_SECONDS
+        ]
+
+    def unconfirmed_siblings(self, since: float) -> list[str]:
+        """Replicas that have not said they are alive since `since` and are not silent yet:
+        whether they were up at `since` is known once they speak or fall silent."""
+        return [
+            instance
+            for instance, at in self._siblings_alive_at().items()
+            if since - SILENT_AFTER_SECONDS <= at < since
         ]
 
     def _read_outages(self) -> list[Outage]:
-        """Re-read only when the file changed: closes ask for every attempt."""
-        path = self.root / OUTAGES_FILE
-        try:
-            stat = path.stat()
-        except FileNotFoundError:
-            return []
-        changed = (stat.st_mtime_ns, stat.st_size)
-        if changed != self._outages_read_at:
-            lines = path.read_text().splitlines()
-            self._outages = [Outage(**json.loads(line)) for line in lines if line.strip()]
-            self._outages_read_at = changed
-        return self._outages
+        return [Outage(**entry) for entry in self.storage.outages()]

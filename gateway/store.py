@@ -1,97 +1,43 @@
 """The trajectory store: where the full record of every model call lives (request, response,
 token ids, logprobs), so that none of it has to go through workflow history.
 
-`TrajectoryStore` is the interface (an S3 backend can fill it later); `DirectoryTrajectoryStore`
-keeps one append-only JSONL file per rollout attempt. Prompts are stored as the delta against
-the previous call of the attempt (its prompt plus its answer), and chat messages as the delta
-against the previous request's messages, so a trajectory's storage grows with its length, not
-with turns x prompt length.
+`TrajectoryStore` is the interface; `DirectoryTrajectoryStore` keeps one append-only JSONL file
+per rollout attempt, `S3TrajectoryStore` (`gateway/s3_store.py`) one object per call. Both store
+prompts as deltas (`gateway/store_codec.py`), and both let several gateway replicas append to
+one attempt: sequences stay unique and gap-free. `open_store` (`gateway/store_url.py`) picks one
+from a URL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import time
-from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from darl.gateway.capture import (
-    CHAT,
-    Endpoint,
-    completion_logprobs,
-    completion_token_ids,
-    finish_reason,
-)
+from darl.gateway.call_record import CallRecord, FailedCall
+from darl.gateway.store_codec import Tail, TailCache, decode_into, encode_line, select_calls
+
+__all__ = [
+    "CallRecord",
+    "DirectoryTrajectoryStore",
+    "FailedCall",
+    "StoreUnavailable",
+    "TrajectoryStore",
+]
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
 
-
-@dataclass(frozen=True)
-class CallRecord:
-    """One model call, whole: what was sent, what came back, and the token ids of both."""
-
-    call_id: str
-    rollout_id: str
-    attempt: int
-    sequence: int
-    endpoint: Endpoint
-    upstream: str
-    policy_version: int
-    created_at: float
-    latency_ms: float
-    retry_count: int
-    streamed: bool
-    request: dict[str, Any]
-    response: dict[str, Any]
-    prompt_token_ids: list[int]
-    # The protocol the agent spoke (the Responses or Messages API, translated to a chat call;
-    # see `translation`): the endpoint's own unless said.
-    protocol: str = ""
-    # What the protocol's answer needs of the call later: the ids it answered under, whether
-    # it carried instructions (`previous_response_id` drops them).
-    exchange: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.protocol:
-            object.__setattr__(self, "protocol", self.endpoint)
-
-    def completion_token_ids(self, choice: int = 0) -> list[int]:
-        return completion_token_ids(self.response, choice)
-
-    def completion_logprobs(self, choice: int = 0) -> list[float] | None:
-        return completion_logprobs(self.endpoint, self.response, choice)
-
-    def finish_reason(self) -> str | None:
-        return finish_reason(self.response)
-
-
-@dataclass(frozen=True)
-class FailedCall:
-    """A model call that got no answer: refused (a prompt too long: 400), failed at the policy
-    server, or broken mid-stream. Kept so a user sees why an agent got nothing; never trained
-    on."""
-
-    call_id: str
-    rollout_id: str
-    attempt: int
-    protocol: str
-    status: int
-    error: str
-    latency_ms: float
-    retry_count: int
-    upstream: str | None
-    created_at: float
-
-    def summary(self) -> str:
-        return f"{self.status} ({self.protocol}): {self.error[:300]}"
+class StoreUnavailable(RuntimeError):
+    """The store cannot be used at all (a bucket that does not exist, no credentials)."""
 
 
 class TrajectoryStore(Protocol):
@@ -112,7 +58,27 @@ class TrajectoryStore(Protocol):
         """The highest sequence whose event reached the workflow (-1: none yet)."""
 
     async def mark_delivered(self, rollout_id: str, attempt: int, sequence: int) -> None:
-        """Remember that events up to `sequence` reached the workflow."""
+        """Remember that events up to `sequence` reached the workflow. The mark never moves
+        back: a replica that marks an older sequence after another marked a newer one keeps
+        the newer."""
+
+    def read_sync(
+        self, rollout_id: str, attempt: int | None = None, call_ids: list[str] | None = None
+    ) -> list[CallRecord]:
+        """`read` for a caller on a thread of its own (never on an event loop's thread)."""
+
+    async def attempts(self, rollout_id: str) -> list[int]:
+        """The attempts of the rollout that have calls in the store, in order."""
+
+    def where(self, rollout_id: str) -> str:
+        """Where the rollout's records live, for a message to a person."""
+
+    async def check(self) -> None:
+        """Raise `StoreUnavailable` when the store cannot be used (a bucket that does not
+        exist, no credentials): called once at start, so a bad store is not a 500 per call."""
+
+    async def aclose(self) -> None:
+        """Let go of connections (the store stays usable; it reconnects when used)."""
 
     def forget(self, rollout_id: str, attempt: int) -> None:
         """The attempt has ended: drop what is cached for appending to it."""
@@ -147,38 +113,13 @@ class TrajectoryStore(Protocol):
         """Whether `mark_closed` was called for the attempt."""
 
 
-def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-@dataclass
-class _Tail:
-    """What the next delta is taken against: the previous call of the attempt."""
-
-    next_sequence: int = 0
-    loaded: bool = False
-    # Appends holding or waiting for the lock: a tail in use is never evicted, or a fresh one
-    # would reload the file without the record being written and reuse its sequence.
-    users: int = 0
-    context_ids: list[int] = field(default_factory=list)
-    messages: list[Any] = field(default_factory=list)
-    prompt_text: str = ""
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    def advance(self, record: CallRecord) -> None:
-        self.next_sequence = record.sequence + 1
-        self.context_ids = record.prompt_token_ids + record.completion_token_ids()
-        self.messages = list(record.request.get("messages") or [])
-        prompt = record.request.get("prompt")
-        self.prompt_text = prompt if isinstance(prompt, str) else ""
-
-
 class DirectoryTrajectoryStore:
     """`<root>/<rollout_id>/attempt-<n>.jsonl`, one line per call, written with one append.
+
+    Processes sharing the directory (gateway replicas on one machine or a RWX volume) take an
+    exclusive `flock` on the attempt's file around read-check-append; a writer that finds the
+    file longer than it left it reads the other writers' lines first, so sequences and
+    deltas continue theirs.
 
     `fsync=True` makes a record survive a machine crash, at the price of a disk flush per call;
     without it a record survives any process crash (it is in the page cache when append returns).
@@ -187,8 +128,7 @@ class DirectoryTrajectoryStore:
     def __init__(self, root: Path, fsync: bool = False, cached_attempts: int = 4096) -> None:
         self.root = root
         self.fsync = fsync
-        self._cached_attempts = cached_attempts
-        self._tails: OrderedDict[tuple[str, int], _Tail] = OrderedDict()
+        self._tails = TailCache(cached_attempts)
 
     def path(self, rollout_id: str, attempt: int) -> Path:
         return self.root / rollout_id / f"attempt-{attempt}.jsonl"
@@ -196,27 +136,62 @@ class DirectoryTrajectoryStore:
     def ref(self, record: CallRecord) -> str:
         return f"{self.path(record.rollout_id, record.attempt)}#{record.sequence}"
 
-    async def append(self, record: CallRecord) -> CallRecord:
-        tail = self._tail(record.rollout_id, record.attempt)
-        tail.users += 1
-        try:
-            return await self._append(tail, record)
-        finally:
-            tail.users -= 1
+    def where(self, rollout_id: str) -> str:
+        return str(self.root / rollout_id)
 
-    async def _append(self, tail: _Tail, record: CallRecord) -> CallRecord:
-        async with tail.lock:
-            if not tail.loaded:
-                self._reload(record.rollout_id, record.attempt, tail)
-            stored = replace(record, sequence=tail.next_sequence)
-            line = json.dumps(self._encode(stored, tail), separators=(",", ":")) + "\n"
-            path = self.path(record.rollout_id, record.attempt)
+    async def check(self) -> None:
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreUnavailable(f"{self.root} is not a directory")
+
+    async def aclose(self) -> None:
+        return None
+
+    async def append(self, record: CallRecord) -> CallRecord:
+        path = self.path(record.rollout_id, record.attempt)
+        async with self._tails.hold(record.rollout_id, record.attempt) as tail:
             if self.fsync:
-                await asyncio.to_thread(self._write, path, line.encode())
-            else:
-                self._write(path, line.encode())
-            tail.advance(stored)
+                return await asyncio.to_thread(self._append_blocking, path, tail, record)
+            with _open_for_append(path) as fd:
+                await _lock(fd)
+                return self._append_locked(fd, path, tail, record)
+
+    def _append_blocking(self, path: Path, tail: Tail, record: CallRecord) -> CallRecord:
+        with _open_for_append(path) as fd:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return self._append_locked(fd, path, tail, record)
+
+    def _append_locked(self, fd: int, path: Path, tail: Tail, record: CallRecord) -> CallRecord:
+        self._catch_up(fd, path, tail)
+        stored = replace(record, sequence=tail.next_sequence)
+        line = encode_line(stored, tail)
+        os.write(fd, line)
+        if self.fsync:
+            os.fsync(fd)
+        tail.advance(stored)
+        tail.position += len(line)
         return stored
+
+    def _catch_up(self, fd: int, path: Path, tail: Tail) -> None:
+        """Bring the tail to the end of the file (the lock held): the whole file after a
+        restart or an eviction, else the lines other processes appended since this one last
+        wrote. A torn last line (a crash mid-write: its call was never signalled nor
+        answered) is cut off, so the next record starts on a line of its own."""
+        size = os.fstat(fd).st_size
+        if tail.loaded and size == tail.position:
+            return
+        if not tail.loaded or size < tail.position:
+            tail.reset()
+        start = tail.position
+        data = os.pread(fd, size - start, start)
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            log.warning("%s: cutting off a torn last line", path)
+            os.ftruncate(fd, start + end)
+        for raw in data[:end].splitlines():
+            if raw.strip():
+                decode_into(tail, json.loads(raw))
+        tail.position = start + end
+        tail.loaded = True
 
     async def read(
         self, rollout_id: str, attempt: int | None = None, call_ids: list[str] | None = None
@@ -226,40 +201,43 @@ class DirectoryTrajectoryStore:
     def read_sync(
         self, rollout_id: str, attempt: int | None = None, call_ids: list[str] | None = None
     ) -> list[CallRecord]:
-        if attempt is None:
-            attempts = sorted(
-                int(p.stem.removeprefix("attempt-"))
-                for p in (self.root / rollout_id).glob("attempt-*.jsonl")
-            )
-        else:
-            attempts = [attempt]
-        records = [r for a in attempts for r in self._decode_file(self.path(rollout_id, a))]
-        if call_ids is None:
-            return records
-        by_id = {r.call_id: r for r in records}
-        missing = [c for c in call_ids if c not in by_id]
-        if missing:
-            raise KeyError(f"store has no record of calls {missing[:5]} of {rollout_id}")
-        return sorted((by_id[c] for c in call_ids), key=lambda r: (r.attempt, r.sequence))
+        attempts = self._attempts(rollout_id) if attempt is None else [attempt]
+        records = [r for a in attempts for r in _decode_file(self.path(rollout_id, a))]
+        return select_calls(records, rollout_id, call_ids)
+
+    async def attempts(self, rollout_id: str) -> list[int]:
+        return self._attempts(rollout_id)
+
+    def _attempts(self, rollout_id: str) -> list[int]:
+        numbers = []
+        for path in (self.root / rollout_id).glob("attempt-*.jsonl"):
+            suffix = path.stem.removeprefix("attempt-")
+            if suffix.isdigit():
+                numbers.append(int(suffix))
+        return sorted(numbers)
 
     async def delivered(self, rollout_id: str, attempt: int) -> int:
-        try:
-            return int(self._delivered_path(rollout_id, attempt).read_text())
-        except FileNotFoundError:
-            return -1
+        return _read_delivered(self._delivered_path(rollout_id, attempt))
 
     async def mark_delivered(self, rollout_id: str, attempt: int, sequence: int) -> None:
         path = self._delivered_path(rollout_id, attempt)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(str(sequence))
-        os.replace(tmp, path)
+        # Under the attempt file's lock, so two replicas' marks cannot interleave their
+        # read-compare-replace and move the mark back.
+        with _open_for_append(self.path(rollout_id, attempt)) as fd:
+            await _lock(fd)
+            if sequence <= _read_delivered(path):
+                return
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(str(sequence))
+            os.replace(tmp, path)
 
     def _delivered_path(self, rollout_id: str, attempt: int) -> Path:
         return self.root / rollout_id / f"attempt-{attempt}.delivered"
 
     # Beside each attempt's calls, append-only JSON-lines files of what else it needs kept:
     # its incidents, its agent's events, its failed calls. Not `.jsonl`: `read` takes every
-    # `attempt-*.jsonl` for a file of calls.
+    # `attempt-*.jsonl` for a file of calls. One small O_APPEND write per line, so lines of
+    # several processes never interleave.
 
     def side_path(self, rollout_id: str, attempt: int, kind: str) -> Path:
         return self.root / rollout_id / f"attempt-{attempt}.{kind}"
@@ -332,133 +310,7 @@ class DirectoryTrajectoryStore:
 
     def forget(self, rollout_id: str, attempt: int) -> None:
         """Drop the cached tail of a finished attempt (the file stays)."""
-        tail = self._tails.get((rollout_id, attempt))
-        if tail is not None and tail.users == 0:
-            del self._tails[(rollout_id, attempt)]
-
-    # --- encoding ------------------------------------------------------------------------
-
-    def _encode(self, record: CallRecord, tail: _Tail) -> dict[str, Any]:
-        base = _common_prefix(tail.context_ids, record.prompt_token_ids)
-        request = dict(record.request)
-        messages = request.pop("messages", None)
-        prompt = request.pop("prompt", None)
-        line: dict[str, Any] = {
-            "v": FORMAT_VERSION,
-            "call_id": record.call_id,
-            "rollout_id": record.rollout_id,
-            "attempt": record.attempt,
-            "seq": record.sequence,
-            "endpoint": record.endpoint,
-            "upstream": record.upstream,
-            "policy_version": record.policy_version,
-            "created_at": record.created_at,
-            "latency_ms": record.latency_ms,
-            "retry_count": record.retry_count,
-            "streamed": record.streamed,
-            "prompt_ids": {"base": base, "ids": record.prompt_token_ids[base:]},
-            "request": request,
-            "response": _without_prompt_ids(record.endpoint, record.response),
-        }
-        if record.protocol != record.endpoint:
-            line["protocol"] = record.protocol
-        if record.exchange:
-            line["exchange"] = record.exchange
-        if messages is not None:
-            kept = _common_prefix(tail.messages, messages)
-            line["messages"] = {"base": kept, "items": messages[kept:]}
-        if isinstance(prompt, str):
-            kept = _common_prefix(tail.prompt_text, prompt)
-            line["prompt_text"] = {"base": kept, "text": prompt[kept:]}
-        elif prompt is not None:
-            line["prompt"] = prompt
-        return line
-
-    def _decode_file(self, path: Path) -> list[CallRecord]:
-        try:
-            lines = path.read_bytes().splitlines()
-        except FileNotFoundError:
-            return []
-        tail = _Tail()
-        records = []
-        for number, raw in enumerate(lines, 1):
-            try:
-                line = json.loads(raw)
-            except json.JSONDecodeError:
-                if number == len(lines):
-                    log.warning("%s: ignoring a torn last line (a crash mid-write)", path)
-                    break
-                raise
-            record = self._decode(line, tail)
-            tail.advance(record)
-            records.append(record)
-        return records
-
-    @staticmethod
-    def _decode(line: dict[str, Any], tail: _Tail) -> CallRecord:
-        if line.get("v") != FORMAT_VERSION:
-            raise ValueError(f"unknown trajectory record version {line.get('v')!r}")
-        delta = line["prompt_ids"]
-        prompt_ids = tail.context_ids[: delta["base"]] + delta["ids"]
-        request = dict(line["request"])
-        if "messages" in line:
-            m = line["messages"]
-            request["messages"] = tail.messages[: m["base"]] + m["items"]
-        if "prompt_text" in line:
-            p = line["prompt_text"]
-            request["prompt"] = tail.prompt_text[: p["base"]] + p["text"]
-        elif "prompt" in line:
-            request["prompt"] = line["prompt"]
-        endpoint = line["endpoint"]
-        return CallRecord(
-            call_id=line["call_id"],
-            rollout_id=line["rollout_id"],
-            attempt=line["attempt"],
-            sequence=line["seq"],
-            endpoint=endpoint,
-            upstream=line["upstream"],
-            policy_version=line["policy_version"],
-            created_at=line["created_at"],
-            latency_ms=line["latency_ms"],
-            retry_count=line["retry_count"],
-            streamed=line["streamed"],
-            request=request,
-            response=_with_prompt_ids(endpoint, line["response"], prompt_ids),
-            prompt_token_ids=prompt_ids,
-            protocol=line.get("protocol", endpoint),
-            exchange=line.get("exchange") or {},
-        )
-
-    # --- files and the tail cache --------------------------------------------------------
-
-    def _tail(self, rollout_id: str, attempt: int) -> _Tail:
-        key = (rollout_id, attempt)
-        tail = self._tails.get(key)
-        if tail is None:
-            tail = self._tails[key] = _Tail()
-            for old in list(self._tails):  # least recently used first
-                if len(self._tails) <= self._cached_attempts:
-                    break
-                if old != key and self._tails[old].users == 0:
-                    del self._tails[old]
-        else:
-            self._tails.move_to_end(key)
-        return tail
-
-    def _reload(self, rollout_id: str, attempt: int, tail: _Tail) -> None:
-        """After a restart (or eviction) the tail is rebuilt from the file itself. A torn last
-        line (a crash mid-write: its call was never signalled nor answered) is cut off, so the
-        next record starts on a line of its own."""
-        path = self.path(rollout_id, attempt)
-        if path.exists():
-            data = path.read_bytes()
-            if data and not data.endswith(b"\n"):
-                log.warning("%s: cutting off a torn last line", path)
-                os.truncate(path, data.rfind(b"\n") + 1)
-        records = self._decode_file(path)
-        if records:
-            tail.advance(records[-1])
-        tail.loaded = True
+        self._tails.forget(rollout_id, attempt)
 
     def _write(self, path: Path, data: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -471,6 +323,51 @@ class DirectoryTrajectoryStore:
             os.close(fd)
 
 
+@contextlib.contextmanager
+def _open_for_append(path: Path) -> Iterator[int]:
+    """The attempt's file for reading and appending (closing it releases its lock)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+async def _lock(fd: int) -> None:
+    """An exclusive flock on `fd`; waits for another process's off the event loop."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+
+
+def _read_delivered(path: Path) -> int:
+    try:
+        return int(path.read_text())
+    except FileNotFoundError:
+        return -1
+
+
+def _decode_file(path: Path) -> list[CallRecord]:
+    try:
+        lines = path.read_bytes().splitlines()
+    except FileNotFoundError:
+        return []
+    tail = Tail()
+    records = []
+    for number, raw in enumerate(lines, 1):
+        try:
+            line = json.loads(raw)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                log.warning("%s: ignoring a torn last line (a crash mid-write)", path)
+                break
+            raise
+        records.append(decode_into(tail, line))
+    return records
+
+
 def _ends_torn(path: Path) -> bool:
     """Whether the file's last line has no newline (an append cut short)."""
     try:
@@ -479,22 +376,3 @@ def _ends_torn(path: Path) -> bool:
             return f.read(1) != b"\n"
     except (FileNotFoundError, OSError):
         return False
-
-
-def _without_prompt_ids(endpoint: Endpoint, response: dict[str, Any]) -> dict[str, Any]:
-    if endpoint == CHAT:
-        return {k: v for k, v in response.items() if k != "prompt_token_ids"}
-    choices = [
-        {k: v for k, v in choice.items() if k != "prompt_token_ids"}
-        for choice in response.get("choices") or []
-    ]
-    return {**response, "choices": choices}
-
-
-def _with_prompt_ids(
-    endpoint: Endpoint, response: dict[str, Any], ids: list[int]
-) -> dict[str, Any]:
-    if endpoint == CHAT:
-        return {**response, "prompt_token_ids": ids}
-    choices = [{**choice, "prompt_token_ids": ids} for choice in response.get("choices") or []]
-    return {**response, "choices": choices}

@@ -55,3 +55,7 @@ async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
     )
     yield env
     await env.shutdown()
+
+
+# The S3 emulator (moto's server mode) for the S3 trajectory store's tests.
+from tests.s3_emulator import s3_bucket, s3_emulator  # noqa: E402, F401

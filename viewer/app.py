@@ -19,7 +19,7 @@ from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from temporalio.service import RPCError
 
-from darl.gateway.store import DirectoryTrajectoryStore
+from darl.gateway.store_url import open_store
 from darl.trainer.run_files import read_metrics
 from darl.viewer.charts import charts
 from darl.viewer.links import web_ui_link
@@ -56,6 +56,8 @@ class ViewerSettings:
     runs_dir: Path
     agents_dir: Path
     ui_url: str = "http://127.0.0.1:8233"
+    # An s3:// (or file://) URL of the store, in place of `store_dir` (gateway/store_url.py).
+    store_url: str | None = None
 
 
 class Viewer:
@@ -64,7 +66,7 @@ class Viewer:
     def __init__(self, temporal: TemporalView, settings: ViewerSettings) -> None:
         self.temporal = temporal
         self.settings = settings
-        self.store = DirectoryTrajectoryStore(settings.store_dir)
+        self.store = open_store(settings.store_url or settings.store_dir)
 
     def ui_link(self, workflow_id: str) -> str:
         return web_ui_link(self.settings.ui_url, workflow_id, self.temporal.namespace)
@@ -227,7 +229,7 @@ async def _rollout_context(viewer: Viewer, rollout_id: str, attempt: int | None)
     if state is None and not trajectory.in_store:
         raise NotFoundError(
             f"rollout {rollout_id!r} (Temporal has no {rollout_workflow_id(rollout_id)} and "
-            f"the trajectory store has no {viewer.store.root / rollout_id})"
+            f"the trajectory store has no {viewer.store.where(rollout_id)})"
         )
     config = await _config_of(viewer, state)
     return await asyncio.to_thread(_rollout_page, viewer, rollout_id, state, trajectory, config)

@@ -13,7 +13,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from darl.activities.runners.local import LOG_FILE
-from darl.gateway.store import CallRecord, DirectoryTrajectoryStore, FailedCall
+from darl.gateway.store import CallRecord, FailedCall, TrajectoryStore
 from darl.workflows.training_config import TrainingConfig
 
 log = logging.getLogger(__name__)
@@ -38,21 +38,11 @@ class Trajectory:
         return bool(self.attempts)
 
 
-def stored_attempts(store: DirectoryTrajectoryStore, rollout_id: str) -> list[int]:
-    folder = store.root / rollout_id
-    numbers = []
-    for path in folder.glob("attempt-*.jsonl"):
-        suffix = path.stem.removeprefix("attempt-")
-        if suffix.isdigit():
-            numbers.append(int(suffix))
-    return sorted(numbers)
-
-
 async def load_trajectory(
-    store: DirectoryTrajectoryStore, rollout_id: str, attempt: int | None
+    store: TrajectoryStore, rollout_id: str, attempt: int | None
 ) -> Trajectory:
     """The attempt's calls in order (default: the last attempt in the store)."""
-    attempts = stored_attempts(store, rollout_id)
+    attempts = await store.attempts(rollout_id)
     chosen = attempt if attempt is not None else (attempts[-1] if attempts else None)
     if chosen is None or chosen not in attempts:
         return Trajectory(rollout_id, chosen, attempts, [], [], [], [])

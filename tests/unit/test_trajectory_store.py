@@ -1,19 +1,53 @@
-"""The directory trajectory store: whatever is appended reads back whole and in order, across a
-restart, while prompts are stored as deltas."""
+"""The trajectory stores: whatever is appended reads back whole and in order, across a
+restart, while prompts are stored as deltas. The contract tests run against both backends: the
+directory store and the S3 store (against moto's S3 emulator, tests/s3_emulator.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from darl.gateway.store import CallRecord, DirectoryTrajectoryStore
+from darl.gateway.s3_store import S3TrajectoryStore
+from darl.gateway.store import CallRecord, DirectoryTrajectoryStore, TrajectoryStore
 
 token_lists = st.lists(st.integers(0, 200), max_size=12)
+
+
+@dataclass
+class Backend:
+    """Opens stores of one backend: `fresh()` names a new empty place, `open(place)` a store
+    over it (a second `open` of the same place is a restarted or another gateway)."""
+
+    name: str
+    fresh: Callable[[], Any]
+    open: Callable[..., TrajectoryStore]
+
+
+@pytest.fixture(scope="module", params=["directory", "s3"])
+def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Backend:
+    if request.param == "directory":
+        return Backend(
+            "directory",
+            lambda: tmp_path_factory.mktemp("store"),
+            lambda root, **kw: DirectoryTrajectoryStore(root, **kw),
+        )
+    bucket = request.getfixturevalue("s3_emulator").new_bucket()
+    prefixes = (f"store-{n}" for n in itertools.count())
+
+    def open_s3(prefix: str, fsync: bool = False, **kw: Any) -> TrajectoryStore:
+        # Every S3 PUT is durable when it returns: no fsync.
+        return S3TrajectoryStore(bucket, prefix, **kw)
+
+    return Backend("s3", lambda: next(prefixes), open_s3)
 
 
 def chat_record(
@@ -72,21 +106,21 @@ def conversation(steps: list[tuple[bool, list[int], list[int]]]) -> list[CallRec
     st.integers(0, 8),
 )
 def test_records_read_back_whole_across_a_restart(
-    tmp_path_factory, steps: list, restart_at: int
+    backend: Backend, steps: list, restart_at: int
 ) -> None:
-    root = tmp_path_factory.mktemp("store")
+    root = backend.fresh()
     records = conversation(steps)
 
     async def write() -> None:
-        store = DirectoryTrajectoryStore(root)
+        store = backend.open(root)
         for i, record in enumerate(records):
             if i == restart_at:
-                store = DirectoryTrajectoryStore(root)  # a gateway restart: cold tail cache
+                store = backend.open(root)  # a gateway restart: cold tail cache
             stored = await store.append(record)
             assert stored.sequence == i
 
     asyncio.run(write())
-    read = DirectoryTrajectoryStore(root).read_sync("r1")
+    read = backend.open(root).read_sync("r1")
     assert [r.sequence for r in read] == list(range(len(records)))
     for got, want in zip(read, records, strict=True):
         assert got.prompt_token_ids == want.prompt_token_ids
@@ -125,10 +159,14 @@ def test_a_torn_last_line_is_skipped_and_earlier_ones_kept(tmp_path: Path) -> No
     assert [r.call_id for r in DirectoryTrajectoryStore(tmp_path).read_sync("r1")] == ["c0", "c1"]
 
 
-def test_read_by_call_ids_returns_only_committed_calls(tmp_path: Path) -> None:
-    store = DirectoryTrajectoryStore(tmp_path)
-    for record in conversation([(True, [1], [2]), (True, [3], [4]), (True, [5], [6])]):
-        asyncio.run(store.append(record))
+def test_read_by_call_ids_returns_only_committed_calls(backend: Backend) -> None:
+    store = backend.open(backend.fresh())
+
+    async def write() -> None:
+        for record in conversation([(True, [1], [2]), (True, [3], [4]), (True, [5], [6])]):
+            await store.append(record)
+
+    asyncio.run(write())
     picked = store.read_sync("r1", call_ids=["c2", "c0"])
     assert [r.call_id for r in picked] == ["c0", "c2"]
     assert picked[1].prompt_token_ids == [1, 2, 3, 4, 5]
@@ -146,10 +184,11 @@ def test_appending_after_a_torn_line_keeps_the_file_readable(tmp_path: Path) -> 
     assert read[1].prompt_token_ids == [1, 2, 3]
 
 
-def test_a_tiny_tail_cache_under_concurrent_appends_keeps_sequences(tmp_path: Path) -> None:
+def test_a_tiny_tail_cache_under_concurrent_appends_keeps_sequences(backend: Backend) -> None:
     """Tails are evicted and reloaded constantly here (one cached attempt, three written at
     once, each append a thread hop with fsync): sequences must stay whole and unique."""
-    store = DirectoryTrajectoryStore(tmp_path, fsync=True, cached_attempts=1)
+    root = backend.fresh()
+    store = backend.open(root, fsync=True, cached_attempts=1)
 
     def record(rollout: str, call: int) -> CallRecord:
         base = chat_record(call, [1, 2, call], [7], [{"role": "user", "content": str(call)}])
@@ -160,6 +199,6 @@ def test_a_tiny_tail_cache_under_concurrent_appends_keeps_sequences(tmp_path: Pa
 
     asyncio.run(write())
     for rollout in ("r0", "r1", "r2"):
-        read = DirectoryTrajectoryStore(tmp_path).read_sync(rollout)
+        read = backend.open(root).read_sync(rollout)
         assert [r.sequence for r in read] == list(range(10))
         assert len({r.call_id for r in read}) == 10

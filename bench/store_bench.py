@@ -1,0 +1,95 @@
+"""The store comparison of the gateway benchmark: the same load through a gateway on the
+directory store and through one on the S3 store, the latter against moto's S3 emulator on
+loopback (its own process, so its CPU is counted apart: a real S3 is remote, and its cost is
+not the gateway's)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from temporalio.testing import WorkflowEnvironment
+
+from bench.load import Phase, cpu_seconds, drive, gateway_targets, idle_rollouts
+from darl.deploy.processes import ManagedProcess
+
+ROOT = Path(__file__).resolve().parents[1]
+EMULATOR_ENV = {
+    "AWS_ACCESS_KEY_ID": "emulator",
+    "AWS_SECRET_ACCESS_KEY": "emulator",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def start_s3_gateway(
+    root: Path, proc_env: dict[str, str], upstream_url: str, processes: list[ManagedProcess]
+) -> tuple[ManagedProcess, ManagedProcess, str]:
+    """The emulator and a gateway on `s3://<its bucket>/bench`: (emulator, gateway, url)."""
+    ready = root / "s3-emulator.json"
+    emulator = ManagedProcess(
+        "s3-emulator",
+        [sys.executable, "-m", "bench.s3_emulator", "--ready-file", str(ready)],
+        root / "s3-emulator.log",
+        env=proc_env,
+        ready_file=ready,
+        cwd=ROOT,
+    ).start()
+    processes.append(emulator)
+    info = emulator.wait_ready()
+    gateway = ManagedProcess.darl(
+        "gateway-s3",
+        [
+            "gateway",
+            "--port",
+            "0",
+            "--upstream",
+            upstream_url,
+            "--model",
+            "fake",
+            "--store-url",
+            f"s3://{info['bucket']}/bench",
+            "--instance",
+            "gateway-s3",
+        ],
+        root,
+        env={**proc_env, **EMULATOR_ENV, "AWS_ENDPOINT_URL": info["url"]},
+    ).start()
+    processes.append(gateway)
+    return emulator, gateway, gateway.wait_ready()["url"]
+
+
+async def compare_stores(
+    env: WorkflowEnvironment,
+    queue: str,
+    gateways: dict[str, tuple[str, int]],
+    others: dict[str, int],
+    calls: int,
+    clients: int,
+    rollouts: list[str],
+) -> None:
+    """`gateways`: store name -> (gateway URL, gateway pid); `others`: processes whose CPU is
+    reported beside (the emulator, Temporal). Each store gets fresh idle rollouts (appended to
+    `rollouts`, for the caller to cancel), a warm-up, then `calls` calls from `clients`."""
+    rows: list[tuple[str, Phase, dict[str, float]]] = []
+    for name, (url, pid) in gateways.items():
+        fresh = await idle_rollouts(env, queue, clients)
+        rollouts += fresh
+        targets = gateway_targets(url, fresh)
+        await drive(f"warm-up {name}", targets, clients * 5)
+        watched = {"gateway": pid, **others}
+        before = cpu_seconds(watched)
+        phase = await drive(name, targets, calls)
+        after = cpu_seconds(watched)
+        rows.append((name, phase, {k: (after[k] - before[k]) / calls * 1000 for k in watched}))
+    names = ["gateway", *others]
+    print(
+        f"\nStores: {clients} clients back to back, {calls} calls per store, one gateway each "
+        "(CPU ms per call by process; the S3 emulator is moto on loopback, not S3):"
+    )
+    header = "".join(f"{n + ' CPU':>20}" for n in names)
+    print(f"  {'store':<16}{'calls/s':>9}{'p50 ms':>9}{'p99 ms':>9}{header}")
+    for name, phase, cpu in rows:
+        figures = "".join(f"{cpu[n]:>20.2f}" for n in names)
+        print(
+            f"  {name:<16}{phase.rate:>9.0f}{phase.pct(0.5):>9.2f}{phase.pct(0.99):>9.2f}{figures}"
+        )
