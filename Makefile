@@ -10,7 +10,7 @@ VLLM_VENV := .venv-vllm
 VLLM_VERSION := 0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_VERSION)
 
-.PHONY: demo test lint typecheck format bench bench-training chaos dev vllm clean
+.PHONY: demo test lint typecheck format bench bench-replicas bench-training chaos dev vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,7 +46,14 @@ $(CHROMIUM_STAMP): $(STAMP)
 	command -v chromium >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 	touch $(CHROMIUM_STAMP)
 
-test: $(STAMP) $(VLLM_STAMP) $(CHROMIUM_STAMP)
+# The gateway replicas' tests and bench put Debian's HAProxy (2.6) in front of them; installed
+# here once, as root, if the machine lacks it.
+HAPROXY_STAMP := $(VENV)/.haproxy
+$(HAPROXY_STAMP): $(STAMP)
+	command -v haproxy >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y haproxy || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y haproxy)
+	touch $(HAPROXY_STAMP)
+
+test: $(STAMP) $(VLLM_STAMP) $(CHROMIUM_STAMP) $(HAPROXY_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MAKE) typecheck
@@ -54,6 +61,9 @@ test: $(STAMP) $(VLLM_STAMP) $(CHROMIUM_STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.gateway_bench
+
+bench-replicas: $(STAMP) $(HAPROXY_STAMP)
+	$(BIN)/python -m bench.replicas_bench
 
 bench-training: $(STAMP)
 	$(BIN)/python -m bench.training_bench

@@ -21,14 +21,14 @@ from temporalio.service import RPCError, RPCStatusCode
 from darl.activities import rewards
 from darl.activities.agent_contract import TaskPathError, task_field, task_path
 from darl.activities.rollout_activities import earlier_executions, heartbeating
-from darl.gateway.store import DirectoryTrajectoryStore
+from darl.gateway.store import TrajectoryStore
 from darl.trainer import run_files
 from darl.trainer.aggregation import AggregationSettings, RolloutSample, aggregate
 from darl.trainer.backend import StepOverrides, TrainerBackend, TrainerBackendError
 from darl.trainer.backend_factory import make_backend
 from darl.trainer.datasets import DatasetError, TaskTables
+from darl.trainer.gateway_replicas import GatewayReplicas
 from darl.trainer.policy_control import (
-    GatewayControl,
     WeightSyncError,
     policy_server_control,
     restore_weights,
@@ -145,7 +145,7 @@ class TrainerActivities:
     def __init__(
         self,
         client: Client,
-        store: DirectoryTrajectoryStore,
+        store: TrajectoryStore,
         runs_dir: Path,
         admin_key: str,
         http: httpx.AsyncClient,
@@ -274,14 +274,19 @@ class TrainerActivities:
             await self._reachable(agent.url, "agent service")
         for server in config.weight_sync.policy_servers:
             await self._reachable(server.launcher_url or server.url, "policy server")
-        sync = config.weight_sync
-        url = f"{sync.gateway_admin_url.rstrip('/')}/admin/state"
-        response = await self._reachable(url, "gateway", self._admin_key)
-        if response.status_code in (401, 403):
-            raise config_error(
-                f"the gateway at {sync.gateway_admin_url} refuses the trainer worker's admin "
-                f"key ({response.status_code}): give both the same DARL_ADMIN_KEY"
-            )
+        replicas = GatewayReplicas(config.weight_sync.admin_urls, self._admin_key, self._http)
+        try:
+            gateway_urls = await replicas.urls()
+        except (ConnectionError, WeightSyncError) as err:
+            raise unreachable(f"the gateway's replicas cannot be found: {err}") from err
+        for gateway_url in gateway_urls:
+            url = f"{gateway_url}/admin/state"
+            response = await self._reachable(url, "gateway", self._admin_key)
+            if response.status_code in (401, 403):
+                raise config_error(
+                    f"the gateway at {gateway_url} refuses the trainer worker's admin "
+                    f"key ({response.status_code}): give both the same DARL_ADMIN_KEY"
+                )
 
     async def _reachable(self, url: str, what: str, key: str | None = None) -> httpx.Response:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -353,9 +358,7 @@ class TrainerActivities:
     @activity.defn(name=SYNC_WEIGHTS)
     async def sync_weights(self, request: SyncRequest) -> SyncResult:
         settings = request.weight_sync
-        gateway = GatewayControl(
-            settings.gateway_admin_url.rstrip("/"), self._admin_key, self._http
-        )
+        gateway = GatewayReplicas(settings.admin_urls, self._admin_key, self._http)
         servers = [policy_server_control(spec, self._http) for spec in settings.policy_servers]
         try:
             outcome = await heartbeating(

@@ -24,6 +24,7 @@ from darl.deploy.cli_support import (
 )
 from darl.deploy.devstack import DevPorts, DevStack
 from darl.deploy.serving import serve_app
+from darl.deploy.store_options import StoreUrl, open_checked_store, store_location
 from darl.deploy.telemetry import configure_tracing
 from darl.deploy.temporal_connection import (
     DEFAULT_ADDRESS,
@@ -110,6 +111,7 @@ def gateway(
     ] = ["http://127.0.0.1:8200"],  # noqa: B006 - typer reads the default, never mutates it
     model: Annotated[str | None, typer.Option(help="Forced model name (default: ask)")] = None,
     store_dir: Path = Path(".darl/trajectories"),
+    store_url: StoreUrl = None,
     store_fsync: Annotated[bool, typer.Option(help="fsync every record.")] = False,
     train_temperature: float = 1.0,
     val_temperature: float = 0.7,
@@ -120,7 +122,10 @@ def gateway(
     ] = 1.0,
     journal_dir: Annotated[
         Path | None,
-        typer.Option(help="The gateway's admin state and outages (default: <store-dir>/_gateway)."),
+        typer.Option(
+            help="The gateway's admin state and outages (default: beside the store: "
+            "<store-dir>/_gateway, or <prefix>/_gateway/ of an S3 store)."
+        ),
     ] = None,
     instance: Annotated[
         str, typer.Option(help="This gateway's name among those sharing the journal.")
@@ -131,6 +136,15 @@ def gateway(
     shutdown_grace_seconds: Annotated[
         float, typer.Option(help="On SIGTERM, how long calls in flight may take to finish.")
     ] = 30.0,
+    closed_recheck_seconds: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="How long an attempt's closed mark in the store is taken as still absent "
+            "(default: 0, every call looks, for a directory; 1 for S3, where a look is a "
+            "request). A call of an attempt closed meanwhile is kept out of its rollout.",
+        ),
+    ] = None,
     temporal_address: TemporalAddress = DEFAULT_ADDRESS,
     namespace: Namespace = DEFAULT_NAMESPACE,
     home: Home = Path(".darl"),
@@ -140,8 +154,10 @@ def gateway(
     setup_logging()
     from darl.gateway.app import Gateway, GatewaySettings, create_app, unwrap
     from darl.gateway.proxy import ProxySettings
-    from darl.gateway.store import DirectoryTrajectoryStore
+    from darl.gateway.store_url import journal_storage
 
+    location = store_location(store_url, store_dir)
+    store = open_checked_store(location, fsync=store_fsync)
     settings = GatewaySettings(
         token_secret=secret("DARL_TOKEN_SECRET", home).encode(),
         admin_key=secret("DARL_ADMIN_KEY", home),
@@ -155,27 +171,34 @@ def gateway(
         max_body_bytes=max_body_bytes,
         signal_interval_seconds=signal_interval,
         upstream_api_key=os.environ.get("DARL_UPSTREAM_API_KEY"),
-        journal_dir=journal_dir or store_dir / "_gateway",
+        journal_dir=journal_dir or journal_storage(location),
         instance=instance,
         stale_wait_seconds=stale_wait_seconds,
+        closed_recheck_seconds=(
+            closed_recheck_seconds
+            if closed_recheck_seconds is not None
+            else (1.0 if location.is_s3 else 0.0)
+        ),
     )
     configure_tracing("darl-gateway")
 
     async def main(stop: asyncio.Event) -> None:
         client = await connect(TemporalSettings.from_env(temporal_address, namespace))
-        store = DirectoryTrajectoryStore(store_dir, fsync=store_fsync)
         app = create_app(settings, store, client)
         gateway_state: Gateway = unwrap(app).state.gateway
-        await serve_app(
-            app,
-            host,
-            port,
-            stop,
-            ready_file,
-            "gateway",
-            graceful_seconds=shutdown_grace_seconds,
-            on_stop=gateway_state.begin_shutdown,
-        )
+        try:
+            await serve_app(
+                app,
+                host,
+                port,
+                stop,
+                ready_file,
+                "gateway",
+                graceful_seconds=shutdown_grace_seconds,
+                on_stop=gateway_state.begin_shutdown,
+            )
+        finally:
+            await store.aclose()
 
     run_until_signalled(main)
 

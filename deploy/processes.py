@@ -40,6 +40,7 @@ class ManagedProcess:
         env: Mapping[str, str] | None = None,
         ready_file: Path | None = None,
         cwd: Path | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> None:
         self.name = name
         self.argv = list(argv)
@@ -47,6 +48,8 @@ class ManagedProcess:
         self.env = dict(env) if env is not None else dict(os.environ)
         self.ready_file = ready_file
         self.cwd = cwd
+        # Inherited by the child (a listening socket bound here, port from the kernel).
+        self.pass_fds = tuple(pass_fds)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @classmethod
@@ -68,6 +71,7 @@ class ManagedProcess:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 cwd=self.cwd,
+                pass_fds=self.pass_fds,
                 preexec_fn=_die_with_parent,
             )
         return self

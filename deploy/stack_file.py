@@ -95,8 +95,8 @@ def on_stack(
     kept. Without it (the demo) all of them are the stack's."""
     sync = config.weight_sync
     sync_update: dict = {}
-    if not only_defaults or sync.gateway_admin_url.rstrip("/") == DEFAULT_GATEWAY_URL:
-        sync_update["gateway_admin_url"] = stack.gateway_url
+    if not only_defaults or sync.admin_urls == [DEFAULT_GATEWAY_URL.rstrip("/")]:
+        sync_update |= {"gateway_admin_url": stack.gateway_url, "gateway_admin_urls": []}
     servers = [s.url.rstrip("/") for s in sync.policy_servers]
     if not only_defaults or (servers == [DEFAULT_POLICY_URL] and not _vllm(sync.policy_servers)):
         sync_update["policy_servers"] = [PolicyServerSpec(url=stack.policy_url)]
@@ -127,8 +127,8 @@ def endpoint_changes(before: TrainingConfig, after: TrainingConfig) -> list[str]
     """What `on_stack` moved, one `what: from -> to` each, for `darl train` to say."""
     changes = []
     old, new = before.weight_sync, after.weight_sync
-    if old.gateway_admin_url != new.gateway_admin_url:
-        changes.append(f"gateway {old.gateway_admin_url} -> {new.gateway_admin_url}")
+    if old.admin_urls != new.admin_urls:
+        changes.append(f"gateway {', '.join(old.admin_urls)} -> {', '.join(new.admin_urls)}")
     if old.policy_servers != new.policy_servers:
         changes.append(f"policy server {old.policy_servers[0].url} -> {new.policy_servers[0].url}")
     old_agent, new_agent = before.rollout.agent, after.rollout.agent

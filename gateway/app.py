@@ -24,7 +24,13 @@ from darl.gateway.errors import (
     install_error_handlers,
 )
 from darl.gateway.forwarding import Forwarder, RetrySettings
-from darl.gateway.journal import ALIVE_INTERVAL_SECONDS, AdminState, GatewayJournal
+from darl.gateway.journal import (
+    ALIVE_INTERVAL_SECONDS,
+    SILENT_AFTER_SECONDS,
+    AdminState,
+    GatewayJournal,
+    JournalStorage,
+)
 from darl.gateway.metrics import GatewayMetrics
 from darl.gateway.proxy import ModelCallProxy, ProxySettings
 from darl.gateway.rollouts import RolloutRegistry
@@ -48,12 +54,20 @@ class GatewaySettings:
     # How often a rollout's captured calls go to its workflow (one batched signal).
     signal_interval_seconds: float = 1.0
     upstream_api_key: str | None = None
-    # The gateway's own durable state (admin state, outages); None keeps it in memory only.
-    journal_dir: Path | None = None
+    # The gateway's own durable state (admin state, outages): a directory or a storage such
+    # as the S3 store's (`store_url.journal_storage`); None keeps it in memory only.
+    journal_dir: Path | JournalStorage | None = None
     # This gateway's name among those sharing a journal (its outages are its own).
     instance: str = "gateway"
     # How long a call waits for a policy server that serves older weights than the run's.
     stale_wait_seconds: float = 120.0
+    # How often this gateway tells the journal it is alive: a replica closing an attempt
+    # waits for its siblings' next word (rule 7), so this is the latency a close may gain.
+    # At most ALIVE_INTERVAL_SECONDS, which the siblings' silence is judged by.
+    alive_interval_seconds: float = 0.25
+    # How long "not closed" from the store's closed mark is believed: 0 looks on every call
+    # (a stat on a directory store); a store where looking costs a request may set more.
+    closed_recheck_seconds: float = 0.0
 
 
 class Gateway:
@@ -84,7 +98,9 @@ class Gateway:
         )
         self.pool = UpstreamPool(self._upstreams_at_start(saved))
         self.versions = UpstreamVersions(self.forwarder)
-        self.registry = RolloutRegistry(temporal, store)
+        self.registry = RolloutRegistry(
+            temporal, store, closed_recheck_seconds=settings.closed_recheck_seconds
+        )
         self.delivery = EventDelivery(
             self.registry, store, self.metrics, settings.signal_interval_seconds
         )
@@ -140,8 +156,23 @@ class Gateway:
     async def incidents(self, rollout_id: str, attempt: int, since: float | None) -> list[str]:
         found = await self.store.incidents(rollout_id, attempt)
         if self.journal is not None and since is not None:
-            found += [o.describe() for o in self.journal.outages_overlapping(since, time.time())]
+            await _hear_from_replicas(self.journal, time.time())
+            now = time.time()
+            outages = await asyncio.to_thread(self.journal.outages_overlapping, since, now, now)
+            found += [o.describe() for o in outages]
         return found
+
+    def follow_the_journal(self, saved: AdminState | None) -> None:
+        """While paused: resume if the journal says the replicas were resumed at this
+        version or a later one. A replica that (re)started during a weight sync came up paused
+        and may have missed the trainer's resume, which went to the replicas it knew."""
+        if not self.gate.paused or saved is None or saved.paused:
+            return
+        if saved.policy_version < self.gate.policy_version:
+            return
+        self.pool.set(self._upstreams_at_start(saved))
+        self.gate.resume(saved.policy_version)
+        log.info("resumed as the journal says, at policy version %d", saved.policy_version)
 
     def begin_shutdown(self) -> None:
         """SIGTERM: the server stops accepting; calls in flight finish (the server's grace);
@@ -156,12 +187,15 @@ class Gateway:
             self.journal.went_down()
 
     async def keep_alive(self) -> None:
-        """Tell the journal this gateway is alive, every second, until it begins to stop."""
+        """Tell the journal this gateway is alive, every `alive_interval_seconds`, until it
+        begins to stop."""
         if self.journal is None:
             return
         while not self.stopping:
             await asyncio.to_thread(self.journal.alive)
-            await asyncio.sleep(ALIVE_INTERVAL_SECONDS)
+            if self.gate.paused:
+                self.follow_the_journal(await asyncio.to_thread(self.journal.load_admin_state))
+            await asyncio.sleep(min(self.settings.alive_interval_seconds, ALIVE_INTERVAL_SECONDS))
 
     def state(self) -> dict[str, Any]:
         return {
@@ -176,6 +210,18 @@ class Gateway:
             "last_pause_seconds": self.gate.last_pause_seconds,
             "undelivered_events": self.delivery.pending(),
         }
+
+
+async def _hear_from_replicas(journal: GatewayJournal, asked_at: float) -> None:
+    """Wait (an alive interval at most, while the other replicas are well) until every other
+    replica sharing the journal has said it is alive since `asked_at`, or has fallen silent:
+    one killed a moment ago failed the calls it had in flight, and only its silence says so
+    before it restarts. A lone gateway never waits."""
+    deadline = asked_at + SILENT_AFTER_SECONDS + ALIVE_INTERVAL_SECONDS
+    while time.time() < deadline:
+        if not await asyncio.to_thread(journal.unconfirmed_siblings, asked_at):
+            return
+        await asyncio.sleep(0.05)
 
 
 def _route_label(path: str) -> str:

@@ -603,8 +603,9 @@ class ModelCallProxy:
                 type="server_error",
                 code="upstream_error",
             ) from err
-        if self.registry.is_closed(claims.rollout_id, claims.attempt):
-            # The attempt ended while this call was at the policy server: its agent is gone.
+        if await self.registry.ended(claims.rollout_id, claims.attempt):
+            # The attempt ended while this call was at the policy server (closed through this
+            # replica or another): its agent is gone.
             raise attempt_closed(claims.rollout_id, claims.attempt)
         started = time.monotonic()
         stored = await self.store.append(

@@ -179,9 +179,20 @@ def policy_server_control(spec: PolicyServerSpec, client: httpx.AsyncClient) -> 
     return ReferencePolicyServer(url, client)
 
 
+class GatewayAdmin(Protocol):
+    """What a weight sync asks of the gateway: one (`GatewayControl`) or all its replicas
+    (`trainer/gateway_replicas.py`)."""
+
+    async def pause(self, mode: PauseMode, drain_seconds: float | None) -> bool: ...
+
+    async def set_upstreams(self, urls: list[str]) -> None: ...
+
+    async def resume(self, policy_version: int) -> None: ...
+
+
 @dataclass
 class GatewayControl:
-    """The gateway's admin API (the admin key never reaches an agent)."""
+    """One gateway's admin API (the admin key never reaches an agent)."""
 
     url: str
     admin_key: str
@@ -255,7 +266,7 @@ class SyncOutcome:
 
 
 async def sync_weights(
-    gateway: GatewayControl,
+    gateway: GatewayAdmin,
     servers: list[PolicyServerControl],
     path: str,
     version: int,
@@ -269,7 +280,8 @@ async def sync_weights(
     finish on the old weights first. `keep`: they are frozen on the servers and continue on
     the new weights (a call records the version the gateway admitted it under). `keep` with
     a server that restarts to load raises WeightSyncError before anything is paused. With
-    `register_upstreams`, the servers become the gateway's upstreams before it resumes."""
+    `register_upstreams`, the servers become the gateway's upstreams before it resumes. With
+    replicas, every one is paused before any weights load and every one resumed after."""
     try:
         check_keep(inflight, [s.url for s in servers if not s.keeps_inflight_across_load])
     except ValueError as err:

@@ -90,6 +90,10 @@ class PolicyServerSpec(Contract):
         return self.launcher_url is not None
 
 
+# `dns+`: every A/AAAA record of the name is a gateway replica (resolved at each sync).
+GATEWAY_ADMIN_SCHEMES = ("http", "https", "dns+http", "dns+https")
+
+
 class WeightSyncSettings(Contract):
     """How new weights reach the policy servers after each step (docs/architecture.md, "Weight
     sync").
@@ -100,9 +104,16 @@ class WeightSyncSettings(Contract):
     to load). A policy server given as a plain URL is a `reference` one. With
     `register_upstreams` each sync makes `policy_servers` the gateway's upstreams (so the
     config is the one list of servers); turn it off when the gateway reaches them by other
-    addresses than the trainer does."""
+    addresses than the trainer does.
 
-    gateway_admin_url: str
+    The gateway's admin API is `gateway_admin_url` (one gateway) or `gateway_admin_urls`
+    (every replica: each `http(s)://host:port`, or `dns+http(s)://name:port` for every
+    address of a name, a Kubernetes headless Service's). A sync pauses every replica before
+    the weights load and resumes every one after; agents reach the replicas through a load
+    balancer, never these addresses."""
+
+    gateway_admin_url: str | None = None
+    gateway_admin_urls: list[str] = Field(default_factory=list)
     policy_servers: list[PolicyServerSpec] = Field(min_length=1)
     inflight: InflightMode = "drain"
     drain_timeout_seconds: float = Field(default=60.0, ge=0, le=3600)
@@ -112,6 +123,33 @@ class WeightSyncSettings(Contract):
     # run's weights and loads them again on one that does not (it restarted on other weights,
     # a vLLM that nothing restored): the gateway records no call from it meanwhile.
     check_every_seconds: float = Field(default=30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _the_gateway_is_given_once(self) -> WeightSyncSettings:
+        if self.gateway_admin_url is not None and self.gateway_admin_urls:
+            raise ValueError(
+                "give the gateway's admin API once: gateway_admin_url (one gateway) or "
+                "gateway_admin_urls (its replicas), not both"
+            )
+        if not self.admin_urls:
+            raise ValueError(
+                "weight_sync needs the gateway's admin API: gateway_admin_url (one gateway) or "
+                "gateway_admin_urls (each replica, or dns+http://<headless service>:<port>)"
+            )
+        for url in self.admin_urls:
+            scheme, sep, rest = url.partition("://")
+            if not sep or scheme not in GATEWAY_ADMIN_SCHEMES or not rest:
+                raise ValueError(
+                    f"gateway admin URL {url!r}: expected http(s)://host:port or "
+                    "dns+http(s)://name:port"
+                )
+        return self
+
+    @property
+    def admin_urls(self) -> list[str]:
+        """The gateway's admin addresses, whichever field gave them (`gateway_replicas`)."""
+        given = [self.gateway_admin_url] if self.gateway_admin_url else self.gateway_admin_urls
+        return [url.rstrip("/") for url in given]
 
     @field_validator("policy_servers", mode="before")
     @classmethod

@@ -50,6 +50,8 @@ class ChaosReport:
     stale_trained_calls: int = 0
     answers_not_stored: int = 0
     answers_not_in_result: int = 0
+    # Trained rollouts whose final attempt's records in the store are not its calls, once each.
+    trajectories_not_stored: int = 0
 
     @property
     def clean(self) -> bool:
@@ -63,6 +65,7 @@ class ChaosReport:
                 self.stale_trained_calls,
                 self.answers_not_stored,
                 self.answers_not_in_result,
+                self.trajectories_not_stored,
             )
         )
 
@@ -136,3 +139,19 @@ def check_agents(
                 got = [c for run in agent_runs for c in received[run]]
                 if len(agent_runs) != 1 or got != member.call_ids:
                     report.answers_not_in_result += 1
+
+
+def check_trajectories(
+    report: ChaosReport, records: list[CallRecord], steps: dict[int, TrainStepRequest]
+) -> None:
+    """The store's side: a trained rollout's final attempt holds exactly the calls it trained
+    on, each recorded once (no call lost between replicas, none recorded twice, none recorded
+    after the attempt closed)."""
+    stored: dict[tuple[str, int], list[str]] = collections.defaultdict(list)
+    for record in sorted(records, key=lambda r: r.sequence):
+        stored[(record.rollout_id, record.attempt)].append(record.call_id)
+    for request in steps.values():
+        for group in request.groups:
+            for member in group.members:
+                if stored.get((member.rollout_id, member.attempt), []) != member.call_ids:
+                    report.trajectories_not_stored += 1

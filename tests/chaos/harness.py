@@ -48,17 +48,19 @@ from darl.workflows.training_messages import (
     TrainingSummary,
     TrainStepRequest,
 )
-from tests.chaos import RUNS_LOG
+from tests.chaos import CALLS_ENV, RUNS_LOG
 from tests.chaos.checks import (
     ChaosReport,
     Kill,
     KillOutcome,
     check_agents,
     check_staleness,
+    check_trajectories,
     check_versions,
 )
 from tests.chaos.sync_delay import SyncDelay
 from tests.integration.dev_server import DevServer
+from tests.integration.replicas_stack import ReplicatedStack
 from tests.integration.stack import Stack
 from tests.integration.training_stack import (
     check_finished_run,
@@ -92,13 +94,20 @@ PAUSED_FOR_SYNC = "paused for a sync"
 
 class ChaosRun:
     """One training run under a list of kills. `agent`: "http" (the digits agent service) or
-    "local" (a process per attempt)."""
+    "local" (a process per attempt). With `replicas` > 1 the gateway is that many replicas
+    behind HAProxy, round-robin (its kill is the first replica's): an agent's call and its
+    attempt's close reach different replicas."""
 
-    def __init__(self, root: Path, kills: list[Kill], steps: int, agent: str = "http") -> None:
+    def __init__(
+        self, root: Path, kills: list[Kill], steps: int, agent: str = "http", replicas: int = 1
+    ) -> None:
         self.root = root
         self.kills = kills
         self.steps = steps
         self.agent = agent
+        self.replicas = replicas
+        # More than one makes async runs drop groups stale (a sync between an agent's calls).
+        self.calls_per_agent_run = 1
         self.run_id = f"chaos-{agent}-{uuid.uuid4().hex[:6]}"
         self.server = DevServer(root)
         self.samples: list[tuple[float, TrainingProgress]] = []
@@ -112,7 +121,7 @@ class ChaosRun:
         self.server.start()
         await register_search_attributes(self.server.settings)
         self.client = await connect_when_ready(self.server.settings)
-        self.stack = stack = Stack(self.root / "stack", self.client)
+        self.stack = stack = self._topology()
         stack.model = "digits"
         try:
             await asyncio.to_thread(self._start_stack)
@@ -123,6 +132,16 @@ class ChaosRun:
         finally:
             await asyncio.to_thread(stack.stop)
             self.server.stop()
+
+    def _topology(self) -> Stack:
+        assert self.client is not None
+        root = self.root / "stack"
+        if self.replicas == 1:
+            stack = Stack(root, self.client)
+        else:
+            stack = ReplicatedStack(root, self.client, self.replicas)
+        stack.extra_env[CALLS_ENV] = str(self.calls_per_agent_run)
+        return stack
 
     def _start_stack(self) -> None:
         stack = self.stack
@@ -357,11 +376,13 @@ class ChaosRun:
         if summary.counters.rollouts_failed:
             report.problems.append(f"the run counted {summary.counters.rollouts_failed} failed")
         await self._check_executions(report)
-        records = self._records()
+        stored = self._stored()
+        records = {record.call_id: record for record in stored}
         check_versions(report, records, self.stack.policy_responses())
         steps = await self._train_steps()
         check_staleness(report, records, steps, config.knobs.max_staleness)
         check_agents(report, self.run_id, records, steps, self._agent_log())
+        check_trajectories(report, stored, steps)
 
     async def _check_executions(self, report: ChaosReport) -> None:
         assert self.client is not None
@@ -392,15 +413,16 @@ class ChaosRun:
         if running:
             report.problems.append(f"{len(running)} rollouts still running after the run")
 
-    def _records(self) -> dict[str, CallRecord]:
+    def _stored(self) -> list[CallRecord]:
+        """Every record of the run's rollouts, every attempt, as the store holds them."""
         assert self.stack is not None
         store = DirectoryTrajectoryStore(self.stack.store_dir)
-        records = {}
-        for folder in self.stack.store_dir.iterdir():
-            if folder.name.startswith(self.run_id):
-                for record in store.read_sync(folder.name):
-                    records[record.call_id] = record
-        return records
+        return [
+            record
+            for folder in self.stack.store_dir.iterdir()
+            if folder.name.startswith(self.run_id)
+            for record in store.read_sync(folder.name)
+        ]
 
     async def _train_steps(self) -> dict[int, TrainStepRequest]:
         """Each step's trained rollouts, as the TrainingWorkflow asked train_step for them."""

@@ -31,6 +31,9 @@ HTTP_KILLS = [
 ]
 # A run whose agents are local processes: their worker is killed under them.
 LOCAL_KILLS = [(ROLLOUT_WORKER, ROLLING_OUT)]
+# A run whose gateway is two replicas behind HAProxy: one replica is killed with calls in
+# flight on it, and again while the replicas are paused for a sync.
+REPLICA_KILLS = [(GATEWAY, ROLLING_OUT), (GATEWAY, PAUSED_FOR_SYNC)]
 
 
 def in_sequence(kills: list[tuple[str, str]]) -> tuple[list[Kill], int]:

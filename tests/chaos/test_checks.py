@@ -1,13 +1,22 @@
 """The chaos checks find what they must find: fed a run's leftovers with one defect planted
 each (a call labelled with the wrong version, a call the policy server never answered, a
 stale trained call, a twin agent run, an answer the store lacks, a trajectory that is not
-what its agent received), each check counts it, and counts nothing in the clean case."""
+what its agent received, a trained attempt whose records in the store differ), each check
+counts it, and counts nothing in the clean case."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from darl.gateway.store import CallRecord
 from darl.workflows.training_messages import TrainGroup, TrainMember, TrainStepRequest
-from tests.chaos.checks import ChaosReport, check_agents, check_staleness, check_versions
+from tests.chaos.checks import (
+    ChaosReport,
+    check_agents,
+    check_staleness,
+    check_trajectories,
+    check_versions,
+)
 
 RUN = "chaos-test"
 
@@ -109,3 +118,15 @@ def test_the_agents_own_account_catches_twins_and_lost_answers() -> None:
     short = report()  # the trajectory trained is not what the agent received
     check_agents(short, RUN, records, steps, agent_log(("r2", 2, ["b", "a"])))
     assert short.answers_not_in_result == 1
+
+
+def test_a_trained_attempt_must_be_its_records_in_the_store_once_each() -> None:
+    a, b = record("a", 0, [5], attempt=2), replace(record("b", 0, [6], attempt=2), sequence=1)
+    steps = {1: step(1, ["a", "b"], attempt=2)}
+    clean = report()
+    check_trajectories(clean, [b, a, record("old", 0, [7], attempt=1)], steps)
+    assert clean.trajectories_not_stored == 0
+    for defect in ([a], [a, b, b], [a, b, replace(b, call_id="late", sequence=2)]):
+        found = report()  # a call lost, recorded twice, recorded after the close
+        check_trajectories(found, defect, steps)
+        assert found.trajectories_not_stored == 1, defect

@@ -20,7 +20,8 @@ from temporalio.client import Client, WorkflowHandle
 
 from darl.activities.runners.local import stop_leftover_agents
 from darl.deploy.processes import ManagedProcess
-from darl.gateway.store import DirectoryTrajectoryStore
+from darl.gateway.store import TrajectoryStore
+from darl.gateway.store_url import open_store
 from darl.workflows.contracts import (
     LocalAgentSpec,
     RewardSpec,
@@ -38,8 +39,11 @@ ADMIN_KEY = "integration-admin-key"
 
 
 class Stack:
-    def __init__(self, root: Path, client: Client) -> None:
+    def __init__(self, root: Path, client: Client, store_url: str | None = None) -> None:
         self.root = root
+        # The `--store-url` (an s3:// URL, say) of the gateway and trainer in place of
+        # `store_dir`; S3 settings reach them in the AWS_* variables of the environment.
+        self.store_url = store_url
         self.client = client
         self.task_queue = f"darl-rollouts-{uuid.uuid4().hex[:8]}"
         self.processes: dict[str, ManagedProcess] = {}
@@ -54,6 +58,8 @@ class Stack:
         self.agent_service_url = ""
         self.agent_service_target = ""
         self.policy_state_file = root / "policy-server-state.json"
+        # More environment for every component (a test agent's settings, say).
+        self.extra_env: dict[str, str] = {}
 
     def env(self) -> dict[str, str]:
         return {
@@ -62,7 +68,12 @@ class Stack:
             "DARL_TOKEN_SECRET": TOKEN_SECRET,
             "DARL_ADMIN_KEY": ADMIN_KEY,
             "DARL_HOME": str(self.root),
+            **self.extra_env,
         }
+
+    def admin_urls(self) -> list[str]:
+        """The gateway's admin API as the trainer is given it (every replica's)."""
+        return [self.gateway_url]
 
     def _start(self, name: str, args: list[str]) -> dict[str, Any]:
         process = ManagedProcess.darl(name, args, self.root / "logs", env=self.env())
@@ -101,14 +112,18 @@ class Stack:
                 str(port),
                 "--upstream",
                 self.policy_url,
-                "--store-dir",
-                str(self.store_dir),
+                *self.store_flags(),
                 "--signal-interval",
                 str(signal_interval),
                 *self.gateway_flags(),
             ],
         )
         self.gateway_url = info["url"]
+
+    def store_flags(self) -> list[str]:
+        if self.store_url is not None:
+            return ["--store-url", self.store_url]
+        return ["--store-dir", str(self.store_dir)]
 
     def start_worker(self, name: str = "worker", *extra: str) -> None:
         self._start(
@@ -134,8 +149,7 @@ class Stack:
             name,
             [
                 "trainer-worker",
-                "--store-dir",
-                str(self.store_dir),
+                *self.store_flags(),
                 "--runs-dir",
                 str(self.runs_dir),
                 "--task-queue",
@@ -265,5 +279,5 @@ class Stack:
             return []
         return [json.loads(line) for line in self.response_log.read_text().splitlines()]
 
-    def store(self) -> DirectoryTrajectoryStore:
-        return DirectoryTrajectoryStore(self.store_dir)
+    def store(self) -> TrajectoryStore:
+        return open_store(self.store_url or self.store_dir)

@@ -62,7 +62,8 @@ def training_config(stack: Stack, run_id: str, steps: int, **overrides: Any) -> 
     settings = {**data["backend"]["settings"], **overrides.pop("backend_settings", {})}
     data["backend"] |= {"model_dir": str(stack.model_dir), "settings": settings}
     data["weight_sync"] |= {
-        "gateway_admin_url": stack.gateway_url,
+        "gateway_admin_url": None,
+        "gateway_admin_urls": stack.admin_urls(),
         "policy_servers": [stack.policy_url],
     }
     data["rollout"]["agent"]["url"] = f"{stack.agent_service_url}/rollouts"

@@ -66,7 +66,10 @@ def _apply(kustomization: dict, directory: Path, objects: list[dict]) -> None:
             _generate(kind, generator, directory, objects)
     for entry in kustomization.get("components", []):
         component = directory / entry
-        _apply(_load_kustomization(component, "Component"), component, objects)
+        loaded = _load_kustomization(component, "Component")
+        for resource in loaded.get("resources", []):
+            objects += [d for d in yaml.safe_load_all((component / resource).read_text()) if d]
+        _apply(loaded, component, objects)
     for patch in kustomization.get("patches", []):
         targets = [o for o in objects if _matches(o, patch["target"])]
         assert targets, f"{directory}: a patch matches nothing: {patch['target']}"
@@ -127,12 +130,17 @@ def _json_patch(obj: dict, operations: list[dict]) -> None:
         node: Any = obj
         for part in parts[:-1]:
             node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list) and parts[-1] == "-" and operation["op"] == "add":
+            node.append(copy.deepcopy(operation["value"]))
+            continue
         last: Any = int(parts[-1]) if isinstance(node, list) else parts[-1]
         if operation["op"] == "remove":
             del node[last]
         elif operation["op"] == "replace":
             _ = node[last]  # replace needs the path to be there, as in kustomize
             node[last] = copy.deepcopy(operation["value"])
+        elif operation["op"] == "add" and isinstance(node, list):
+            node.insert(last, copy.deepcopy(operation["value"]))
         elif operation["op"] == "add":
             node[last] = copy.deepcopy(operation["value"])
         else:
@@ -392,6 +400,7 @@ def test_the_gateway_is_where_everyone_looks_for_it():
     assert flags(gateway)["port"] == str(GATEWAY_PORT)
     assert gateway["ports"] == [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}]
     assert gateway["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert gateway["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     service = find(objects, "Service", "darl-gateway")["spec"]
     assert service["ports"] == [
         {"name": "http", "port": GATEWAY_PORT, "targetPort": "http", "protocol": "TCP"}
@@ -420,17 +429,75 @@ def _mounts(objects: list[dict], deployment: str) -> dict[str, tuple[str, bool]]
 
 
 def test_the_gateway_writes_the_store_the_trainer_reads():
+    # The base: one S3 store for every replica and the trainer, credentials from darl-s3.
     objects = BUILT["base"]
+    gateway, trainer = container(objects, "darl-gateway"), container(objects, "darl-trainer-worker")
+    assert flags(gateway)["store-url"] == flags(trainer)["store-url"]
+    assert flags(gateway)["store-url"].startswith("s3://")
+    for box in (gateway, trainer):
+        assert "store-dir" not in flags(box)
+        assert {"secretRef": {"name": "darl-s3", "optional": True}} in box["envFrom"]
+    assert "darl-trajectories" not in _mounts(objects, "darl-gateway")
+    assert not [o for o in objects if o["metadata"]["name"] == "darl-trajectories"]
+    # The directory-store component (the example): the store on one RWX volume instead.
+    objects = BUILT["examples/arithmetic"]
     claim = find(objects, "PersistentVolumeClaim", "darl-trajectories")
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     assert _mounts(objects, "darl-gateway")["darl-trajectories"] == ("/data/trajectories", False)
-    trainer = _mounts(objects, "darl-trainer-worker")
-    assert trainer["darl-trajectories"] == ("/data/trajectories", True)
-    assert flags(container(objects, "darl-gateway"))["store-dir"] == "/data/trajectories"
-    assert flags(container(objects, "darl-trainer-worker"))["store-dir"] == "/data/trajectories"
+    trainer_mounts = _mounts(objects, "darl-trainer-worker")
+    assert trainer_mounts["darl-trajectories"] == ("/data/trajectories", True)
+    for deployment in ("darl-gateway", "darl-trainer-worker"):
+        assert flags(container(objects, deployment))["store-dir"] == "/data/trajectories"
+        assert "store-url" not in flags(container(objects, deployment))
     # Checkpoints travel by path: the policy server sees the runs volume where the trainer does.
-    assert trainer["darl-runs"] == ("/data/runs", False)
+    assert trainer_mounts["darl-runs"] == ("/data/runs", False)
     assert _mounts(objects, "darl-policy-server")["darl-runs"][0] == "/data/runs"
+
+
+@pytest.mark.parametrize("where", ["base", "examples/arithmetic"])
+def test_the_gateway_runs_as_replicas_that_survive_disruption(where: str):
+    objects = BUILT[where]
+    deployment = find(objects, "Deployment", "darl-gateway")
+    spec = deployment["spec"]
+    assert spec["replicas"] >= 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+    pod_labels = spec["template"]["metadata"]["labels"]
+    budget = find(objects, "PodDisruptionBudget", "darl-gateway")["spec"]
+    assert budget["minAvailable"] == 1
+    assert budget["selector"]["matchLabels"].items() <= pod_labels.items()
+    pod = spec["template"]["spec"]
+    gateway = container(objects, "darl-gateway")
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert gateway[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, probe
+    # Out of the endpoints (preStop), then SIGTERM's drain, within the grace period.
+    pre_stop = gateway["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drain = float(flags(gateway)["shutdown-grace-seconds"])
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain
+    # Each replica its own name in the shared journal: its Pod's.
+    assert flags(gateway)["instance"] == "$(POD_NAME)"
+    (name,) = [e for e in gateway["env"] if e["name"] == "POD_NAME"]
+    assert name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_the_trainer_finds_every_replica_through_the_headless_service():
+    objects = BUILT["base"]
+    deployment = find(objects, "Deployment", "darl-gateway")
+    headless = find(objects, "Service", "darl-gateway-replicas")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert not headless["spec"].get("publishNotReadyAddresses", False)
+    (port,) = headless["spec"]["ports"]
+    assert port["targetPort"] == "http"
+    # Agents keep the balanced Service (a cluster IP of its own).
+    assert "clusterIP" not in find(objects, "Service", "darl-gateway")["spec"]
+    config = TrainingConfig.model_validate(yaml.safe_load((EXAMPLE / "train.yaml").read_text()))
+    meta = headless["metadata"]
+    assert config.weight_sync.admin_urls == [
+        f"dns+http://{meta['name']}.{meta['namespace']}.svc:{port['port']}"
+    ]
 
 
 def test_every_reference_to_a_config_map_or_secret_resolves():
@@ -467,7 +534,6 @@ def test_the_example_training_config_fits_the_cluster():
         f"http://darl-policy-server.darl.svc:{policy['port']}"
     ]
     assert {s.kind for s in config.weight_sync.policy_servers} == {"reference"}
-    assert config.weight_sync.gateway_admin_url == f"http://darl-gateway.darl.svc:{GATEWAY_PORT}"
     # The image holds the repository under /app.
     assert (REPO / Path(config.dataset.path).relative_to("/app")).is_file()
 

@@ -1,0 +1,176 @@
+"""Gateway replicas benchmark: one gateway replica against two behind HAProxy, same load, one
+run. Prints figures; asserts nothing.
+
+Two real gateways share one directory store and journal (distinct `--instance`), capture on
+(store write + Temporal signal into running RolloutWorkflows on the real dev server), in front
+of the fast fake upstream. The same clients (bench/load.py's load generator, one rollout
+each) drive, in turn: replica A directly, A alone behind HAProxy, A and B behind HAProxy
+round-robin (each rollout's calls alternate replicas), and A and B behind HAProxy balancing
+by rollout (the path's rollout id hashed: a rollout's calls stay on one replica). For each:
+calls/s, latency, and CPU ms per call of the gateway processes and of HAProxy, separately.
+
+    make bench-replicas   # or: .venv/bin/python -m bench.replicas_bench [--calls 3200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from temporalio.testing import WorkflowEnvironment
+
+from bench.load import ADMIN, SECRET, Phase, cpu_seconds, drive, gateway_targets, idle_rollouts
+from darl.activities.runners.local import stop_leftover_agents
+from darl.deploy.processes import ManagedProcess
+from darl.deploy.temporal_connection import DATA_CONVERTER
+from darl.workflows import search_attributes as sa
+from darl.workflows.contracts import rollout_workflow_id
+from tests.haproxy import BY_ROLLOUT, HAProxy
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def start_gateway(root: Path, env: dict[str, str], instance: str, upstream: str) -> ManagedProcess:
+    return ManagedProcess.darl(
+        instance,
+        [
+            "gateway",
+            "--port",
+            "0",
+            "--upstream",
+            upstream,
+            "--model",
+            "fake",
+            "--store-dir",
+            str(root / "store"),
+            "--instance",
+            instance,
+        ],
+        root,
+        env=env,
+    ).start()
+
+
+async def main(calls: int, clients: int) -> None:
+    root = Path(tempfile.mkdtemp(prefix="darl-replicas-bench-"))
+    bin_dir = Path(sys.executable).parent
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(bin_dir / "temporal"),
+        data_converter=DATA_CONVERTER,
+        search_attributes=sa.ALL,
+    )
+    proc_env = {
+        "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
+        "DARL_TOKEN_SECRET": SECRET,
+        "DARL_ADMIN_KEY": ADMIN,
+        "PATH": str(bin_dir) + ":/usr/bin:/bin:/usr/sbin",
+    }
+    queue = f"bench-{uuid.uuid4().hex[:6]}"
+    processes: list[ManagedProcess] = []
+    balancers: list[HAProxy] = []
+    rollouts: list[str] = []
+    try:
+        upstream = ManagedProcess(
+            "fake-upstream",
+            [sys.executable, "-m", "bench.fake_upstream", "--ready-file", str(root / "up.json")],
+            root / "fake-upstream.log",
+            env=proc_env,
+            ready_file=root / "up.json",
+            cwd=REPO,
+        ).start()
+        processes.append(upstream)
+        upstream_url = upstream.wait_ready()["url"]
+        gateways = {
+            name: start_gateway(root, proc_env, name, upstream_url)
+            for name in ("gateway-a", "gateway-b")
+        }
+        processes += gateways.values()
+        urls = {name: g.wait_ready()["url"] for name, g in gateways.items()}
+        worker = ManagedProcess.darl(
+            "worker",
+            [
+                "worker",
+                "--gateway-url",
+                urls["gateway-a"],
+                "--agents-dir",
+                str(root / "agents"),
+                "--task-queue",
+                queue,
+            ],
+            root,
+            env=proc_env,
+        ).start()
+        processes.append(worker)
+        worker.wait_ready()
+        one = HAProxy(root / "haproxy-one", [urls["gateway-a"]]).start()
+        two = HAProxy(root / "haproxy-two", list(urls.values())).start()
+        hashed = HAProxy(root / "haproxy-hashed", list(urls.values()), BY_ROLLOUT).start()
+        balancers += [one, two, hashed]
+        rollouts = await idle_rollouts(env, queue, clients)
+        phases = [
+            ("1 replica, direct", gateway_targets(urls["gateway-a"], rollouts)),
+            ("1 replica, HAProxy", gateway_targets(one.url, rollouts)),
+            ("2 replicas, HAProxy", gateway_targets(two.url, rollouts)),
+            ("2 replicas, by rollout", gateway_targets(hashed.url, rollouts)),
+        ]
+        for name, load in phases:
+            await drive(f"warm-up {name}", load, clients * 10)
+        watched = {
+            "gateway-a": gateways["gateway-a"].pid,
+            "gateway-b": gateways["gateway-b"].pid,
+            "haproxy (1 replica)": one.pid,
+            "haproxy (2 replicas)": two.pid,
+            "haproxy (by rollout)": hashed.pid,
+        }
+        results: list[tuple[Phase, dict[str, float]]] = []
+        for name, load in phases:
+            before = cpu_seconds(watched)
+            phase = await drive(name, load, calls)
+            after = cpu_seconds(watched)
+            results.append((phase, {k: after[k] - before[k] for k in watched}))
+        print_table(results, clients, calls)
+    finally:
+        for rollout_id in rollouts:
+            await env.client.get_workflow_handle(rollout_workflow_id(rollout_id)).cancel()
+        for balancer in balancers:
+            balancer.stop()
+        for process in reversed(processes):
+            process.stop()
+        stop_leftover_agents(root / "agents")
+        await env.shutdown()
+
+
+def print_table(results: list[tuple[Phase, dict[str, float]]], clients: int, calls: int) -> None:
+    print(
+        f"\nGateway replicas: {clients} concurrent clients back to back, {calls} calls per "
+        "phase, capture on, loopback, fast fake upstream, 2 cores shared by every process\n"
+    )
+    header = (
+        f"{'phase':<22}{'calls/s':>9}{'p50 ms':>8}{'p99 ms':>8}"
+        f"{'gw-a ms':>9}{'gw-b ms':>9}{'gateways':>10}{'haproxy':>9}"
+    )
+    print(header + "   (CPU ms per call)")
+    for phase, cpu in results:
+        n = len(phase.latencies)
+        a, b = cpu["gateway-a"] / n * 1000, cpu["gateway-b"] / n * 1000
+        balancer = sum(v for k, v in cpu.items() if k.startswith("haproxy")) / n * 1000
+        print(
+            f"{phase.name:<22}{phase.rate:>9.0f}{phase.pct(0.5):>8.2f}{phase.pct(0.99):>8.2f}"
+            f"{a:>9.2f}{b:>9.2f}{a + b:>10.2f}{balancer:>9.3f}"
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=3200)
+    parser.add_argument("--clients", type=int, default=32)
+    args = parser.parse_args()
+    asyncio.run(main(args.calls, args.clients))
+    # The Temporal SDK's runtime can crash at interpreter exit (sdk-python #300): leave now.
+    sys.stdout.flush()
+    os._exit(0)
