@@ -1,8 +1,10 @@
-"""The rollout activities: `launch_agent`, `await_agent`, `compute_reward`.
+"""The rollout activities: `launch_agent`, `await_agent`, `compute_reward`, `stop_agent`.
 
 They pick the runner by the agent spec's kind, issue the attempt's agent contract, and close the
 attempt at the gateway when its agent has ended: the gateway then refuses stragglers' calls and
-delivers the attempt's last call events before the workflow scores it.
+hands over the attempt's call events before the workflow scores it. An attempt of the current
+workflow is one await_agent: the close's events come back in its result and a reward function
+is computed right there, so Temporal schedules nothing else for it.
 """
 
 from __future__ import annotations
@@ -10,12 +12,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass
 from typing import TypeVar
 
-import httpx
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
@@ -25,15 +24,19 @@ from temporalio.service import RPCError, RPCStatusCode
 from darl.activities import rewards
 from darl.activities.agent_contract import AgentContract, ContractIssuer, TaskPathError
 from darl.activities.errors import agent_spec_error
+from darl.activities.gateway_notifier import CLOSE_GIVE_UP_SECONDS, GatewayNotifier
 from darl.activities.runners.base import AgentRunner, agent_heartbeat_interval
 from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
+    AgentScore,
     AwaitRequest,
     LaunchRequest,
+    ModelCallEvent,
     RewardRequest,
     RolloutResult,
     RolloutSpec,
+    TrajectorySummary,
 )
 from darl.workflows.names import (
     AWAIT_AGENT,
@@ -45,9 +48,9 @@ from darl.workflows.names import (
 
 log = logging.getLogger(__name__)
 
-# How long await_agent keeps trying to close an attempt at the gateway before it fails (and
-# Temporal retries it: the agent has exited, so the retry only closes again).
-CLOSE_GIVE_UP_SECONDS = 30.0
+# The most call events an attempt's close returns in await_agent's result; an attempt with more
+# has them signalled by the gateway (a workflow result stays far below Temporal's payload limit).
+RETURNED_EVENTS_CAP = 256
 
 
 def current_traceparent() -> str | None:
@@ -68,82 +71,6 @@ async def heartbeating(work: Awaitable[T], interval: float) -> T:
         if done:
             return task.result()
         activity.heartbeat()
-
-
-@dataclass(frozen=True)
-class ClosedAttempt:
-    """What the gateway says of an attempt it closed."""
-
-    # What DARL's infrastructure did to it (rule 7): its 5xx answers, the gateway's outages.
-    incidents: list[str]
-    # Its model calls that got no answer (status, protocol, error), as the gateway recorded them.
-    failed_calls: list[str]
-
-
-class GatewayNotifier:
-    """Closes an attempt at the gateway once its agent has ended. The gateway then refuses the
-    attempt's calls and, before it answers, delivers the attempt's pending call events to the
-    workflow; await_agent returns only after that, so the workflow scores a complete trajectory.
-    """
-
-    def __init__(self, admin_url: str, admin_key: str, client: httpx.AsyncClient) -> None:
-        self._admin_url = admin_url.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {admin_key}"}
-        self._client = client
-
-    async def close_attempt(
-        self, rollout_id: str, attempt: int, give_up_after: float, started_at: float | None = None
-    ) -> ClosedAttempt:
-        """Close the attempt; returns what DARL's infrastructure did to it while its agent ran
-        (since `started_at`, epoch seconds): the gateway's 5xx answers and outages; and its
-        model calls that got no answer.
-
-        Retries while the gateway is unreachable or answers 5xx; raises ApplicationError
-        (retryable: the activity tries again) once `give_up_after` seconds have passed, and a
-        non-retryable one if the gateway refuses (a wrong admin key)."""
-        url = f"{self._admin_url}/admin/rollouts/{rollout_id}/attempts/{attempt}/close"
-        body = {} if started_at is None else {"started_at": started_at}
-        deadline = time.monotonic() + give_up_after
-        delay = 0.5
-        while True:
-            try:
-                response = await self._client.post(
-                    url, json=body, headers=self._headers, timeout=30.0
-                )
-            except httpx.TransportError as err:
-                problem = repr(err)
-            else:
-                if response.status_code < 400:
-                    closed = response.json()
-                    return ClosedAttempt(
-                        list(closed.get("infra_incidents") or []),
-                        list(closed.get("failed_calls") or []),
-                    )
-                if response.status_code < 500:
-                    raise ApplicationError(
-                        f"gateway refused to close {rollout_id}/{attempt}: "
-                        f"{response.status_code} {response.text[:300]}",
-                        type="GatewayRefused",
-                        non_retryable=True,
-                    )
-                problem = f"{response.status_code} {response.text[:300]}"
-            if time.monotonic() + delay > deadline:
-                raise ApplicationError(
-                    f"could not close {rollout_id}/{attempt} at the gateway: {problem}",
-                    type="GatewayUnavailable",
-                )
-            log.warning("closing %s/%d at the gateway: %s; retrying", rollout_id, attempt, problem)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
-
-    async def was_closed(self, rollout_id: str, attempt: int) -> bool:
-        """Whether the gateway closed the attempt already (True too if it cannot tell)."""
-        url = f"{self._admin_url}/admin/rollouts/{rollout_id}/attempts/{attempt}"
-        try:
-            response = await self._client.get(url, headers=self._headers, timeout=10.0)
-        except httpx.TransportError:
-            return True
-        return response.status_code != 200 or bool(response.json().get("closed"))
 
 
 @functools.cache
@@ -212,7 +139,12 @@ class RolloutActivities:
         self._notifier = notifier
 
     def activities(self) -> list:
-        return [self.launch_agent, self.await_agent, self.compute_reward, self.stop_agent]
+        return [
+            self.launch_agent,
+            self.await_agent,
+            self.compute_reward,
+            self.stop_agent,
+        ]
 
     @activity.defn(name=LAUNCH_AGENT)
     async def launch_agent(self, request: LaunchRequest) -> AgentHandle:
@@ -254,17 +186,77 @@ class RolloutActivities:
             if err.non_retryable:
                 await self._close_quietly(request.spec.rollout_id, request.attempt)
             raise
+        return await self._closed(request, agent_exit)
+
+    async def _closed(self, request: AwaitRequest, agent_exit: AgentExit) -> AgentExit:
+        """The agent has ended: close its attempt at the gateway (heartbeating: a slow
+        gateway must not time the activity out) and, for a workflow of the current release,
+        take the attempt's call events from the close and score it."""
+        spec = request.spec
+        interval = agent_heartbeat_interval(spec.timeouts.heartbeat_seconds)
+        if request.one_activity and agent_exit.timed_out:
+            # Nothing to score: the close signals what is pending, as a timer's cancellation
+            # did in revision 1, and a gateway that cannot be reached does not turn the
+            # timeout into a retry.
+            await heartbeating(self._close_quietly(spec.rollout_id, request.attempt), interval)
+            return agent_exit
+        calls: list[ModelCallEvent] | None = []  # no gateway, no calls
         if self._notifier is not None:
-            closed = await self._notifier.close_attempt(
-                request.spec.rollout_id,
+            closing = self._notifier.close_attempt(
+                spec.rollout_id,
                 request.attempt,
                 CLOSE_GIVE_UP_SECONDS,
                 started_at=request.handle.started_at,
+                return_events_up_to=RETURNED_EVENTS_CAP if request.one_activity else 0,
             )
+            closed = await heartbeating(closing, interval)
+            calls = closed.events
             agent_exit = agent_exit.model_copy(
-                update={"infra_incidents": closed.incidents, "failed_calls": closed.failed_calls}
+                update={
+                    "infra_incidents": closed.incidents,
+                    "failed_calls": closed.failed_calls,
+                    "calls": calls or [],
+                }
+            )
+        if request.one_activity and calls is not None:
+            agent_exit = agent_exit.model_copy(
+                update={"score": await self._score(request, agent_exit, calls)}
             )
         return agent_exit
+
+    async def _score(
+        self, request: AwaitRequest, agent_exit: AgentExit, calls: list[ModelCallEvent]
+    ) -> AgentScore | None:
+        """The reward of a finished attempt, from the whole trajectory the close returned, with
+        what the workflow would score it with had no report come by signal; None when there
+        is nothing to score or the function failed unexpectedly (the workflow's
+        compute_reward then runs it again, with its own retries and timeout)."""
+        spec = request.spec
+        if spec.reward.function is None or agent_exit.exit_code != 0 or agent_exit.timed_out:
+            return None
+        report = agent_exit.report
+        answer = report.answer if report is not None else None
+        summary = TrajectorySummary.of_calls(
+            spec.rollout_id,
+            request.attempt,
+            calls,
+            agent_exit.exit_code,
+            report,
+            dict(report.metadata) if report is not None else {},
+        )
+        interval = agent_heartbeat_interval(spec.timeouts.heartbeat_seconds)
+        scoring = rewards.score(spec.reward, spec.task, answer, summary)
+        try:
+            async with asyncio.timeout(spec.timeouts.reward_seconds):
+                reward = await heartbeating(scoring, interval)
+        except rewards.RewardFunctionError as err:
+            return AgentScore(answer=answer, summary=summary, error=str(err))
+        except Exception as err:  # noqa: BLE001 - user code; compute_reward reruns it
+            log.warning(
+                "reward of %s/%d left to compute_reward: %r", spec.rollout_id, request.attempt, err
+            )
+            return None
+        return AgentScore(answer=answer, summary=summary, reward=reward)
 
     @activity.defn(name=STOP_AGENT)
     async def stop_agent(self, request: LaunchRequest) -> None:

@@ -13,7 +13,8 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from darl.activities.agent_contract import ContractIssuer
-from darl.activities.rollout_activities import GatewayNotifier, RolloutActivities
+from darl.activities.gateway_notifier import GatewayNotifier
+from darl.activities.rollout_activities import RolloutActivities
 from darl.activities.runners.base import AgentRunner
 from darl.activities.runners.http import HttpAgentRunner
 from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings

@@ -4,8 +4,9 @@ asserts nothing.
 One async GRPO run of the digits demo config (continue-as-new forced early, so the trainer's
 history is seen across several runs) on a dev stack of its own, on ports beside the default
 dev stack's. Reports per step the gateway's pause for the weight sync and rollouts per minute;
-overall rollouts/s, Temporal history events per rollout and per step, each trainer run's
-history length, and each process's CPU seconds per rollout.
+overall rollouts/s; per trained rollout its history events by type and the Temporal actions
+they cost (`bench/temporal_cost.py`), and so the rollouts/s a namespace limited to 500 actions/s
+sustains; each trainer run's history length; and each process's CPU seconds per rollout.
 
     .venv/bin/python -m bench.training_bench [--steps 12] [--continue-as-new-after 1000]
 """
@@ -15,10 +16,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,13 +27,24 @@ import psutil
 from rich.console import Console
 from temporalio.client import Client, WorkflowExecutionStatus
 
+from bench.temporal_cost import (
+    Cost,
+    HeartbeatSchedule,
+    ServerCounts,
+    add_history,
+    parse_server_counts,
+    report_server,
+    server_metrics_url,
+)
+from bench.temporal_cost import report as report_cost
+from darl.activities.runners.base import agent_heartbeat_interval
 from darl.deploy.demo import AGENT_SERVICE, demo_config
 from darl.deploy.devstack import DevPorts, DevStack
 from darl.deploy.progress import follow
 from darl.deploy.temporal_connection import connect
 from darl.workflows.contracts import RolloutResult
 from darl.workflows.names import ROLLOUT_WORKFLOW, TRAINER_TASK_QUEUE, TRAINING_WORKFLOW
-from darl.workflows.training_config import training_workflow_id
+from darl.workflows.training_config import TrainingConfig, training_workflow_id
 from darl.workflows.training_messages import TrainingSummary
 
 PORTS = DevPorts(temporal=17233, ui=18233, gateway=18100, policy=18200, agent_service=18300)
@@ -50,9 +62,11 @@ class TrainerRun:
 class Figures:
     summary: TrainingSummary
     seconds: float
-    rollout_events: list[int]
+    rollout_cost: Cost
+    trainer_cost: Cost
     trainer_runs: list[TrainerRun]
     cpu_seconds: dict[str, float]
+    server: ServerCounts | None
     # Each failed rollout's status and error: an undisturbed run should have none.
     failures: list[str]
 
@@ -63,21 +77,39 @@ def cpu_seconds(pid: int) -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
+def server_counts(stack: DevStack) -> ServerCounts | None:
+    """The Temporal dev server's own counters, if it says where its metrics are."""
+    url = server_metrics_url((stack.home / "logs" / "temporal.log").read_text(errors="replace"))
+    if url is None:
+        return None
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return parse_server_counts(answer.read().decode())
+
+
 def stack_cpu(stack: DevStack) -> dict[str, float]:
     return {process.name: cpu_seconds(process.pid) for process in stack.processes}
 
 
-async def rollout_history_lengths(client: Client, run_id: str, sample: int) -> list[int]:
+def heartbeat_schedule(config: TrainingConfig) -> HeartbeatSchedule:
+    """When await_agent calls `activity.heartbeat` for an HTTP agent: an interval in, then
+    every interval (`HttpAgentRunner.wait`; the release before heartbeated at once)."""
+    interval = agent_heartbeat_interval(config.rollout.timeouts.heartbeat_seconds)
+    return HeartbeatSchedule(first_after=interval, every=interval)
+
+
+async def rollout_cost(
+    client: Client, run_id: str, sample: int, heartbeats: HeartbeatSchedule
+) -> Cost:
     # Trained rollouts' histories (the newest rollouts of a run are the cancelled ones).
     query = (
         f'WorkflowType = "{ROLLOUT_WORKFLOW}" AND DarlRun = "{run_id}" '
         'AND DarlStatus = "succeeded" AND DarlMode = "train"'
     )
-    lengths = []
+    cost = Cost()
     async for execution in client.list_workflows(query, limit=sample):
         handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
-        lengths.append(len((await handle.fetch_history()).events))
-    return lengths
+        add_history(cost, (await handle.fetch_history()).events, heartbeats)
+    return cost
 
 
 async def failures(client: Client, run_id: str) -> list[str]:
@@ -92,16 +124,18 @@ async def failures(client: Client, run_id: str) -> list[str]:
     return found
 
 
-async def trainer_runs(client: Client, run_id: str) -> list[TrainerRun]:
-    """Every run of the trainer's continue-as-new chain, oldest first."""
+async def trainer_runs(client: Client, run_id: str, cost: Cost) -> list[TrainerRun]:
+    """Every run of the trainer's continue-as-new chain, oldest first; counts their events
+    and actions into `cost`."""
     workflow_id = training_workflow_id(run_id)
     executions = [e async for e in client.list_workflows(f'WorkflowId = "{workflow_id}"')]
     runs = []
     for execution in sorted(executions, key=lambda e: e.start_time):
         handle = client.get_workflow_handle(workflow_id, run_id=execution.run_id)
         status = execution.status or WorkflowExecutionStatus.RUNNING
-        events = len((await handle.fetch_history()).events)
-        runs.append(TrainerRun(execution.run_id, status.name.lower(), events))
+        history = (await handle.fetch_history()).events
+        add_history(cost, history, own_signals_only=True)
+        runs.append(TrainerRun(execution.run_id, status.name.lower(), len(history)))
     return runs
 
 
@@ -116,6 +150,7 @@ async def measure(stack: DevStack, steps: int, continue_after: int, sample: int)
         f"a step, {steps} steps, continue-as-new after {continue_after} events"
     )
     cpu_before = stack_cpu(stack)
+    server_before = server_counts(stack)
     started = time.monotonic()
     handle = await client.start_workflow(
         TRAINING_WORKFLOW,
@@ -128,12 +163,16 @@ async def measure(stack: DevStack, steps: int, continue_after: int, sample: int)
         summary = await follow(handle, Console())
     seconds = time.monotonic() - started
     cpu_after = stack_cpu(stack)
+    server_after = server_counts(stack)
+    trainer_cost = Cost()
     return Figures(
         summary=summary,
         seconds=seconds,
-        rollout_events=await rollout_history_lengths(client, run_id, sample),
-        trainer_runs=await trainer_runs(client, run_id),
+        rollout_cost=await rollout_cost(client, run_id, sample, heartbeat_schedule(config)),
+        trainer_cost=trainer_cost,
+        trainer_runs=await trainer_runs(client, run_id, trainer_cost),
         cpu_seconds={name: cpu_after[name] - cpu_before[name] for name in cpu_after},
+        server=server_after.minus(server_before) if server_after and server_before else None,
         failures=await failures(client, run_id),
     )
 
@@ -152,12 +191,7 @@ def report(figures: Figures, continue_after: int) -> None:
     )
     for failure in figures.failures:
         print(f"  failed: {failure}")
-    events = figures.rollout_events
-    if events:
-        print(
-            f"Rollout workflow history: {statistics.fmean(events):.1f} events on average "
-            f"(min {min(events)}, max {max(events)}, {len(events)} sampled)"
-        )
+    report_cost(figures.rollout_cost, figures.trainer_cost, rollouts)
     runs = figures.trainer_runs
     total = sum(run.events for run in runs)
     print(
@@ -172,6 +206,9 @@ def report(figures: Figures, continue_after: int) -> None:
         print(f"  {name:<16}{used:>8.1f} s  {used / max(rollouts, 1) * 1000:>7.1f} ms/rollout")
     used = sum(figures.cpu_seconds.values())
     print(f"  {'all':<16}{used:>8.1f} s  {used / max(rollouts, 1) * 1000:>7.1f} ms/rollout")
+    if figures.server is not None:
+        report_server(figures.server, rollouts)
+    print(f"Rollouts/s of the run: {rollouts / figures.seconds:.1f}")
 
 
 def main(steps: int, continue_after: int, sample: int) -> None:

@@ -40,6 +40,9 @@ class CloseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # When the attempt's agent started (epoch seconds): outages since then touched it.
     started_at: float | None = None
+    # Answer with the attempt's call events instead of signalling them, if it recorded no more
+    # than this many (0: signal them, as a close before this field did).
+    return_events_up_to: int = Field(default=0, ge=0, le=4096)
 
 
 @router.post("/admin/pause", dependencies=ADMIN)
@@ -93,17 +96,24 @@ async def attempt_state(request: Request, rollout_id: str, attempt: int) -> dict
 @router.post("/admin/rollouts/{rollout_id}/attempts/{attempt}/close", dependencies=ADMIN)
 async def close_attempt(request: Request, rollout_id: str, attempt: int) -> dict[str, Any]:
     """The worker's word that the attempt's agent ended: refuse its calls from now on and
-    deliver its pending call events (503 if Temporal is unreachable: retry). The answer
-    says what DARL did to the attempt (its 5xx answers and the gateway's outages since the
-    agent started) and which of its model calls got no answer."""
+    hand over its call events: in the answer (`events`, every one the store holds, when the
+    worker asked and there are no more than it said; idempotent: a retried close answers
+    them again), or else signalled to the workflow (503 if Temporal is unreachable: retry).
+    The answer also says what DARL did to the attempt (its 5xx answers and the gateway's
+    outages since the agent started) and which of its model calls got no answer."""
     gateway = gateway_of(request)
     body = await read_model(request, CloseRequest, gateway.settings.max_body_bytes)
-    delivered = await gateway.delivery.close_attempt(rollout_id, attempt)
+    closed = await gateway.delivery.close_attempt(
+        rollout_id, attempt, return_up_to=body.return_events_up_to
+    )
     incidents = await gateway.incidents(rollout_id, attempt, body.started_at)
     failed = await gateway.store.failed_calls(rollout_id, attempt)
     return {
         "closed": True,
-        "delivered": delivered,
+        "delivered": closed.delivered,
+        "events": None
+        if closed.events is None
+        else [e.model_dump(mode="json") for e in closed.events],
         "infra_incidents": incidents,
         "failed_calls": [f.summary() for f in failed],
     }

@@ -9,7 +9,9 @@ rollout attempt, so Temporal sees one signal per batch instead of one per call.
 Nothing is lost between the two: the store remembers up to which sequence the workflow has been
 told; a gateway that restarts sends the rest (its first flush of an attempt reads the store);
 and the rollout worker closes every attempt through the gateway before it reports the agent's
-end, which delivers whatever is pending, so the workflow has every call before it scores. The
+end, so the workflow has every call before it scores. The close either answers with every call
+event of the attempt, read from the store (what the worker asks for: the events then reach the
+workflow in await_agent's result, at no signal's cost), or signals them all. The
 workflow drops duplicates by call id.
 """
 
@@ -30,6 +32,8 @@ from darl.workflows.contracts import ModelCallEvent
 log = logging.getLogger(__name__)
 
 Key = tuple[str, int]
+# The most call events one signal carries (a signal's payload is bounded, ~2 MB).
+SIGNAL_BATCH = 256
 
 
 def event_of(record: CallRecord, ref: str) -> ModelCallEvent:
@@ -51,6 +55,15 @@ def event_of(record: CallRecord, ref: str) -> ModelCallEvent:
         streamed=record.streamed,
         record_ref=ref,
     )
+
+
+@dataclass(frozen=True)
+class Closed:
+    """What closing an attempt did: how many events it signalled, or the events it returns
+    instead (None: it signalled them)."""
+
+    delivered: int
+    events: list[ModelCallEvent] | None
 
 
 @dataclass
@@ -92,9 +105,13 @@ class EventDelivery:
     def pending(self) -> int:
         return sum(len(box.pending) for box in self._outboxes.values())
 
-    async def close_attempt(self, rollout_id: str, attempt: int) -> int:
-        """The attempt's agent has ended: refuse its further calls and deliver every event it
-        left (in memory or, after a restart, only in the store). Raises GatewayError 503 when
+    async def close_attempt(self, rollout_id: str, attempt: int, return_up_to: int = 0) -> Closed:
+        """The attempt's agent has ended: refuse its further calls and hand over every event it
+        left. With `return_up_to` > 0, and no more calls recorded than that, the answer
+        carries all of the attempt's events, read from the store in full (another replica
+        may have recorded some), none is signalled and the delivered mark stays where it is,
+        so a retried close returns them again. Otherwise all of them are signalled, read
+        from the store (see `_signal_all`). Raises GatewayError 503 when
         Temporal cannot be reached, so the caller retries."""
         self._registry.close_attempt(rollout_id, attempt)
         await self._store.mark_closed(rollout_id, attempt)
@@ -103,10 +120,53 @@ class EventDelivery:
         if box.timer is not None:
             box.timer.cancel()
             box.timer = None
-        delivered = await self.flush(key)
+        events = await self._take_all(key, box, return_up_to) if return_up_to > 0 else None
+        delivered = 0 if events is not None else await self._signal_all(key, box)
         self._outboxes.pop(key, None)
         self._store.forget(rollout_id, attempt)
-        return delivered
+        return Closed(delivered=delivered, events=events)
+
+    async def _take_all(self, key: Key, box: _Outbox, most: int) -> list[ModelCallEvent] | None:
+        """Every recorded event of the attempt, the queued ones taken out of the outbox; None
+        (nothing taken) when there are more than `most`."""
+        rollout_id, attempt = key
+        async with box.lock:  # a flush under way finishes first
+            records = await self._store.read(rollout_id, attempt)
+            if len(records) > most:
+                return None
+            # Queued events were recorded first: they are among the records.
+            box.pending = []
+        return [event_of(r, self._store.ref(r)) for r in records]
+
+    async def _signal_all(self, key: Key, box: _Outbox) -> int:
+        """Signal every recorded event of the attempt, read from the store, in batches of
+        SIGNAL_BATCH. Not only those past the delivered mark: with replicas the mark is the
+        highest sequence any of them delivered, and a lower one may still have been queued at
+        another replica (which sends nothing for an attempt closed elsewhere). The workflow
+        drops the ones it has by call id."""
+        rollout_id, attempt = key
+        async with box.lock:
+            records = await self._store.read(rollout_id, attempt)
+            box.pending = []
+            events = [event_of(r, self._store.ref(r)) for r in records]
+            for start in range(0, len(events), SIGNAL_BATCH):
+                batch = events[start : start + SIGNAL_BATCH]
+                try:
+                    await self._registry.signal_calls(rollout_id, batch)
+                except GatewayError as err:
+                    if err.status == 409:
+                        log.warning(
+                            "dropping %d call event(s) of %s: the rollout has finished",
+                            len(events) - start,
+                            rollout_id,
+                        )
+                        return start
+                    raise
+                self._metrics.delivered_events.inc(len(batch))
+                self._metrics.delivery_signals.inc()
+            if events:
+                await self._store.mark_delivered(rollout_id, attempt, events[-1].sequence)
+            return len(events)
 
     async def flush(self, key: Key) -> int:
         box = self._outboxes.get(key)

@@ -143,6 +143,10 @@ class RolloutTimeouts(Contract):
     retry_backoff_seconds: float = Field(default=5.0, ge=0)
 
 
+# RolloutSpec.revision of an attempt as one activity.
+ONE_ACTIVITY_REVISION = 2
+
+
 class RolloutSpec(Contract):
     run_id: str = Field(pattern=ROLLOUT_ID_PATTERN)
     rollout_id: str = Field(pattern=ROLLOUT_ID_PATTERN)
@@ -156,6 +160,13 @@ class RolloutSpec(Contract):
     max_attempts: int = Field(default=3, ge=1, le=20)
     # A workflow id that gets a `rollout_finished` signal with the RolloutResult (the trainer).
     report_to: str | None = None
+    # The command sequence the rollout's workflow runs; a history must replay under the code
+    # that recorded it. 2 (ONE_ACTIVITY_REVISION), what DARL's trainer and `darl rollout`
+    # start: an attempt is one activity (see AwaitRequest.one_activity). 1, the default, is
+    # what a spec that does not say meant to the releases before, so their rollouts replay.
+    # Chosen by the starter rather than by `workflow.patched`, whose marker and
+    # TemporalChangeVersion upsert would cost every rollout two history events.
+    revision: int = Field(default=1, ge=1, le=2)
 
 
 class AgentReport(Contract):
@@ -206,6 +217,29 @@ class TrajectorySummary(Contract):
     exit_code: int | None = None
     reported_reward: float | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def of_calls(
+        cls,
+        rollout_id: str,
+        attempt: int,
+        calls: list[ModelCallEvent],
+        exit_code: int | None,
+        report: AgentReport | None,
+        metadata: dict[str, Any],
+    ) -> TrajectorySummary:
+        """The one way to summarize an attempt, so that await_agent and the workflow agree."""
+        return cls(
+            rollout_id=rollout_id,
+            attempt=attempt,
+            calls=len(calls),
+            prompt_tokens=sum(c.prompt_tokens for c in calls),
+            completion_tokens=sum(c.completion_tokens for c in calls),
+            call_ids=[c.call_id for c in sorted(calls, key=lambda c: c.sequence)],
+            exit_code=exit_code,
+            reported_reward=report.reward if report is not None else None,
+            metadata=metadata,
+        )
 
 
 class RolloutResult(Contract):
@@ -274,13 +308,29 @@ class AwaitRequest(Contract):
     spec: RolloutSpec
     attempt: int
     handle: AgentHandle
+    # The attempt is this one activity (RolloutSpec.revision 2): the workflow
+    # sets no timer, so the runner ends the agent at the rollout timeout itself (not a grace
+    # later); the close's call events come back in the result; a reward function is computed
+    # here. False for a workflow started by the release before.
+    one_activity: bool = False
+
+
+class AgentScore(Contract):
+    """A reward computed inside await_agent from what the attempt's close returned: the inputs
+    it was computed from and the reward, or the reward function's error. The workflow takes it
+    only when the inputs are exactly those it would score with."""
+
+    answer: str | None
+    summary: TrajectorySummary
+    reward: float | None = None
+    error: str | None = None
 
 
 class AgentExit(Contract):
     """How an attempt's agent ended. `exit_code` 0 means it finished its work."""
 
     exit_code: int | None
-    # Set when the runner's own deadline killed the agent (the workflow's timer normally wins).
+    # Set when the runner's own deadline killed the agent.
     timed_out: bool = False
     oom_killed: bool = False
     report: AgentReport | None = None
@@ -291,6 +341,11 @@ class AgentExit(Contract):
     infra_incidents: list[str] = Field(default_factory=list)
     # The attempt's model calls that got no answer, as the gateway recorded them.
     failed_calls: list[str] = Field(default_factory=list)
+    # Every call event of the attempt the gateway had recorded when it closed it (rule 1: the
+    # close reads them from the store), unless there were too many: then the gateway signalled
+    # them and this is empty. The workflow merges them as it merges a `model_calls` signal.
+    calls: list[ModelCallEvent] = Field(default_factory=list)
+    score: AgentScore | None = None
 
 
 class RewardRequest(Contract):

@@ -1,8 +1,12 @@
 """RolloutWorkflow: one agent rollout, durable from launch to reward.
 
-Reads as the story of a rollout: launch the agent, await it under the rollout timeout, score it.
-An infra failure (launch failed, agent lost with its worker's machine) gets a fresh attempt;
-what the agent itself did (non-zero exit, timeout, no reward) is the result.
+Reads as the story of a rollout: launch the agent, await it under the rollout timeout, score it,
+tell the trainer. An infra failure (launch failed, agent lost with its worker's machine) gets a
+fresh attempt; what the agent itself did (non-zero exit, timeout, no reward) is the result.
+
+What the server does per rollout bounds rollouts per second, so an attempt of an HTTP agent is
+one activity (`RolloutSpec.revision` 2): await_agent enforces the timeout and returns the calls the
+gateway's close handed over and the reward it computed.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from datetime import datetime, timedelta
-from typing import Any, overload
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeUpdate
@@ -21,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
 
     from darl.workflows import search_attributes as sa
     from darl.workflows.contracts import (
+        ONE_ACTIVITY_REVISION,
         AgentExit,
         AgentHandle,
         AgentReport,
@@ -50,6 +55,15 @@ with workflow.unsafe.imports_passed_through():
         STOP_AGENT,
         WRONG_WORKFLOW_ID_ERROR,
     )
+    from darl.workflows.rollout_outcomes import (
+        EarlierRun,
+        RewardFailed,
+        cause_of,
+        earlier_run,
+        error_type,
+        merged,
+        raise_if_cancelled,
+    )
     from darl.workflows.rollout_status import (
         TRANSITIONS,
         IllegalTransitionError,
@@ -60,63 +74,12 @@ with workflow.unsafe.imports_passed_through():
 # Statuses a rollout passes through in a moment; not published as search attributes.
 BRIEF_STATUSES = frozenset({RolloutStatus.LAUNCHING, RolloutStatus.SCORING})
 
-# await_agent enforces its own deadline this long after the workflow's, in case the workflow
-# cannot cancel it (its workers down); the workflow's timer normally wins.
+# In revision 1, await_agent enforces its own deadline this long after the
+# workflow's timer, in case the workflow cannot cancel it (its workers down). In revision 2
+# it is the activity's margin past the rollout timeout to close the attempt and score it.
 RUNNER_DEADLINE_GRACE = timedelta(seconds=60)
 # How many failed model calls a RolloutResult says in words (it counts them all).
 FAILED_CALLS_SHOWN = 5
-
-
-def _cause(err: ActivityError) -> str:
-    cause = err.cause
-    return str(cause) if cause is not None else str(err)
-
-
-def _raise_if_cancelled(err: ActivityError) -> None:
-    """A cancelled workflow cancels the activity it awaits, which then fails with a
-    CancelledError cause: that is the rollout's cancellation, not the activity's failure."""
-    if isinstance(err.cause, CancelledError):
-        raise asyncio.CancelledError from err
-
-
-def _error_type(err: ActivityError) -> str | None:
-    cause = err.cause
-    return cause.type if isinstance(cause, ApplicationError) else None
-
-
-class _EarlierRun(Exception):
-    """This rollout id already has a result, from an earlier execution: it is the result."""
-
-    def __init__(self, result: RolloutResult) -> None:
-        super().__init__(result.rollout_id)
-        self.result = result
-
-
-def _earlier_run(err: ActivityError) -> _EarlierRun:
-    """The earlier execution's result carried by a RolloutAlreadyRan error, or, when it left
-    none (terminated, failed), a failure of this execution naming it (rule 7: a rollout id has
-    one result, and no workflow reports what it did not see)."""
-    cause = err.cause
-    details = cause.details if isinstance(cause, ApplicationError) else ()
-    if details and isinstance(details[0], dict):
-        return _EarlierRun(RolloutResult.model_validate(details[0]))
-    raise ApplicationError(_cause(err), type=ROLLOUT_ALREADY_RAN_ERROR, non_retryable=True)
-
-
-@overload
-def _merged(earlier: AgentReport | None, later: AgentReport) -> AgentReport: ...
-@overload
-def _merged(earlier: AgentReport | None, later: AgentReport | None) -> AgentReport | None: ...
-def _merged(earlier: AgentReport | None, later: AgentReport | None) -> AgentReport | None:
-    """A later report overrides the fields it sets and keeps those it leaves out."""
-    if earlier is None or later is None:
-        return later or earlier
-    return AgentReport(
-        attempt=later.attempt or earlier.attempt,
-        reward=later.reward if later.reward is not None else earlier.reward,
-        answer=later.answer if later.answer is not None else earlier.answer,
-        metadata={**earlier.metadata, **later.metadata},
-    )
 
 
 # A ValidationError is input no retry can fix (a RolloutSpec the temporal CLI sent that does
@@ -149,6 +112,12 @@ class RolloutWorkflow:
         # rollout's last serving version, DarlPolicyVersion.
         self._last_call: ModelCallEvent | None = None
         self._published_version = spec.policy_version
+        # The command sequence of revision 2 (a spec of an earlier release replays its old
+        # one): no deadline timer (the runner enforces the rollout timeout), the close's call
+        # events and a function reward come back in await_agent's result (no compute_reward,
+        # no model_calls signal at the end), and RUNNING is left to the status query on a
+        # first attempt.
+        self._one_activity = spec.revision >= ONE_ACTIVITY_REVISION
 
     # --- the story ---------------------------------------------------------------------
 
@@ -168,7 +137,7 @@ class RolloutWorkflow:
                 if not retry or attempt == spec.max_attempts:
                     break
                 await workflow.sleep(timedelta(seconds=spec.timeouts.retry_backoff_seconds))
-        except _EarlierRun as earlier:
+        except EarlierRun as earlier:
             return self._result_of_earlier_run(earlier.result)
         except asyncio.CancelledError:
             if self._status == RolloutStatus.LAUNCHING:
@@ -188,21 +157,24 @@ class RolloutWorkflow:
         try:
             handle = await self._launch(attempt)
         except ActivityError as err:
-            _raise_if_cancelled(err)
-            if _error_type(err) == ROLLOUT_ALREADY_RAN_ERROR:
-                raise _earlier_run(err) from err
-            if _error_type(err) == AGENT_SPEC_ERROR:
-                self._finish_as(RolloutStatus.FAILED_AGENT, f"agent cannot start: {_cause(err)}")
+            raise_if_cancelled(err)
+            if error_type(err) == ROLLOUT_ALREADY_RAN_ERROR:
+                raise earlier_run(err) from err
+            if error_type(err) == AGENT_SPEC_ERROR:
+                self._finish_as(RolloutStatus.FAILED_AGENT, f"agent cannot start: {cause_of(err)}")
                 return False
-            return self._infra_failure(f"launching the agent failed: {_cause(err)}")
+            return self._infra_failure(f"launching the agent failed: {cause_of(err)}")
         self._transition(RolloutStatus.RUNNING)
         try:
             agent_exit = await self._await_agent(handle)
+            if agent_exit is not None:
+                # Delivered by the close instead of a signal: taken like one.
+                self._receive_calls(agent_exit.calls, count_duplicates=False)
         except ActivityError as err:
-            _raise_if_cancelled(err)
-            if _error_type(err) == ROLLOUT_ALREADY_RAN_ERROR:
-                raise _earlier_run(err) from err
-            return self._infra_failure(f"lost the agent: {_cause(err)}")
+            raise_if_cancelled(err)
+            if error_type(err) == ROLLOUT_ALREADY_RAN_ERROR:
+                raise earlier_run(err) from err
+            return self._infra_failure(f"lost the agent: {cause_of(err)}")
         finally:
             self._accepting_signals = False
         if agent_exit is None:
@@ -247,17 +219,26 @@ class RolloutWorkflow:
                 retry_policy=RetryPolicy(maximum_attempts=3),
             )
         except ActivityError as err:
-            workflow.logger.warning("could not stop the agent being launched: %s", _cause(err))
+            workflow.logger.warning("could not stop the agent being launched: %s", cause_of(err))
 
     async def _await_agent(self, handle: AgentHandle) -> AgentExit | None:
-        """The agent's exit, or None when the rollout timeout fired first (agent killed)."""
+        """The agent's exit (timed out if the runner ended it at the rollout timeout), or None
+        when the workflow's own timer fired first (agent killed; revision 1)."""
         timeouts = self._spec.timeouts
         agent_timeout = timedelta(seconds=timeouts.agent_seconds)
+        margin = RUNNER_DEADLINE_GRACE
+        if self._one_activity:
+            margin += timedelta(seconds=timeouts.reward_seconds)
         waiting = workflow.start_activity(
             AWAIT_AGENT,
-            AwaitRequest(spec=self._spec, attempt=handle.attempt, handle=handle),
+            AwaitRequest(
+                spec=self._spec,
+                attempt=handle.attempt,
+                handle=handle,
+                one_activity=self._one_activity,
+            ),
             result_type=AgentExit,
-            start_to_close_timeout=agent_timeout + RUNNER_DEADLINE_GRACE,
+            start_to_close_timeout=agent_timeout + margin,
             heartbeat_timeout=timedelta(seconds=timeouts.heartbeat_seconds),
             # A retry after a lost heartbeat re-attaches to the running agent (rule 3).
             retry_policy=RetryPolicy(
@@ -269,16 +250,24 @@ class RolloutWorkflow:
             # Cancelling waits until the runner has really killed the agent.
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )
-        deadline = asyncio.ensure_future(workflow.sleep(agent_timeout))
+        # In revision 2 the runner's deadline is the rollout timeout, kept by the activity's
+        # start-to-close and heartbeat timeouts if its worker dies: no timer.
+        waits: list[asyncio.Future[Any]] = [waiting]
+        deadline = None
+        if not self._one_activity:
+            deadline = asyncio.ensure_future(workflow.sleep(agent_timeout))
+            waits.append(deadline)
         try:
-            await workflow.wait([waiting, deadline], return_when=asyncio.FIRST_COMPLETED)
+            await workflow.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             # The rollout is cancelled: the agent is killed before the cancellation completes.
-            deadline.cancel()
+            if deadline is not None:
+                deadline.cancel()
             await self._cancel_agent(waiting)
             raise
         if waiting.done():
-            deadline.cancel()
+            if deadline is not None:
+                deadline.cancel()
             agent_exit: AgentExit | None = waiting.result()
             return agent_exit
         return await self._cancel_agent(waiting)
@@ -294,7 +283,9 @@ class RolloutWorkflow:
             return await waiting
         except ActivityError as err:
             if not isinstance(err.cause, CancelledError):
-                workflow.logger.warning("await_agent ended badly while cancelled: %s", _cause(err))
+                workflow.logger.warning(
+                    "await_agent ended badly while cancelled: %s", cause_of(err)
+                )
         return None
 
     async def _score(self, attempt: int, agent_exit: AgentExit) -> bool:
@@ -302,7 +293,7 @@ class RolloutWorkflow:
         failed while DARL was unavailable to it gets a fresh attempt (rule 7)."""
         self._exit_code = agent_exit.exit_code
         self._failed_calls = list(agent_exit.failed_calls)
-        report = _merged(self._reports.get(attempt), agent_exit.report)
+        report = merged(self._reports.get(attempt), agent_exit.report)
         if report is not None:
             self._answer = report.answer
             self._metadata = dict(report.metadata)
@@ -321,10 +312,13 @@ class RolloutWorkflow:
                 return self._agent_failed(agent_exit, "agent finished without a reward")
         else:
             try:
-                reward = await self._compute_reward(attempt, agent_exit, report)
+                reward = await self._function_reward(attempt, agent_exit, report)
             except ActivityError as err:
-                _raise_if_cancelled(err)
-                self._finish_as(RolloutStatus.FAILED_INFRA, f"reward failed: {_cause(err)}")
+                raise_if_cancelled(err)
+                self._finish_as(RolloutStatus.FAILED_INFRA, f"reward failed: {cause_of(err)}")
+                return False
+            except RewardFailed as err:
+                self._finish_as(RolloutStatus.FAILED_INFRA, f"reward failed: {err}")
                 return False
         self._reward = reward
         self._transition(RolloutStatus.SUCCEEDED, [sa.REWARD.value_set(reward)])
@@ -340,20 +334,26 @@ class RolloutWorkflow:
         self._finish_as(RolloutStatus.FAILED_AGENT, why)
         return False
 
-    async def _compute_reward(
+    async def _function_reward(
         self, attempt: int, agent_exit: AgentExit, report: AgentReport | None
     ) -> float:
-        summary = TrajectorySummary(
-            rollout_id=self._spec.rollout_id,
-            attempt=attempt,
-            calls=len(self._calls),
-            prompt_tokens=sum(c.prompt_tokens for c in self._calls),
-            completion_tokens=sum(c.completion_tokens for c in self._calls),
-            call_ids=[c.call_id for c in sorted(self._calls, key=lambda c: c.sequence)],
-            exit_code=agent_exit.exit_code,
-            reported_reward=report.reward if report is not None else None,
-            metadata=self._metadata,
+        """The reward function's value: the one await_agent computed when it had exactly the
+        inputs this workflow scores with (the same calls, answer, report and metadata), else
+        compute_reward's (a report came by signal, the close signalled the calls, an older
+        worker). Raises RewardFailed with the function's error."""
+        summary = TrajectorySummary.of_calls(
+            self._spec.rollout_id,
+            attempt,
+            self._calls,
+            agent_exit.exit_code,
+            report,
+            self._metadata,
         )
+        score = agent_exit.score
+        if score is not None and score.summary == summary and score.answer == self._answer:
+            if score.reward is None:
+                raise RewardFailed(score.error or "the reward function gave no reward")
+            return score.reward
         reward: float = await workflow.execute_activity(
             COMPUTE_REWARD,
             RewardRequest(spec=self._spec, answer=self._answer, summary=summary),
@@ -366,7 +366,11 @@ class RolloutWorkflow:
     async def _report(self, result: RolloutResult) -> None:
         """Tell the trainer (if any). A trainer that is gone does not undo the rollout.
         Awaited: a signal still in flight when the workflow completes is dropped by the dev
-        server (and locks the time-skipping test server's clock)."""
+        server (and locks the time-skipping test server's clock). Not a local activity that
+        signals through the client: that holds the rollout's workflow task open for the
+        signal's round trip, and signals to the one trainer workflow queue for its lock (seen
+        at 10 s a signal in `make bench-training`, workflow tasks timing out); the server's
+        own signal-external queues without holding any worker."""
         if not self._spec.report_to:
             return
         handle = workflow.get_external_workflow_handle(self._spec.report_to)
@@ -381,9 +385,15 @@ class RolloutWorkflow:
     def model_calls(self, events: list[ModelCallEvent]) -> None:
         """Captured calls, in batches from the gateway. Idempotent by call id; calls of an
         earlier attempt or after the agent ended are counted as stale and kept out."""
+        self._receive_calls(events)
+
+    def _receive_calls(self, events: list[ModelCallEvent], count_duplicates: bool = True) -> None:
+        """Take calls in, by signal or from await_agent's result (which holds every call of
+        the attempt, some perhaps signalled already: not duplicate signals)."""
         for event in events:
             if event.call_id in self._seen_call_ids:
-                self._duplicate_signals += 1
+                if count_duplicates:
+                    self._duplicate_signals += 1
                 continue
             self._seen_call_ids.add(event.call_id)
             if event.attempt != self._attempt or not self._accepting_signals:
@@ -402,7 +412,7 @@ class RolloutWorkflow:
         if report.attempt != self._attempt or not self._accepting_signals:
             self._stale_signals += 1
             return
-        self._reports[report.attempt] = _merged(self._reports.get(report.attempt), report)
+        self._reports[report.attempt] = merged(self._reports.get(report.attempt), report)
 
     @workflow.query(name=STATUS_QUERY)
     def status(self) -> RolloutProgress:
@@ -459,8 +469,11 @@ class RolloutWorkflow:
         self._status = check_transition(self._status, status)
         self._show_details()
         # Brief statuses are left to the `status` query: each upsert is a history event and
-        # a visibility write, and the server's work is what bounds rollouts per second.
-        if status in BRIEF_STATUSES:
+        # a visibility write, and the server's work is what bounds rollouts per second. So is
+        # RUNNING in revision 2 on a first attempt (a retry's replaces failed_infra).
+        if status in BRIEF_STATUSES or (
+            self._one_activity and status == RolloutStatus.RUNNING and self._attempt == 1
+        ):
             return
         updates: list[SearchAttributeUpdate[Any]] = [
             sa.STATUS.value_set(status.value),

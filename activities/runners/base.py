@@ -13,6 +13,7 @@ from typing import ClassVar
 from darl.activities.agent_contract import AgentContract
 from darl.workflows.contracts import AgentExit, AgentHandle, AwaitRequest, LaunchRequest
 from darl.workflows.heartbeats import Heartbeat, heartbeat_interval
+from darl.workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
 
 LOG_TAIL_BYTES = 4096
 
@@ -24,6 +25,14 @@ AGENT_HEARTBEAT_SECONDS = 10.0
 def agent_heartbeat_interval(heartbeat_seconds: float) -> float:
     """How often an agent's await heartbeats (the one rule, `heartbeat_interval`)."""
     return heartbeat_interval(heartbeat_seconds, AGENT_HEARTBEAT_SECONDS)
+
+
+def agent_deadline(request: AwaitRequest) -> float:
+    """When the runner ends the agent as timed out (epoch seconds): at the rollout timeout
+    when the workflow set no timer of its own, else a grace after it (the workflow's timer
+    normally acts first)."""
+    deadline = request.handle.started_at + request.spec.timeouts.agent_seconds
+    return deadline if request.one_activity else deadline + RUNNER_DEADLINE_GRACE.total_seconds()
 
 
 class AgentRunner(ABC):
@@ -39,8 +48,9 @@ class AgentRunner(ABC):
     ) -> AgentExit:
         """Await the agent's end, calling `heartbeat` at least every `agent_heartbeat_interval`.
 
-        Enforces the rollout timeout plus a grace itself (the workflow's timer normally acts
-        first). Raises `agent_lost_error` when the agent is gone without an exit status.
+        Enforces the rollout timeout itself (`agent_deadline`): returns `timed_out` once the
+        agent is killed. Raises `agent_lost_error` when the agent is gone without an exit
+        status.
         """
 
     @abstractmethod

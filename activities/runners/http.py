@@ -24,7 +24,12 @@ from pydantic import ValidationError
 
 from darl.activities.agent_contract import AgentContract, env_map_values
 from darl.activities.errors import agent_lost_error, agent_service_unavailable, agent_spec_error
-from darl.activities.runners.base import LOG_TAIL_BYTES, AgentRunner, agent_heartbeat_interval
+from darl.activities.runners.base import (
+    LOG_TAIL_BYTES,
+    AgentRunner,
+    agent_deadline,
+    agent_heartbeat_interval,
+)
 from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
@@ -34,7 +39,6 @@ from darl.workflows.contracts import (
     LaunchRequest,
 )
 from darl.workflows.heartbeats import Heartbeat
-from darl.workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
 
 # Statuses that say the service (or what fronts it) is unavailable, not that the agent failed.
 _UNAVAILABLE = frozenset({502, 503, 504})
@@ -69,11 +73,7 @@ class HttpAgentRunner(AgentRunner):
         agent = spec.agent
         if not isinstance(agent, HttpAgentSpec):
             raise agent_spec_error(f"the http runner cannot run a {agent.kind!r} agent")
-        deadline = (
-            request.handle.started_at
-            + spec.timeouts.agent_seconds
-            + RUNNER_DEADLINE_GRACE.total_seconds()
-        )
+        deadline = agent_deadline(request)
         body = {
             "rollout_id": spec.rollout_id,
             "attempt": request.attempt,
@@ -95,12 +95,15 @@ class HttpAgentRunner(AgentRunner):
         post = asyncio.ensure_future(self._client.post(agent.url, json=body, headers=headers))
         interval = agent_heartbeat_interval(spec.timeouts.heartbeat_seconds)
         try:
+            # The first heartbeat comes an interval in, not at once: the SDK sends the first
+            # one to the server straight away, and most POSTs are answered sooner.
             while not post.done():
                 remaining = deadline - time.time()
                 if remaining <= 0:
                     return AgentExit(exit_code=None, timed_out=True)
-                heartbeat({"url": agent.url})
                 await asyncio.wait({post}, timeout=min(interval, remaining))
+                if not post.done():
+                    heartbeat({"url": agent.url})
             response = post.result()
         except httpx.TransportError as err:
             raise agent_service_unavailable(f"agent service {agent.url}: {err!r}") from err

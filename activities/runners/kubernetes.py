@@ -32,7 +32,7 @@ from kr8s.asyncio.objects import Job, Secret
 
 from darl.activities.agent_contract import AgentContract
 from darl.activities.errors import agent_lost_error, agent_spec_error, agent_stopped_error
-from darl.activities.runners.base import AgentRunner, agent_heartbeat_interval
+from darl.activities.runners.base import AgentRunner, agent_deadline, agent_heartbeat_interval
 from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
@@ -42,7 +42,6 @@ from darl.workflows.contracts import (
     RolloutSpec,
 )
 from darl.workflows.heartbeats import Heartbeat
-from darl.workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
 
 log = logging.getLogger(__name__)
 
@@ -301,9 +300,7 @@ class KubernetesJobRunner(AgentRunner):
         name = handle.data["job"]
         api = await self.api()
         interval = agent_heartbeat_interval(spec.timeouts.heartbeat_seconds)
-        deadline = (
-            handle.started_at + spec.timeouts.agent_seconds + RUNNER_DEADLINE_GRACE.total_seconds()
-        )
+        deadline = agent_deadline(request)
         while True:
             heartbeat({"job": name})
             outcome, seen = await self._outcome(name, api)

@@ -24,7 +24,12 @@ import psutil
 
 from darl.activities.agent_contract import AgentContract, inherited_env
 from darl.activities.errors import agent_lost_error, agent_spec_error, agent_stopped_error
-from darl.activities.runners.base import LOG_TAIL_BYTES, AgentRunner, agent_heartbeat_interval
+from darl.activities.runners.base import (
+    LOG_TAIL_BYTES,
+    AgentRunner,
+    agent_deadline,
+    agent_heartbeat_interval,
+)
 from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
@@ -33,7 +38,6 @@ from darl.workflows.contracts import (
     LocalAgentSpec,
 )
 from darl.workflows.heartbeats import Heartbeat
-from darl.workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +193,7 @@ class LocalProcessRunner(AgentRunner):
             return AgentExit(exit_code=code, log_tail=_log_tail(attempt_dir))
         pid, create_time = int(handle.data["pid"]), float(handle.data["create_time"])
         timeouts = request.spec.timeouts
-        deadline = (
-            handle.started_at + timeouts.agent_seconds + RUNNER_DEADLINE_GRACE.total_seconds()
-        )
+        deadline = agent_deadline(request)
         interval = agent_heartbeat_interval(timeouts.heartbeat_seconds)
         while True:
             code = _read_exit_code(attempt_dir / EXIT_FILE)

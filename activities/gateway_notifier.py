@@ -1,0 +1,117 @@
+"""Closing an attempt at the gateway once its agent has ended: the gateway then refuses the
+attempt's calls and hands over its call events (rule 1), and says what DARL's infrastructure
+did to the attempt (rule 7)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import httpx
+from temporalio.exceptions import ApplicationError
+
+from darl.workflows.contracts import ModelCallEvent
+
+log = logging.getLogger(__name__)
+
+# How long await_agent keeps trying to close an attempt at the gateway before it fails (and
+# Temporal retries it: the agent has exited, so the retry only closes again).
+CLOSE_GIVE_UP_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class ClosedAttempt:
+    """What the gateway says of an attempt it closed."""
+
+    # What DARL's infrastructure did to it (rule 7): its 5xx answers, the gateway's outages.
+    incidents: list[str]
+    # Its model calls that got no answer (status, protocol, error), as the gateway recorded them.
+    failed_calls: list[str]
+    # Every call event of the attempt, read from the store, when the close was asked to return
+    # them and there were no more than asked; None when the gateway signalled them instead.
+    events: list[ModelCallEvent] | None = None
+
+
+class GatewayNotifier:
+    """Closes an attempt at the gateway once its agent has ended. The gateway then refuses the
+    attempt's calls and hands over its call events: in its answer, or signalled to the workflow
+    before it answers; await_agent returns only after that, so the workflow scores a complete
+    trajectory."""
+
+    def __init__(self, admin_url: str, admin_key: str, client: httpx.AsyncClient) -> None:
+        self._admin_url = admin_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {admin_key}"}
+        self._client = client
+
+    async def close_attempt(
+        self,
+        rollout_id: str,
+        attempt: int,
+        give_up_after: float,
+        started_at: float | None = None,
+        return_events_up_to: int = 0,
+    ) -> ClosedAttempt:
+        """Close the attempt; returns what DARL's infrastructure did to it while its agent ran
+        (since `started_at`, epoch seconds): the gateway's 5xx answers and outages; its model
+        calls that got no answer; and, with `return_events_up_to` > 0, its call events (at
+        most that many, else the gateway signals them). Idempotent: a retried close returns
+        the same events.
+
+        Retries while the gateway is unreachable or answers 5xx; raises ApplicationError
+        (retryable: the activity tries again) once `give_up_after` seconds have passed, and a
+        non-retryable one if the gateway refuses (a wrong admin key)."""
+        url = f"{self._admin_url}/admin/rollouts/{rollout_id}/attempts/{attempt}/close"
+        body: dict[str, object] = {} if started_at is None else {"started_at": started_at}
+        if return_events_up_to > 0:
+            body["return_events_up_to"] = return_events_up_to
+        deadline = time.monotonic() + give_up_after
+        delay = 0.5
+        while True:
+            try:
+                response = await self._client.post(
+                    url, json=body, headers=self._headers, timeout=30.0
+                )
+            except httpx.TransportError as err:
+                problem = repr(err)
+            else:
+                if response.status_code < 400:
+                    closed = response.json()
+                    events = closed.get("events")
+                    return ClosedAttempt(
+                        list(closed.get("infra_incidents") or []),
+                        list(closed.get("failed_calls") or []),
+                        None
+                        if events is None
+                        else [ModelCallEvent.model_validate(e) for e in events],
+                    )
+                if response.status_code in (400, 422) and "return_events_up_to" in body:
+                    # A gateway of the release before refuses the field: it signals the events.
+                    body.pop("return_events_up_to")
+                    continue
+                if response.status_code < 500:
+                    raise ApplicationError(
+                        f"gateway refused to close {rollout_id}/{attempt}: "
+                        f"{response.status_code} {response.text[:300]}",
+                        type="GatewayRefused",
+                        non_retryable=True,
+                    )
+                problem = f"{response.status_code} {response.text[:300]}"
+            if time.monotonic() + delay > deadline:
+                raise ApplicationError(
+                    f"could not close {rollout_id}/{attempt} at the gateway: {problem}",
+                    type="GatewayUnavailable",
+                )
+            log.warning("closing %s/%d at the gateway: %s; retrying", rollout_id, attempt, problem)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def was_closed(self, rollout_id: str, attempt: int) -> bool:
+        """Whether the gateway closed the attempt already (True too if it cannot tell)."""
+        url = f"{self._admin_url}/admin/rollouts/{rollout_id}/attempts/{attempt}"
+        try:
+            response = await self._client.get(url, headers=self._headers, timeout=10.0)
+        except httpx.TransportError:
+            return True
+        return response.status_code != 200 or bool(response.json().get("closed"))

@@ -1,0 +1,69 @@
+"""What RolloutWorkflow makes of an activity's failure and of the agent's reports: the cause
+in words, a rollout's cancellation, an earlier execution's result, a report merged into the
+last. Deterministic: used inside the workflow."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import overload
+
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+
+from darl.workflows.contracts import AgentReport, RolloutResult
+from darl.workflows.names import ROLLOUT_ALREADY_RAN_ERROR
+
+
+def cause_of(err: ActivityError) -> str:
+    cause = err.cause
+    return str(cause) if cause is not None else str(err)
+
+
+def raise_if_cancelled(err: ActivityError) -> None:
+    """A cancelled workflow cancels the activity it awaits, which then fails with a
+    CancelledError cause: that is the rollout's cancellation, not the activity's failure."""
+    if isinstance(err.cause, CancelledError):
+        raise asyncio.CancelledError from err
+
+
+def error_type(err: ActivityError) -> str | None:
+    cause = err.cause
+    return cause.type if isinstance(cause, ApplicationError) else None
+
+
+class RewardFailed(Exception):
+    """The reward function failed in await_agent (its message)."""
+
+
+class EarlierRun(Exception):
+    """This rollout id already has a result, from an earlier execution: it is the result."""
+
+    def __init__(self, result: RolloutResult) -> None:
+        super().__init__(result.rollout_id)
+        self.result = result
+
+
+def earlier_run(err: ActivityError) -> EarlierRun:
+    """The earlier execution's result carried by a RolloutAlreadyRan error, or, when it left
+    none (terminated, failed), a failure of this execution naming it (rule 7: a rollout id has
+    one result, and no workflow reports what it did not see)."""
+    cause = err.cause
+    details = cause.details if isinstance(cause, ApplicationError) else ()
+    if details and isinstance(details[0], dict):
+        return EarlierRun(RolloutResult.model_validate(details[0]))
+    raise ApplicationError(cause_of(err), type=ROLLOUT_ALREADY_RAN_ERROR, non_retryable=True)
+
+
+@overload
+def merged(earlier: AgentReport | None, later: AgentReport) -> AgentReport: ...
+@overload
+def merged(earlier: AgentReport | None, later: AgentReport | None) -> AgentReport | None: ...
+def merged(earlier: AgentReport | None, later: AgentReport | None) -> AgentReport | None:
+    """A later report overrides the fields it sets and keeps those it leaves out."""
+    if earlier is None or later is None:
+        return later or earlier
+    return AgentReport(
+        attempt=later.attempt or earlier.attempt,
+        reward=later.reward if later.reward is not None else earlier.reward,
+        answer=later.answer if later.answer is not None else earlier.answer,
+        metadata={**earlier.metadata, **later.metadata},
+    )
