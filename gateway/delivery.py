@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from darl.gateway.capture import count_tokens, finish_reason
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 Key = tuple[str, int]
 # The most call events one signal carries (a signal's payload is bounded, ~2 MB).
 SIGNAL_BATCH = 256
+# How many attempts' recovery the process remembers (see EventDelivery._recovered).
+RECOVERED_REMEMBERED = 100_000
 
 
 def event_of(record: CallRecord, ref: str) -> ModelCallEvent:
@@ -90,6 +93,11 @@ class EventDelivery:
         self._interval = interval_seconds
         self._retry = retry_seconds
         self._outboxes: dict[Key, _Outbox] = {}
+        # Attempts this process has looked in the store for (its first flush of each): what
+        # another process left is looked for once. Again at every flush, a replica would read
+        # the whole attempt each time another replica moved the delivered mark; what a replica
+        # still holds is its own to send, or the close's, which reads the store in full.
+        self._recovered: OrderedDict[Key, None] = OrderedDict()
 
     def enqueue(self, event: ModelCallEvent) -> None:
         """Queue a recorded call's event; a flush follows within the interval."""
@@ -123,6 +131,7 @@ class EventDelivery:
         events = await self._take_all(key, box, return_up_to) if return_up_to > 0 else None
         delivered = 0 if events is not None else await self._signal_all(key, box)
         self._outboxes.pop(key, None)
+        self._recovered.pop(key, None)
         self._store.forget(rollout_id, attempt)
         return Closed(delivered=delivered, events=events)
 
@@ -150,51 +159,48 @@ class EventDelivery:
             box.pending = []
             events = [event_of(r, self._store.ref(r)) for r in records]
             for start in range(0, len(events), SIGNAL_BATCH):
-                batch = events[start : start + SIGNAL_BATCH]
-                try:
-                    await self._registry.signal_calls(rollout_id, batch)
-                except GatewayError as err:
-                    if err.status == 409:
-                        log.warning(
-                            "dropping %d call event(s) of %s: the rollout has finished",
-                            len(events) - start,
-                            rollout_id,
-                        )
-                        return start
-                    raise
-                self._metrics.delivered_events.inc(len(batch))
-                self._metrics.delivery_signals.inc()
+                if not await self._signal(rollout_id, events[start : start + SIGNAL_BATCH]):
+                    return start
             if events:
                 await self._store.mark_delivered(rollout_id, attempt, events[-1].sequence)
             return len(events)
+
+    async def _signal(self, rollout_id: str, batch: list[ModelCallEvent]) -> bool:
+        """Signal a batch; False when the rollout has finished (the events are dropped, and
+        what is left of the attempt's with them). Raises GatewayError 503 otherwise."""
+        try:
+            await self._registry.signal_calls(rollout_id, batch)
+        except GatewayError as err:
+            if err.status != 409:
+                raise
+            log.warning("dropping call event(s) of %s: the rollout has finished", rollout_id)
+            return False
+        self._metrics.delivered_events.inc(len(batch))
+        self._metrics.delivery_signals.inc()
+        return True
 
     async def flush(self, key: Key) -> int:
         box = self._outboxes.get(key)
         if box is None:
             return 0
         async with box.lock:
-            if not box.recovered:
+            if not box.recovered and key not in self._recovered:
                 box.pending = await self._recover(key, box.pending) + box.pending
-                box.recovered = True
+                self._recovered[key] = None
+                while len(self._recovered) > RECOVERED_REMEMBERED:
+                    self._recovered.popitem(last=False)
+            box.recovered = True
             batch, box.pending = box.pending, []
             if not batch:
                 return 0
             rollout_id, attempt = key
             try:
-                await self._registry.signal_calls(rollout_id, batch)
-            except GatewayError as err:
-                if err.status == 409:
-                    log.warning(
-                        "dropping %d call event(s) of %s: the rollout has finished",
-                        len(batch),
-                        rollout_id,
-                    )
+                if not await self._signal(rollout_id, batch):
                     return 0
+            except GatewayError:
                 box.pending = batch + box.pending
                 raise
             await self._store.mark_delivered(rollout_id, attempt, max(e.sequence for e in batch))
-            self._metrics.delivered_events.inc(len(batch))
-            self._metrics.delivery_signals.inc()
             if not box.pending and box.timer is None and self._outboxes.get(key) is box:
                 # Nothing left: forget the box (a later call starts a new one; the delivered
                 # mark tells it there is nothing to recover), so memory follows live attempts.
