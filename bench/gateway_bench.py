@@ -38,11 +38,13 @@ from bench.load import (
     gateway_targets,
     idle_rollouts,
     scrape,
+    start_fake_upstream,
+    start_gateway,
+    start_worker,
     temporal_server_pid,
 )
 from bench.store_bench import compare_stores, start_s3_gateway
 from darl.activities.runners.local import stop_leftover_agents
-from darl.deploy.processes import ManagedProcess
 from darl.deploy.temporal_connection import DATA_CONVERTER
 from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import (
@@ -82,51 +84,23 @@ async def main(calls: int, clients: int, fsync: bool, rate: float) -> None:
         "PATH": str(bin_dir) + ":/usr/bin:/bin",
     }
     queue = f"bench-{uuid.uuid4().hex[:6]}"
-    upstream = ManagedProcess(
-        "fake-upstream",
-        [sys.executable, "-m", "bench.fake_upstream", "--ready-file", str(root / "up.json")],
-        root / "fake-upstream.log",
-        env=proc_env,
-        ready_file=root / "up.json",
-        cwd=Path(__file__).resolve().parents[1],
-    ).start()
+    upstream = start_fake_upstream(root, proc_env)
     processes = [upstream]
     try:
         upstream_url = upstream.wait_ready()["url"]
-        gateway = ManagedProcess.darl(
-            "gateway",
-            [
-                "gateway",
-                "--port",
-                "0",
-                "--upstream",
-                upstream_url,
-                "--model",
-                "fake",
-                "--store-dir",
-                str(root / "store"),
-                *(["--store-fsync"] if fsync else []),
-                *os.environ.get("BENCH_GATEWAY_ARGS", "").split(),
-            ],
+        gateway = start_gateway(
             root,
-            env=proc_env,
-        ).start()
+            proc_env,
+            "gateway",
+            upstream_url,
+            "--store-dir",
+            str(root / "store"),
+            *(["--store-fsync"] if fsync else []),
+            *os.environ.get("BENCH_GATEWAY_ARGS", "").split(),
+        )
         processes.append(gateway)
         gateway_url = gateway.wait_ready()["url"]
-        worker = ManagedProcess.darl(
-            "worker",
-            [
-                "worker",
-                "--gateway-url",
-                gateway_url,
-                "--agents-dir",
-                str(root / "agents"),
-                "--task-queue",
-                queue,
-            ],
-            root,
-            env=proc_env,
-        ).start()
+        worker = start_worker(root, proc_env, gateway_url, queue)
         processes.append(worker)
         worker.wait_ready()
         rollouts = await idle_rollouts(env, queue, clients)

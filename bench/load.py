@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import psutil
 from temporalio.testing import WorkflowEnvironment
 
+from darl.deploy.processes import ManagedProcess
 from darl.workflows.contracts import (
     LocalAgentSpec,
     RewardSpec,
@@ -140,3 +143,50 @@ def gateway_targets(gateway_url: str, rollouts: list[str]) -> list[tuple[str, di
         )
         for r in rollouts
     ]
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def start_fake_upstream(root: Path, env: dict[str, str]) -> ManagedProcess:
+    """The fast fake policy server every gateway benchmark forwards to (bench/fake_upstream)."""
+    ready = root / "up.json"
+    return ManagedProcess(
+        "fake-upstream",
+        [sys.executable, "-m", "bench.fake_upstream", "--ready-file", str(ready)],
+        root / "fake-upstream.log",
+        env=env,
+        ready_file=ready,
+        cwd=REPO,
+    ).start()
+
+
+def start_gateway(
+    root: Path, env: dict[str, str], name: str, upstream_url: str, *flags: str
+) -> ManagedProcess:
+    """A `darl gateway` on a free port in front of the fake upstream; `flags` pick its store
+    and the rest."""
+    return ManagedProcess.darl(
+        name,
+        ["gateway", "--port", "0", "--upstream", upstream_url, "--model", "fake", *flags],
+        root,
+        env=env,
+    ).start()
+
+
+def start_worker(root: Path, env: dict[str, str], gateway_url: str, queue: str) -> ManagedProcess:
+    """A rollout worker closing attempts at `gateway_url` (the idle rollouts need one)."""
+    return ManagedProcess.darl(
+        "worker",
+        [
+            "worker",
+            "--gateway-url",
+            gateway_url,
+            "--agents-dir",
+            str(root / "agents"),
+            "--task-queue",
+            queue,
+        ],
+        root,
+        env=env,
+    ).start()

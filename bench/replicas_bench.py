@@ -24,36 +24,24 @@ from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
-from bench.load import ADMIN, SECRET, Phase, cpu_seconds, drive, gateway_targets, idle_rollouts
+from bench.load import (
+    ADMIN,
+    SECRET,
+    Phase,
+    cpu_seconds,
+    drive,
+    gateway_targets,
+    idle_rollouts,
+    start_fake_upstream,
+    start_gateway,
+    start_worker,
+)
 from darl.activities.runners.local import stop_leftover_agents
 from darl.deploy.processes import ManagedProcess
 from darl.deploy.temporal_connection import DATA_CONVERTER
 from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import rollout_workflow_id
 from tests.haproxy import BY_ROLLOUT, HAProxy
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def start_gateway(root: Path, env: dict[str, str], instance: str, upstream: str) -> ManagedProcess:
-    return ManagedProcess.darl(
-        instance,
-        [
-            "gateway",
-            "--port",
-            "0",
-            "--upstream",
-            upstream,
-            "--model",
-            "fake",
-            "--store-dir",
-            str(root / "store"),
-            "--instance",
-            instance,
-        ],
-        root,
-        env=env,
-    ).start()
 
 
 async def main(calls: int, clients: int) -> None:
@@ -75,36 +63,25 @@ async def main(calls: int, clients: int) -> None:
     balancers: list[HAProxy] = []
     rollouts: list[str] = []
     try:
-        upstream = ManagedProcess(
-            "fake-upstream",
-            [sys.executable, "-m", "bench.fake_upstream", "--ready-file", str(root / "up.json")],
-            root / "fake-upstream.log",
-            env=proc_env,
-            ready_file=root / "up.json",
-            cwd=REPO,
-        ).start()
+        upstream = start_fake_upstream(root, proc_env)
         processes.append(upstream)
         upstream_url = upstream.wait_ready()["url"]
         gateways = {
-            name: start_gateway(root, proc_env, name, upstream_url)
+            name: start_gateway(
+                root,
+                proc_env,
+                name,
+                upstream_url,
+                "--store-dir",
+                str(root / "store"),
+                "--instance",
+                name,
+            )
             for name in ("gateway-a", "gateway-b")
         }
         processes += gateways.values()
         urls = {name: g.wait_ready()["url"] for name, g in gateways.items()}
-        worker = ManagedProcess.darl(
-            "worker",
-            [
-                "worker",
-                "--gateway-url",
-                urls["gateway-a"],
-                "--agents-dir",
-                str(root / "agents"),
-                "--task-queue",
-                queue,
-            ],
-            root,
-            env=proc_env,
-        ).start()
+        worker = start_worker(root, proc_env, urls["gateway-a"], queue)
         processes.append(worker)
         worker.wait_ready()
         one = HAProxy(root / "haproxy-one", [urls["gateway-a"]]).start()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
-from bench.load import Phase, cpu_seconds, drive, gateway_targets, idle_rollouts
+from bench.load import Phase, cpu_seconds, drive, gateway_targets, idle_rollouts, start_gateway
 from darl.deploy.processes import ManagedProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,24 +36,16 @@ def start_s3_gateway(
     ).start()
     processes.append(emulator)
     info = emulator.wait_ready()
-    gateway = ManagedProcess.darl(
-        "gateway-s3",
-        [
-            "gateway",
-            "--port",
-            "0",
-            "--upstream",
-            upstream_url,
-            "--model",
-            "fake",
-            "--store-url",
-            f"s3://{info['bucket']}/bench",
-            "--instance",
-            "gateway-s3",
-        ],
+    gateway = start_gateway(
         root,
-        env={**proc_env, **EMULATOR_ENV, "AWS_ENDPOINT_URL": info["url"]},
-    ).start()
+        {**proc_env, **EMULATOR_ENV, "AWS_ENDPOINT_URL": info["url"]},
+        "gateway-s3",
+        upstream_url,
+        "--store-url",
+        f"s3://{info['bucket']}/bench",
+        "--instance",
+        "gateway-s3",
+    )
     processes.append(gateway)
     return emulator, gateway, gateway.wait_ready()["url"]
 
