@@ -2,6 +2,7 @@
 server. Named as stubs: the real ones are tested end to end in tests/integration.
 
 A stub rollout takes its behaviour from its task: `duration` seconds (plus its member index),
+times `time_scale` (default 1; a test on the dev server runs in real time),
 `rewards` by member index, `fail_members` that end as failed_agent. It reports to the trainer
 exactly as the real RolloutWorkflow does (`rollout_finished`, also when cancelled).
 """
@@ -52,7 +53,8 @@ class StubRolloutWorkflow:
         k = _member(spec.rollout_id)
         task = spec.task
         try:
-            await workflow.sleep(timedelta(seconds=float(task.get("duration", 5)) + k))
+            seconds = (float(task.get("duration", 5)) + k) * float(task.get("time_scale", 1))
+            await workflow.sleep(timedelta(seconds=seconds))
         except asyncio.CancelledError:
             await self._report(spec, RolloutStatus.CANCELLED, None)
             raise
