@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from darl.activities.agent_contract import ContractIssuer
 from darl.activities.gateway_notifier import GatewayNotifier
@@ -67,6 +67,11 @@ def build_worker(
         workflows=[RolloutWorkflow],
         activities=activities.activities(),
         max_concurrent_activities=settings.max_concurrent_agents,
+        # Out of the sandbox: re-importing the workflow's module into a fresh sandbox for
+        # every rollout was half this worker's CPU per rollout (`make bench-training`). The
+        # module imports only temporalio and the contracts (docs/architecture.md), and the
+        # workflow tests run it in the sandbox, which would catch a non-deterministic call.
+        workflow_runner=UnsandboxedWorkflowRunner(),
         # Agents outlive a worker that stops: the next worker re-attaches to them.
         graceful_shutdown_timeout=timedelta(seconds=0),
     )
