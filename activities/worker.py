@@ -19,6 +19,7 @@ from darl.activities.runners.base import AgentRunner
 from darl.activities.runners.http import HttpAgentRunner
 from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
 from darl.activities.runners.local import LocalProcessRunner
+from darl.activities.trainer_reports import ReportActivities, TrainerReports
 from darl.workflows.names import ROLLOUT_TASK_QUEUE
 from darl.workflows.rollout_workflow import RolloutWorkflow
 
@@ -61,11 +62,12 @@ def build_worker(
     activities = RolloutActivities(
         runners, ContractIssuer(settings.gateway_url, settings.token_secret), client, notifier
     )
+    reports = ReportActivities(TrainerReports(client))
     return Worker(
         client,
         task_queue=settings.task_queue,
         workflows=[RolloutWorkflow],
-        activities=activities.activities(),
+        activities=[*activities.activities(), reports.report_rollout],
         max_concurrent_activities=settings.max_concurrent_agents,
         # Out of the sandbox: re-importing the workflow's module into a fresh sandbox for
         # every rollout was half this worker's CPU per rollout (`make bench-training`). The

@@ -3,9 +3,10 @@ actions a Temporal Cloud namespace bills (and rate-limits) for them.
 
 Actions counted: a workflow start (a continue-as-new is one too), each activity scheduled,
 each workflow task's local activities (Cloud bills one action per task that ran any), each
-signal sent (the gateway's to a rollout, a rollout's report to its trainer, whether sent from
-the workflow or from an activity through the client), each search-attribute upsert, each
-timer, and each heartbeat the server records. Heartbeats leave no event: they are estimated
+signal sent (the gateway's to a rollout, a rollout's report to its trainer: a signal-external
+is counted in the rollout's history, the rollout worker's batches of reports where the trainer
+received them), each search-attribute upsert, each timer, and each heartbeat the server
+records. Heartbeats leave no event: they are estimated
 from each heartbeating activity's run time and the SDK's throttle (the first heartbeat is sent
 at once, later ones at most once per 80% of the heartbeat timeout).
 """
@@ -94,8 +95,9 @@ def add_history(
     heartbeats: HeartbeatSchedule | None = None,
     own_signals_only: bool = False,
 ) -> None:
-    """Count one history into `cost`. `own_signals_only` leaves out the rollouts' reports a
-    trainer receives (counted as sent by each rollout)."""
+    """Count one history into `cost`. `own_signals_only` leaves out the rollouts' single
+    reports a trainer receives (counted as sent by each rollout's signal-external); the
+    worker's batches of reports are counted there."""
     events = list(events)
     cost.histories += 1
     cost.lengths.append(len(events))
@@ -130,8 +132,6 @@ def add_history(
                 if not local_in_task:
                     cost.actions["local activities (per task)"] += 1
                 local_in_task = True
-                if activity_type.endswith("report_rollout"):
-                    cost.actions["signal sent (report)"] += 1
         elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
             local_in_task = False
         elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
@@ -164,8 +164,11 @@ def report(rollouts: Cost, trainer: Cost, rollouts_started: int) -> float:
     for name, count in sorted(rollouts.actions.items()):
         own += rollouts.per_history(count)
         print(f"  {name:<48}{rollouts.per_history(count):>6.2f}")
-    share = sum(trainer.actions.values()) / max(rollouts_started, 1)
+    per = max(rollouts_started, 1)
+    share = sum(trainer.actions.values()) / per
     print(f"  {'the trainer workflow (its actions / rollouts)':<48}{share:>6.2f}")
+    for name, count in sorted(trainer.actions.items()):
+        print(f"    {name:<46}{count / per:>6.2f}")
     total = own + share
     print(
         f"  {'all':<48}{total:>6.2f}  -> a namespace limited to 500 actions/s sustains "

@@ -143,8 +143,11 @@ class RolloutTimeouts(Contract):
     retry_backoff_seconds: float = Field(default=5.0, ge=0)
 
 
-# RolloutSpec.revision of an attempt as one activity.
+# RolloutSpec.revisions: an attempt as one activity (2); the report to the trainer by a local
+# activity, batched with other rollouts' (3). What DARL's starters start.
 ONE_ACTIVITY_REVISION = 2
+LOCAL_REPORT_REVISION = 3
+CURRENT_REVISION = LOCAL_REPORT_REVISION
 
 
 class RolloutSpec(Contract):
@@ -161,12 +164,14 @@ class RolloutSpec(Contract):
     # A workflow id that gets a `rollout_finished` signal with the RolloutResult (the trainer).
     report_to: str | None = None
     # The command sequence the rollout's workflow runs; a history must replay under the code
-    # that recorded it. 2 (ONE_ACTIVITY_REVISION), what DARL's trainer and `darl rollout`
-    # start: an attempt is one activity (see AwaitRequest.one_activity). 1, the default, is
-    # what a spec that does not say meant to the releases before, so their rollouts replay.
-    # Chosen by the starter rather than by `workflow.patched`, whose marker and
-    # TemporalChangeVersion upsert would cost every rollout two history events.
-    revision: int = Field(default=1, ge=1, le=2)
+    # that recorded it. 3 (CURRENT_REVISION), what DARL's trainer and `darl rollout` start:
+    # an attempt is one activity (2, see AwaitRequest.one_activity) and the report to
+    # `report_to` is a local activity whose worker batches it with other rollouts' reports
+    # into one signal (in 2 a signal-external, its signalled event and a last workflow task).
+    # 1, the default, is what a spec that does not say meant to the releases before, so their
+    # rollouts replay. Chosen by the starter rather than by `workflow.patched`, whose marker
+    # and TemporalChangeVersion upsert would cost every rollout two history events.
+    revision: int = Field(default=1, ge=1, le=CURRENT_REVISION)
 
 
 class AgentReport(Contract):
@@ -269,6 +274,14 @@ class RolloutResult(Contract):
     # few of them said: status, protocol, error.
     failed_calls: int = 0
     failed_call_errors: list[str] = Field(default_factory=list)
+
+
+class RolloutReport(Contract):
+    """The `report_rollout` local activity's input: a finished rollout's result for the
+    workflow `report_to` (its trainer)."""
+
+    report_to: str
+    result: RolloutResult
 
 
 class RolloutProgress(Contract):

@@ -18,6 +18,8 @@ LAUNCH_AGENT = "launch_agent"
 AWAIT_AGENT = "await_agent"
 COMPUTE_REWARD = "compute_reward"
 STOP_AGENT = "stop_agent"
+# A local activity: the rollout's report to its trainer, batched with other rollouts' reports.
+REPORT_ROLLOUT = "report_rollout"
 
 # The TrainingWorkflow's activities (trainer worker).
 CHECK_RUN = "check_run"
@@ -33,10 +35,12 @@ RESTORE_WEIGHTS = "restore_weights"
 RECORD_STEP = "record_step"
 
 # Signals. The gateway sends a rollout its calls and its agent's reports; a rollout tells its
-# training run it finished; users pause, resume and stop a run.
+# training run it finished (one result by signal-external, or a worker's batch of results);
+# users pause, resume and stop a run.
 MODEL_CALLS_SIGNAL = "model_calls"
 AGENT_RESULT_SIGNAL = "agent_result"
 ROLLOUT_FINISHED_SIGNAL = "rollout_finished"
+ROLLOUTS_FINISHED_SIGNAL = "rollouts_finished"
 PAUSE_SIGNAL = "pause"
 RESUME_SIGNAL = "resume"
 STOP_SIGNAL = "stop"

@@ -6,7 +6,8 @@ fresh attempt; what the agent itself did (non-zero exit, timeout, no reward) is 
 
 What the server does per rollout bounds rollouts per second, so an attempt of an HTTP agent is
 one activity (`RolloutSpec.revision` 2): await_agent enforces the timeout and returns the calls the
-gateway's close handed over and the reward it computed.
+gateway's close handed over and the reward it computed; and the report to the trainer is a local
+activity in the last workflow task (revision 3), which the worker batches with other rollouts'.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
 
     from darl.workflows import search_attributes as sa
     from darl.workflows.contracts import (
+        LOCAL_REPORT_REVISION,
         ONE_ACTIVITY_REVISION,
         AgentExit,
         AgentHandle,
@@ -35,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         ModelCallEvent,
         RewardRequest,
         RolloutProgress,
+        RolloutReport,
         RolloutResult,
         RolloutSpec,
         TrajectorySummary,
@@ -48,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         COMPUTE_REWARD,
         LAUNCH_AGENT,
         MODEL_CALLS_SIGNAL,
+        REPORT_ROLLOUT,
         ROLLOUT_ALREADY_RAN_ERROR,
         ROLLOUT_FINISHED_SIGNAL,
         ROLLOUT_WORKFLOW,
@@ -80,6 +84,15 @@ BRIEF_STATUSES = frozenset({RolloutStatus.LAUNCHING, RolloutStatus.SCORING})
 RUNNER_DEADLINE_GRACE = timedelta(seconds=60)
 # How many failed model calls a RolloutResult says in words (it counts them all).
 FAILED_CALLS_SHOWN = 5
+# The report's local activity: each try is a signal's round trip (batched), retried while the
+# trainer's Temporal is unreachable; past the last try the trainer looks the rollout up
+# (`reconcile_after_seconds`).
+REPORT_TRY_TIMEOUT = timedelta(seconds=30)
+REPORT_RETRIES = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=10,
+)
 
 
 # A ValidationError is input no retry can fix (a RolloutSpec the temporal CLI sent that does
@@ -118,6 +131,7 @@ class RolloutWorkflow:
         # no model_calls signal at the end), and RUNNING is left to the status query on a
         # first attempt.
         self._one_activity = spec.revision >= ONE_ACTIVITY_REVISION
+        self._local_report = spec.revision >= LOCAL_REPORT_REVISION
 
     # --- the story ---------------------------------------------------------------------
 
@@ -365,19 +379,30 @@ class RolloutWorkflow:
 
     async def _report(self, result: RolloutResult) -> None:
         """Tell the trainer (if any). A trainer that is gone does not undo the rollout.
-        Awaited: a signal still in flight when the workflow completes is dropped by the dev
-        server (and locks the time-skipping test server's clock). Not a local activity that
-        signals through the client: that holds the rollout's workflow task open for the
-        signal's round trip, and signals to the one trainer workflow queue for its lock (seen
-        at 10 s a signal in `make bench-training`, workflow tasks timing out); the server's
-        own signal-external queues without holding any worker."""
-        if not self._spec.report_to:
+
+        Before the workflow completes: the server drops a signal-external still in flight
+        when its workflow completes. In revision 3 a local activity sends it through the
+        worker's client, batched with the other rollouts' reports to the same trainer (one
+        signal, and one wait for the trainer's lock, per batch rather than per rollout), in
+        this last workflow task: no signal-external, no signalled event, no workflow task
+        after it. A workflow task that is retried reports the same result again, which the
+        trainer counts as a duplicate. Revision 2 awaits a signal-external."""
+        report_to = self._spec.report_to
+        if not report_to:
             return
-        handle = workflow.get_external_workflow_handle(self._spec.report_to)
         try:
-            await handle.signal(ROLLOUT_FINISHED_SIGNAL, result)
+            if self._local_report:
+                await workflow.execute_local_activity(
+                    REPORT_ROLLOUT,
+                    RolloutReport(report_to=report_to, result=result),
+                    start_to_close_timeout=REPORT_TRY_TIMEOUT,
+                    retry_policy=REPORT_RETRIES,
+                )
+            else:
+                handle = workflow.get_external_workflow_handle(report_to)
+                await handle.signal(ROLLOUT_FINISHED_SIGNAL, result)
         except FailureError as err:
-            workflow.logger.warning("could not report to %s: %s", self._spec.report_to, err)
+            workflow.logger.warning("could not report to %s: %s", report_to, err)
 
     # --- signals and queries -------------------------------------------------------------
 

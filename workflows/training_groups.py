@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass
 from enum import StrEnum
 
-from darl.workflows.contracts import ONE_ACTIVITY_REVISION, RolloutMode, RolloutResult, RolloutSpec
+from darl.workflows.contracts import CURRENT_REVISION, RolloutMode, RolloutResult, RolloutSpec
 from darl.workflows.rollout_status import RolloutStatus
 from darl.workflows.training_config import TrainingConfig, TrainingMode
 from darl.workflows.training_messages import (
@@ -117,7 +117,7 @@ class GroupBook:
                     policy_version=state.policy_version,
                     max_attempts=rollout.max_attempts,
                     report_to=report_to,
-                    revision=ONE_ACTIVITY_REVISION,
+                    revision=CURRENT_REVISION,
                 )
                 for rollout_id in rollout_ids
             ]

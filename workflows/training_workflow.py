@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         RESTORE_WEIGHTS,
         RESUME_SIGNAL,
         ROLLOUT_FINISHED_SIGNAL,
+        ROLLOUTS_FINISHED_SIGNAL,
         START_ROLLOUTS,
         STATUS_QUERY,
         STOP_SIGNAL,
@@ -544,6 +545,12 @@ class TrainingWorkflow:
     @workflow.signal(name=ROLLOUT_FINISHED_SIGNAL)
     def rollout_finished(self, result: RolloutResult) -> None:
         self._book.record(result)
+
+    @workflow.signal(name=ROLLOUTS_FINISHED_SIGNAL)
+    def rollouts_finished(self, results: list[RolloutResult]) -> None:
+        """Reports a rollout worker batched (rollouts of revision 3)."""
+        for result in results:
+            self._book.record(result)
 
     @workflow.signal(name=PAUSE_SIGNAL)
     def pause(self) -> None:

@@ -1,10 +1,11 @@
-"""A stand-in for the trainer in workflow tests: it collects `rollout_finished` signals."""
+"""A stand-in for the trainer in workflow tests: it collects `rollout_finished` signals and
+the rollout worker's batched `rollouts_finished`."""
 
 from __future__ import annotations
 
 from temporalio import workflow
 
-from darl.workflows.names import ROLLOUT_FINISHED_SIGNAL
+from darl.workflows.names import ROLLOUT_FINISHED_SIGNAL, ROLLOUTS_FINISHED_SIGNAL
 
 with workflow.unsafe.imports_passed_through():
     from darl.workflows.contracts import RolloutResult
@@ -24,3 +25,7 @@ class CollectorWorkflow:
     @workflow.signal(name=ROLLOUT_FINISHED_SIGNAL)
     def rollout_finished(self, result: RolloutResult) -> None:
         self.results.append(result)
+
+    @workflow.signal(name=ROLLOUTS_FINISHED_SIGNAL)
+    def rollouts_finished(self, results: list[RolloutResult]) -> None:
+        self.results.extend(results)

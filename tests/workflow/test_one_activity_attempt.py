@@ -1,7 +1,8 @@
-"""An HTTP agent's attempt as one activity (RolloutSpec.revision 2), on the
-time-skipping server with the real rollout worker: the close's call events come back in
-await_agent's result, the reward is computed there, the runner keeps the rollout timeout, and
-histories of the release before still replay."""
+"""An HTTP agent's attempt as one activity (RolloutSpec.revision 2) and the report to the
+trainer as a local activity (revision 3), on the time-skipping server with the real rollout
+worker: the close's call events come back in await_agent's result, the reward is computed there,
+the runner keeps the rollout timeout, the report rides in the last workflow task, and histories
+of the releases before still replay."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from darl.activities.worker import RolloutWorkerSettings, build_worker
 from darl.deploy.temporal_connection import DATA_CONVERTER
 from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import (
-    ONE_ACTIVITY_REVISION,
+    CURRENT_REVISION,
     AgentReport,
     HttpAgentSpec,
     ModelCallEvent,
@@ -50,7 +51,7 @@ def http_spec(rollout_id: str | None = None, **overrides: object) -> RolloutSpec
         "agent": HttpAgentSpec(url="http://agent.test/rollouts"),
         "reward": RewardSpec(function="numeric_match"),
         "timeouts": RolloutTimeouts(agent_seconds=30, heartbeat_seconds=2),
-        "revision": ONE_ACTIVITY_REVISION,
+        "revision": CURRENT_REVISION,
     }
     values.update(overrides)
     return RolloutSpec(**values)
@@ -145,16 +146,61 @@ async def test_the_close_s_events_and_the_reward_come_back_in_one_activity(
     assert stack.closes == [
         {"started_at": stack.closes[0]["started_at"], "return_events_up_to": 256}
     ]
-    # One activity, no timer, no signal, no patch marker, one upsert (the final status): 13
-    # events (a report to a trainer adds its signal-external, the signalled event and a
-    # workflow task: 5 more).
+    # One activity, no timer, no signal, no patch marker, one upsert (the final status): 12
+    # events (a report to a trainer adds its local activity's marker: 1 more).
     assert scheduled_activities(history) == ["await_agent"]
     types = event_types(history)
     assert "EVENT_TYPE_TIMER_STARTED" not in types
     assert "EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED" not in types
     assert "EVENT_TYPE_MARKER_RECORDED" not in types
     assert types.count("EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES") == 1, types
-    assert len(types) <= 13, types
+    assert len(types) == 12, types
+
+
+async def test_the_report_to_the_trainer_rides_in_the_last_workflow_task(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """The trainer gets exactly the workflow's result, from the report_rollout local activity
+    in the workflow task that completes the rollout: no signal-external, no signalled event,
+    no workflow task after it (13 events where revision 2 took 17)."""
+    stack = FakeStack([])
+    async with worker(time_skipping_env, tmp_path, stack) as queue:
+        trainer = await time_skipping_env.client.start_workflow(
+            CollectorWorkflow.run,
+            1,
+            id=f"trainer-{uuid.uuid4().hex[:8]}",
+            task_queue=queue + "-collector",
+        )
+        s = http_spec(report_to=trainer.id)
+        stack.events = [call_event(s, "c0", 0)]
+        handle = await start(time_skipping_env, s, queue)
+        result = await asyncio.wait_for(handle.result(), TIMEOUT)
+        reported = await asyncio.wait_for(trainer.result(), TIMEOUT)
+        history = await handle.fetch_history()
+    assert result.status == RolloutStatus.SUCCEEDED and result.call_ids == ["c0"]
+    assert reported == [result]
+    types = event_types(history)
+    assert "EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED" not in types
+    assert types.count("EVENT_TYPE_MARKER_RECORDED") == 1
+    assert types.count("EVENT_TYPE_WORKFLOW_TASK_COMPLETED") == 2
+    assert types[-4:] == [
+        "EVENT_TYPE_WORKFLOW_TASK_COMPLETED",
+        "EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES",
+        "EVENT_TYPE_MARKER_RECORDED",
+        "EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED",
+    ], types
+    assert len(types) == 13, types
+
+
+async def test_a_report_to_a_trainer_that_is_gone_does_not_undo_the_rollout(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    s = http_spec(report_to="trainer-that-never-ran")
+    stack = FakeStack([call_event(s, "c0", 0)])
+    async with worker(time_skipping_env, tmp_path, stack) as queue:
+        handle = await start(time_skipping_env, s, queue)
+        result = await asyncio.wait_for(handle.result(), TIMEOUT)
+    assert result.status == RolloutStatus.SUCCEEDED and result.reward == 1.0
 
 
 async def test_a_retried_close_neither_duplicates_nor_loses_a_call(
@@ -218,13 +264,15 @@ async def test_a_report_that_came_by_signal_is_scored_by_compute_reward(
 
 
 async def test_histories_of_the_release_before_replay() -> None:
-    """Recorded by the release before (revision 1: an HTTP agent scored by compute_reward
-    and reported by a signal-external, and a rollout the workflow's timer timed out): they
-    replay on the current code, which takes their old command sequence."""
+    """Recorded by the releases before (revision 1: an HTTP agent scored by compute_reward
+    and reported by a signal-external, and a rollout the workflow's timer timed out; revision
+    2: the attempt as one activity, reported by a signal-external): they replay on the current
+    code, which takes their old command sequence."""
     replayer = Replayer(workflows=[RolloutWorkflow], data_converter=DATA_CONVERTER)
     for name, rollout_id in (
         ("http_rollout_before_patch", "recorded-http"),
         ("timed_out_rollout_before_patch", "recorded-timeout"),
+        ("http_rollout_revision_2", "recorded-http-2"),
     ):
         history = WorkflowHistory.from_json(
             rollout_workflow_id(rollout_id), (HISTORIES / f"{name}.json").read_text()
