@@ -46,6 +46,8 @@ class Dropped(StrEnum):
 
 # Rollouts per minute is measured over this many steps back.
 RATE_WINDOW_STEPS = 3
+# A group id is `<run>.e<epoch>.t<position>` (train) or `<run>.v<step>.t<position>` (validation).
+POSITION_MARK = ".t"
 
 
 def _trainable(result: RolloutResult) -> bool:
@@ -92,7 +94,7 @@ class GroupBook:
         specs: list[RolloutSpec] = []
         for row in rows:
             where = f"v{state.step}" if mode == RolloutMode.VAL else f"e{row.epoch}"
-            group_id = f"{config.run_id}.{where}.t{row.position}"
+            group_id = f"{config.run_id}.{where}{POSITION_MARK}{row.position}"
             rollout_ids = [f"{group_id}.{k}" for k in range(size)]
             self.add_group(
                 GroupState(
@@ -141,12 +143,12 @@ class GroupBook:
         return sum(1 for g in self.state.groups.values() if g.pending and g.mode == mode)
 
     def record(self, result: RolloutResult) -> None:
-        """A rollout's report. Duplicates (a retried signal) and strangers are counted."""
+        """A rollout's report. Duplicates (a report sent again: a rollout's last workflow task
+        retried after its report went out) and strangers are counted."""
         counters = self.state.counters
         group_id = self._owner.pop(result.rollout_id, None)
         if group_id is None:
-            group = self.state.groups.get(result.group_id)
-            if group is not None and any(r.rollout_id == result.rollout_id for r in group.results):
+            if self._reported_before(result):
                 counters.duplicate_reports += 1
             else:
                 counters.unknown_reports += 1
@@ -164,6 +166,28 @@ class GroupBook:
             self.state.failed_in_a_row = 0
         if not group.pending:
             self._complete(group)
+
+    def _reported_before(self, result: RolloutResult) -> bool:
+        group = self.state.groups.get(result.group_id)
+        if group is None:
+            return self._closed_earlier(result.group_id)
+        return any(r.rollout_id == result.rollout_id for r in group.results)
+
+    def _closed_earlier(self, group_id: str) -> bool:
+        """Whether this run opened `group_id` and has closed it since (trained, dropped or
+        validated), read off the id: a train group's place in the dataset is behind the
+        cursor, a validation group's step is done."""
+        prefix = f"{self.config.run_id}."
+        if not group_id.startswith(prefix):
+            return False
+        where, mark, position = group_id[len(prefix) :].partition(POSITION_MARK)
+        kind, number = where[:1], where[1:]
+        if not (mark and position.isdigit() and number.isdigit()):
+            return False
+        if kind == "e":
+            state = self.state
+            return (int(number), int(position)) < (state.epoch, state.cursor)
+        return kind == "v" and int(number) <= self.state.step
 
     def record_lost(self, rollout_id: str, why: str) -> None:
         """A rollout that closed without reporting (terminated by hand): an infra failure."""

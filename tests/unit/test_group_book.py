@@ -178,6 +178,25 @@ def test_duplicate_and_unknown_reports_change_nothing_but_their_counters():
     assert counters.ended() == 0 and counters.rollouts_started == GROUP
 
 
+def test_a_report_again_after_its_group_trained_is_a_duplicate_not_a_stranger():
+    """A rollout's last workflow task retried after its report went out reports again, maybe
+    after its group was trained: the book knows the group by its id (behind the cursor)."""
+    b = book()
+    ids = open_train_group(b, position=0)
+    b.state.epoch, b.state.cursor = 0, 1  # as read_tasks leaves it
+    for rollout_id in ids:
+        b.record(result(rollout_id, float(rollout_id.endswith(".0"))))
+    b.take_batch()
+    assert "r.e0.t0" not in b.state.groups
+    b.record(result(ids[1]))
+    b.record(result("r.e0.t1.0"))  # not read yet: a stranger
+    b.record(result("r.v0.t0.0", mode=RolloutMode.VAL))  # step 0 was validated
+    b.record(result("r.v1.t0.0", mode=RolloutMode.VAL))  # step 1 is to come
+    b.record(result("other.e0.t0.0"))
+    counters = b.state.counters
+    assert counters.duplicate_reports == 2 and counters.unknown_reports == 3
+
+
 def test_a_rollout_lost_without_a_report_is_an_infra_failure():
     b = book()
     ids = open_train_group(b)
