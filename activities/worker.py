@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -39,18 +41,24 @@ class RolloutWorkerSettings:
     kubernetes: KubernetesSettings | None = None
 
 
-def build_worker(
+@contextlib.asynccontextmanager
+async def build_worker(
     client: Client,
     settings: RolloutWorkerSettings,
     http_client: httpx.AsyncClient,
     runners: dict[str, AgentRunner] | None = None,
-) -> Worker:
+) -> AsyncIterator[Worker]:
+    """The running worker. `http_client` is for the gateway's admin API; agent HTTP services
+    get a pool of their own (an attempt holds its connection while its agent runs)."""
     # The gateway's admin calls (closing an attempt) join the rollout's trace.
     HTTPXClientInstrumentor().instrument_client(http_client)
+    owned: HttpAgentRunner | None = None
     if runners is None:
+        owned = HttpAgentRunner(max_attempts=settings.max_concurrent_agents)
+        HTTPXClientInstrumentor().instrument_client(owned.client)
         runners = {
             LocalProcessRunner.kind: LocalProcessRunner(settings.agents_dir),
-            HttpAgentRunner.kind: HttpAgentRunner(http_client),
+            HttpAgentRunner.kind: owned,
         }
         if settings.kubernetes is not None:
             runners[KubernetesJobRunner.kind] = KubernetesJobRunner(settings.kubernetes)
@@ -63,7 +71,7 @@ def build_worker(
         runners, ContractIssuer(settings.gateway_url, settings.token_secret), client, notifier
     )
     reports = ReportActivities(TrainerReports(client))
-    return Worker(
+    worker = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=[RolloutWorkflow],
@@ -77,3 +85,9 @@ def build_worker(
         # Agents outlive a worker that stops: the next worker re-attaches to them.
         graceful_shutdown_timeout=timedelta(seconds=0),
     )
+    try:
+        async with worker:
+            yield worker
+    finally:
+        if owned is not None:
+            await owned.aclose()

@@ -40,6 +40,10 @@ from darl.workflows.contracts import (
 )
 from darl.workflows.heartbeats import Heartbeat
 
+# The POST lasts as long as the agent runs: no read or pool timeout (the runner keeps the
+# rollout's deadline itself), whatever the client's default (a worker's shared client's 60 s
+# read timeout would end every longer attempt with a retry that POSTs it again).
+AGENT_POST_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None)
 # Statuses that say the service (or what fronts it) is unavailable, not that the agent failed.
 _UNAVAILABLE = frozenset({502, 503, 504})
 # The service accepted the attempt and lost it (it restarted): never run it again.
@@ -50,8 +54,15 @@ REPORT_FIELDS = ("reward", "answer", "metadata")
 class HttpAgentRunner(AgentRunner):
     kind = "http"
 
-    def __init__(self, client: httpx.AsyncClient | None = None) -> None:
-        self._client = client or httpx.AsyncClient(timeout=None)
+    def __init__(self, client: httpx.AsyncClient | None = None, max_attempts: int = 256) -> None:
+        """`client` is borrowed (not closed here); without one the runner keeps a pool of its
+        own with room for `max_attempts` attempts at once, each holding a connection for as
+        long as its agent runs (httpx's default pool of 100 would queue the rest)."""
+        self._owns_client = client is None
+        self.client = client or httpx.AsyncClient(
+            timeout=AGENT_POST_TIMEOUT,
+            limits=httpx.Limits(max_connections=max_attempts, max_keepalive_connections=32),
+        )
 
     async def launch(self, request: LaunchRequest, contract: AgentContract) -> AgentHandle:
         agent = request.spec.agent
@@ -92,7 +103,9 @@ class HttpAgentRunner(AgentRunner):
         headers = {**agent.headers, "Idempotency-Key": f"{spec.rollout_id}/{request.attempt}"}
         if contract.traceparent:
             headers["traceparent"] = contract.traceparent
-        post = asyncio.ensure_future(self._client.post(agent.url, json=body, headers=headers))
+        post = asyncio.ensure_future(
+            self.client.post(agent.url, json=body, headers=headers, timeout=AGENT_POST_TIMEOUT)
+        )
         interval = agent_heartbeat_interval(spec.timeouts.heartbeat_seconds)
         try:
             # The first heartbeat comes an interval in, not at once: the SDK sends the first
@@ -123,7 +136,8 @@ class HttpAgentRunner(AgentRunner):
         return None
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._owns_client:
+            await self.client.aclose()
 
     @staticmethod
     def _exit_from(response: httpx.Response) -> AgentExit:

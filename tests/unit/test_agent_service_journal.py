@@ -245,8 +245,11 @@ async def test_the_state_dir_can_come_from_the_environment(
 ISSUER = ContractIssuer("http://gateway.test", b"secret")
 
 
-async def run_attempt(url: str, rollout: str = "r1", attempt: int = 1) -> Any:
-    """What the await_agent activity does with an http agent: POST the attempt and wait."""
+async def run_attempt(
+    url: str, rollout: str = "r1", attempt: int = 1, client: httpx.AsyncClient | None = None
+) -> Any:
+    """What the await_agent activity does with an http agent: POST the attempt and wait
+    (through `client` when given, as a worker sharing its client does)."""
     spec = RolloutSpec(
         run_id="run1",
         rollout_id=rollout,
@@ -258,7 +261,7 @@ async def run_attempt(url: str, rollout: str = "r1", attempt: int = 1) -> Any:
         kind="http", rollout_id=rollout, attempt=attempt, started_at=time.time(), data={}
     )
     contract = ISSUER.issue(spec, attempt, None, {})
-    runner = HttpAgentRunner()
+    runner = HttpAgentRunner(client)
     try:
         request = AwaitRequest(spec=spec, attempt=attempt, handle=handle)
         return await asyncio.wait_for(runner.wait(request, contract, lambda *_: None), WAIT)
@@ -277,6 +280,24 @@ async def test_the_runner_takes_a_200_as_the_agents_report(tmp_path: Path) -> No
     assert (request.rollout_id, request.attempt) == ("r1", 1)
     assert request.openai_base_url == "http://gateway.test/rollouts/r1/v1"
     assert request.api_key.startswith("darl")
+
+
+async def test_an_agent_outlasting_the_clients_read_timeout_is_posted_once(
+    tmp_path: Path,
+) -> None:
+    """The POST waits as long as the agent runs, whatever the client's own timeout (a worker
+    that shares its client made every attempt longer than that a retry POSTing it again)."""
+    service = CountingService(tmp_path / "state", hold=True)
+    async with (
+        serving(service, tmp_path, "agent") as served_client,
+        httpx.AsyncClient(timeout=httpx.Timeout(0.2)) as short,
+    ):
+        attempt = asyncio.create_task(run_attempt(str(served_client.base_url), client=short))
+        await asyncio.wait_for(service.entered.wait(), WAIT)
+        await asyncio.sleep(1.0)  # five read timeouts of the client
+        service.release.set()
+        done = await attempt
+    assert done.exit_code == 0 and service.handled == 1 and service.solved == 1
 
 
 async def test_the_runner_takes_a_500_as_the_agents_failure(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from temporalio.client import WorkflowHandle, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
+from darl.activities.runners.http import HttpAgentRunner
 from darl.activities.worker import RolloutWorkerSettings, build_worker
 from darl.deploy.temporal_connection import DATA_CONVERTER
 from darl.workflows import search_attributes as sa
@@ -102,7 +103,9 @@ async def worker(env: WorkflowEnvironment, tmp_path: Path, stack: FakeStack) -> 
     )
     async with (
         httpx.AsyncClient(transport=httpx.MockTransport(stack.handle)) as http,
-        build_worker(env.client, settings, http) as rollout_worker,
+        build_worker(
+            env.client, settings, http, runners={"http": HttpAgentRunner(http)}
+        ) as rollout_worker,
         Worker(env.client, task_queue=queue + "-collector", workflows=[CollectorWorkflow]),
     ):
         yield rollout_worker.task_queue
