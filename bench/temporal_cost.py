@@ -70,6 +70,9 @@ class Cost:
     events: Counter[str] = field(default_factory=Counter)
     actions: Counter[str] = field(default_factory=Counter)
     lengths: list[int] = field(default_factory=list)
+    # How long each workflow task that ran local activities was held (started -> completed):
+    # a rollout's report waits for its batch's signal there.
+    local_task_seconds: list[float] = field(default_factory=list)
 
     def per_history(self, count: float) -> float:
         return count / max(self.histories, 1)
@@ -103,11 +106,16 @@ def add_history(
     cost.lengths.append(len(events))
     started: dict[int, HistoryEvent] = {}
     scheduled: dict[int, HistoryEvent] = {}
+    # A task's commands (a local activity's marker among them) follow its completed event.
     local_in_task = False
+    task_started: HistoryEvent | None = None
+    task_held = 0.0
     for event in events:
         name = _name(event)
         cost.events[name] += 1
         kind = event.event_type
+        if kind == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            task_started = event
         if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
             # Each run of a continue-as-new chain starts with its own.
             cost.actions["workflow start"] += 1
@@ -131,8 +139,12 @@ def add_history(
             if activity_type is not None:
                 if not local_in_task:
                     cost.actions["local activities (per task)"] += 1
+                    cost.local_task_seconds.append(task_held)
                 local_in_task = True
         elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            if task_started is not None:
+                held = event.event_time.ToDatetime() - task_started.event_time.ToDatetime()
+                task_held = held.total_seconds()
             local_in_task = False
         elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             signal = event.workflow_execution_signaled_event_attributes.signal_name
@@ -159,6 +171,12 @@ def report(rollouts: Cost, trainer: Cost, rollouts_started: int) -> float:
     )
     for name, count in rollouts.events.most_common():
         print(f"  {name:<48}{rollouts.per_history(count):>6.2f}")
+    held = sorted(rollouts.local_task_seconds)
+    if held:
+        print(
+            f"  a workflow task running the report (local activity) was held "
+            f"{1000 * statistics.median(held):.0f} ms median, {1000 * held[-1]:.0f} ms at most"
+        )
     print("Temporal actions per trained rollout:")
     own = 0.0
     for name, count in sorted(rollouts.actions.items()):
