@@ -6,7 +6,8 @@ history is seen across several runs) on a dev stack of its own, on ports beside 
 dev stack's. Reports per step the gateway's pause for the weight sync and rollouts per minute;
 overall rollouts/s; per trained rollout its history events by type and the Temporal actions
 they cost (`bench/temporal_cost.py`), and so the rollouts/s a namespace limited to 500 actions/s
-sustains; each trainer run's history length; and each process's CPU seconds per rollout.
+sustains; each trainer run's history length; each process's CPU seconds per rollout; and the
+server CPU of a bare one-activity workflow on the same server (the floor under any rollout).
 
     .venv/bin/python -m bench.training_bench [--steps 12] [--continue-as-new-after 1000]
 """
@@ -27,6 +28,7 @@ import psutil
 from rich.console import Console
 from temporalio.client import Client, WorkflowExecutionStatus
 
+from bench.bare_workflow import Floor, measure_floor, report_floor
 from bench.temporal_cost import (
     Cost,
     HeartbeatSchedule,
@@ -69,6 +71,8 @@ class Figures:
     server: ServerCounts | None
     # Each failed rollout's status and error: an undisturbed run should have none.
     failures: list[str]
+    # A bare one-activity workflow on the same server, measured after the run.
+    floor: Floor
 
 
 def cpu_seconds(pid: int) -> float:
@@ -84,6 +88,10 @@ def server_counts(stack: DevStack) -> ServerCounts | None:
         return None
     with urllib.request.urlopen(url, timeout=10) as answer:
         return parse_server_counts(answer.read().decode())
+
+
+def temporal_pid(stack: DevStack) -> int:
+    return next(process.pid for process in stack.processes if process.name == "temporal")
 
 
 def stack_cpu(stack: DevStack) -> dict[str, float]:
@@ -174,6 +182,7 @@ async def measure(stack: DevStack, steps: int, continue_after: int, sample: int)
         cpu_seconds={name: cpu_after[name] - cpu_before[name] for name in cpu_after},
         server=server_after.minus(server_before) if server_after and server_before else None,
         failures=await failures(client, run_id),
+        floor=await measure_floor(client, temporal_pid(stack)),
     )
 
 
@@ -208,6 +217,7 @@ def report(figures: Figures, continue_after: int) -> None:
     print(f"  {'all':<16}{used:>8.1f} s  {used / max(rollouts, 1) * 1000:>7.1f} ms/rollout")
     if figures.server is not None:
         report_server(figures.server, rollouts)
+    report_floor(figures.floor, figures.cpu_seconds["temporal"] / max(rollouts, 1) * 1000)
     print(f"Rollouts/s of the run: {rollouts / figures.seconds:.1f}")
 
 
