@@ -161,7 +161,8 @@ class RolloutSpec(Contract):
     timeouts: RolloutTimeouts = Field(default_factory=RolloutTimeouts)
     policy_version: int = 0
     max_attempts: int = Field(default=3, ge=1, le=20)
-    # A workflow id that gets a `rollout_finished` signal with the RolloutResult (the trainer).
+    # A workflow id told the RolloutResult (the trainer): in a `rollouts_finished` signal the
+    # rollout worker batches (revision 3), or a `rollout_finished` signal-external.
     report_to: str | None = None
     # The command sequence the rollout's workflow runs; a history must replay under the code
     # that recorded it. 3 (CURRENT_REVISION), what DARL's trainer and `darl rollout` start:
