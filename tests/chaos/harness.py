@@ -254,10 +254,14 @@ class ChaosRun:
             return p.step >= kill.from_step
 
         if kill.when == ROLLING_OUT:
+            # Agents at work and the gateway serving them: in async mode that is while the run
+            # rolls out and while it trains. Not the rolling-out phase alone: when a step's
+            # batch is complete by the time the step before has synced, the run goes from
+            # rolling out to training in one workflow task, and no query ever sees the phase.
             await self._until(
                 lambda p: (
                     from_step(p)
-                    and p.phase == TrainingPhase.ROLLING_OUT
+                    and p.phase in (TrainingPhase.ROLLING_OUT, TrainingPhase.TRAINING)
                     and p.inflight_rollouts >= 8
                 ),
                 "rollouts in flight",
