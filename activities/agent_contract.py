@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from darl.workflows.contracts import RolloutSpec
-from darl.workflows.rollout_token import TokenClaims, mint_token
+from darl.workflows.rollout_token import ReplayClaim, TokenClaims, mint_token
 
 # The token outlives the rollout timeout by this much, so a slow last call is not refused.
 TOKEN_SLACK_SECONDS = 300
@@ -93,8 +93,24 @@ class ContractIssuer:
     token_secret: bytes
 
     def issue(
-        self, spec: RolloutSpec, attempt: int, traceparent: str | None, env_map: Mapping[str, str]
+        self,
+        spec: RolloutSpec,
+        attempt: int,
+        traceparent: str | None,
+        env_map: Mapping[str, str],
+        replay_from: int | None = None,
     ) -> AgentContract:
+        """The attempt's contract; with `replay_from`, its token tells the gateway to answer
+        the agent's requests from that attempt's record where they equal it (rule 10)."""
+        replay = (
+            None
+            if replay_from is None
+            else ReplayClaim(
+                source_attempt=replay_from,
+                normalize=tuple(spec.replay.normalize),
+                patterns=tuple(spec.replay.patterns),
+            )
+        )
         gateway = self.gateway_url.rstrip("/")
         rollout = spec.rollout_id
         token = mint_token(
@@ -105,6 +121,7 @@ class ContractIssuer:
                 mode=spec.mode.value,
                 expires_at=int(time.time() + spec.timeouts.agent_seconds + TOKEN_SLACK_SECONDS),
                 traceparent=traceparent,
+                replay=replay,
             ),
         )
         base_url = f"{gateway}/rollouts/{rollout}/v1"

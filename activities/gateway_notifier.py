@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import httpx
 from temporalio.exceptions import ApplicationError
 
-from darl.workflows.contracts import ModelCallEvent
+from darl.workflows.contracts import ModelCallEvent, ReplayOutcome
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,8 @@ class ClosedAttempt:
     # Every call event of the attempt, read from the store, when the close was asked to return
     # them and there were no more than asked; None when the gateway signalled them instead.
     events: list[ModelCallEvent] | None = None
+    # What the attempt made of the record it replayed (when the close named one).
+    replay: ReplayOutcome | None = None
 
 
 class GatewayNotifier:
@@ -52,11 +54,13 @@ class GatewayNotifier:
         give_up_after: float,
         started_at: float | None = None,
         return_events_up_to: int = 0,
+        replay_from: int | None = None,
     ) -> ClosedAttempt:
         """Close the attempt; returns what DARL's infrastructure did to it while its agent ran
         (since `started_at`, epoch seconds): the gateway's 5xx answers and outages; its model
         calls that got no answer; and, with `return_events_up_to` > 0, its call events (at
-        most that many, else the gateway signals them). Idempotent: a retried close returns
+        most that many, else the gateway signals them); with `replay_from`, what the attempt
+        made of that attempt's record (rule 10). Idempotent: a retried close returns
         the same events.
 
         Retries while the gateway is unreachable or answers 5xx; raises ApplicationError
@@ -66,6 +70,8 @@ class GatewayNotifier:
         body: dict[str, object] = {} if started_at is None else {"started_at": started_at}
         if return_events_up_to > 0:
             body["return_events_up_to"] = return_events_up_to
+        if replay_from is not None:
+            body["replay_from"] = replay_from
         deadline = time.monotonic() + give_up_after
         delay = 0.5
         while True:
@@ -79,12 +85,14 @@ class GatewayNotifier:
                 if response.status_code < 400:
                     closed = response.json()
                     events = closed.get("events")
+                    replay = closed.get("replay")
                     return ClosedAttempt(
                         list(closed.get("infra_incidents") or []),
                         list(closed.get("failed_calls") or []),
                         None
                         if events is None
                         else [ModelCallEvent.model_validate(e) for e in events],
+                        None if replay is None else ReplayOutcome.model_validate(replay),
                     )
                 if response.status_code in (400, 422) and "return_events_up_to" in body:
                     # A gateway of the release before refuses the field: it signals the events.

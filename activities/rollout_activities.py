@@ -152,7 +152,9 @@ class RolloutActivities:
         runner = self._runner(request.spec)
         if request.attempt == 1:
             await self._refuse_a_second_run(request.spec.rollout_id)
-        contract = self._contract(request.spec, request.attempt, current_traceparent())
+        contract = self._contract(
+            request.spec, request.attempt, current_traceparent(), request.replay_from
+        )
         return await runner.launch(request, contract)
 
     @activity.defn(name=AWAIT_AGENT)
@@ -163,7 +165,9 @@ class RolloutActivities:
         if request.attempt == 1 and request.handle.kind == "http":
             # An agent HTTP service has no launch: its attempt starts here.
             await self._refuse_a_second_run(request.spec.rollout_id)
-        contract = self._contract(request.spec, request.attempt, current_traceparent())
+        contract = self._contract(
+            request.spec, request.attempt, current_traceparent(), request.replay_from
+        )
         try:
             agent_exit = await runner.wait(request, contract, activity.heartbeat)
         except asyncio.CancelledError:
@@ -208,6 +212,7 @@ class RolloutActivities:
                 CLOSE_GIVE_UP_SECONDS,
                 started_at=request.handle.started_at,
                 return_events_up_to=RETURNED_EVENTS_CAP if request.one_activity else 0,
+                replay_from=request.replay_from,
             )
             closed = await heartbeating(closing, interval)
             calls = closed.events
@@ -216,6 +221,7 @@ class RolloutActivities:
                     "infra_incidents": closed.incidents,
                     "failed_calls": closed.failed_calls,
                     "calls": calls or [],
+                    "replay": closed.replay,
                 }
             )
         if request.one_activity and calls is not None:
@@ -297,8 +303,14 @@ class RolloutActivities:
             raise agent_spec_error(f"this worker has no {spec.agent.kind!r} agent runner")
         return runner
 
-    def _contract(self, spec: RolloutSpec, attempt: int, traceparent: str | None) -> AgentContract:
+    def _contract(
+        self,
+        spec: RolloutSpec,
+        attempt: int,
+        traceparent: str | None,
+        replay_from: int | None,
+    ) -> AgentContract:
         try:
-            return self._issuer.issue(spec, attempt, traceparent, spec.agent.env_map)
+            return self._issuer.issue(spec, attempt, traceparent, spec.agent.env_map, replay_from)
         except TaskPathError as err:
             raise agent_spec_error(str(err)) from err

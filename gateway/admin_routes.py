@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from darl.gateway.bodies import read_model
 from darl.gateway.dependencies import admin, gateway_of
+from darl.gateway.replay import replay_outcome
 from darl.workflows.training_config import PauseMode
 
 router = APIRouter()
@@ -43,6 +44,8 @@ class CloseRequest(BaseModel):
     # Answer with the attempt's call events instead of signalling them, if it recorded no more
     # than this many (0: signal them, as a close before this field did).
     return_events_up_to: int = Field(default=0, ge=0, le=4096)
+    # The attempt resumed by replaying this earlier attempt's record: say what it made of it.
+    replay_from: int | None = Field(default=None, ge=1)
 
 
 @router.post("/admin/pause", dependencies=ADMIN)
@@ -100,14 +103,20 @@ async def close_attempt(request: Request, rollout_id: str, attempt: int) -> dict
     worker asked and there are no more than it said; idempotent: a retried close answers
     them again), or else signalled to the workflow (503 if Temporal is unreachable: retry).
     The answer also says what DARL did to the attempt (its 5xx answers and the gateway's
-    outages since the agent started) and which of its model calls got no answer."""
+    outages since the agent started), which of its model calls got no answer and, for an
+    attempt that replayed an earlier one's record, what it made of it (rule 10)."""
     gateway = gateway_of(request)
     body = await read_model(request, CloseRequest, gateway.settings.max_body_bytes)
     closed = await gateway.delivery.close_attempt(
         rollout_id, attempt, return_up_to=body.return_events_up_to
     )
+    gateway.proxy.replayer.book.forget(rollout_id, attempt)
     incidents = await gateway.incidents(rollout_id, attempt, body.started_at)
     failed = await gateway.store.failed_calls(rollout_id, attempt)
+    replay = None
+    if body.replay_from is not None and body.replay_from < attempt:
+        outcome = await replay_outcome(gateway.store, rollout_id, body.replay_from, closed.records)
+        replay = outcome.model_dump(mode="json")
     return {
         "closed": True,
         "delivered": closed.delivered,
@@ -116,6 +125,7 @@ async def close_attempt(request: Request, rollout_id: str, attempt: int) -> dict
         else [e.model_dump(mode="json") for e in closed.events],
         "infra_incidents": incidents,
         "failed_calls": [f.summary() for f in failed],
+        "replay": replay,
     }
 
 

@@ -33,6 +33,7 @@ from darl.gateway.journal import (
 )
 from darl.gateway.metrics import GatewayMetrics
 from darl.gateway.proxy import ModelCallProxy, ProxySettings
+from darl.gateway.replay import ReplayBook
 from darl.gateway.rollouts import RolloutRegistry
 from darl.gateway.store import TrajectoryStore
 from darl.gateway.tracing import TokenTraceContext
@@ -114,6 +115,7 @@ class Gateway:
             self.delivery,
             self.metrics,
             self.versions,
+            ReplayBook(store),
             settings.stale_wait_seconds,
         )
         self.metrics.inflight.set_function(lambda: sum(self.gate.inflight().values()))

@@ -38,6 +38,12 @@ class CallRecord:
     # What the protocol's answer needs of the call later: the ids it answered under, whether
     # it carried instructions (`previous_response_id` drops them).
     exchange: dict[str, Any] = field(default_factory=dict)
+    # The call of an earlier attempt this record reproduces (rule 10): its answer, tokens,
+    # logprobs and policy version are that call's; the request is what the agent sent now.
+    replayed_from: str | None = None
+    # Matched its record only under the rollout's normalizers: the prompt differs from the
+    # recorded one in spans they ignore (slightly off-policy, as a stale call is).
+    replay_normalized: bool = False
 
     def __post_init__(self) -> None:
         if not self.protocol:

@@ -210,3 +210,82 @@ class StreamAssembler:
                 else None
             )
         return out
+
+
+def answer_chunks(
+    endpoint: Endpoint, response: dict[str, Any], include_usage: bool
+) -> list[dict[str, Any]]:
+    """A whole answer as the chunks of a stream, the inverse of `StreamAssembler` (a recorded
+    answer replayed to an agent that streams): per choice an opening chunk (the role, and the
+    prompt's token ids as vLLM sends them) and one with all its tokens, text, tool calls,
+    logprobs and finish reason; then the usage, if asked for."""
+    chat = endpoint == CHAT
+    head: dict[str, Any] = {k: response[k] for k in ("id", "created", "model") if k in response}
+    head["object"] = "chat.completion.chunk" if chat else "text_completion"
+    prompt_ids = prompt_token_ids(endpoint, response)
+    chunks: list[dict[str, Any]] = []
+    for choice in response.get("choices") or []:
+        index = choice.get("index", 0)
+        body: dict[str, Any] = {
+            "index": index,
+            "logprobs": choice.get("logprobs"),
+            "finish_reason": choice.get("finish_reason"),
+            "token_ids": list(choice.get("token_ids") or []),
+        }
+        if choice.get("stop_reason") is not None:
+            body["stop_reason"] = choice["stop_reason"]
+        if chat:
+            message = choice.get("message") or {}
+            opening: dict[str, Any] = {
+                **head,
+                "choices": [
+                    {
+                        "index": index,
+                        "delta": {"role": message.get("role") or "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+            if not chunks:
+                opening["prompt_token_ids"] = prompt_ids
+            delta: dict[str, Any] = {}
+            if message.get("content"):
+                delta["content"] = message["content"]
+            if message.get("tool_calls"):
+                delta["tool_calls"] = [
+                    {"index": i, **call} for i, call in enumerate(message["tool_calls"])
+                ]
+            body["delta"] = delta
+        else:
+            opening = {
+                **head,
+                "choices": [
+                    {
+                        "index": index,
+                        "text": "",
+                        "logprobs": None,
+                        "finish_reason": None,
+                        "prompt_token_ids": prompt_ids,
+                        "token_ids": [],
+                    }
+                ],
+            }
+            body["text"] = choice.get("text") or ""
+        chunks += [opening, {**head, "choices": [body]}]
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": usage_of(endpoint, response)})
+    return chunks
+
+
+def usage_of(endpoint: Endpoint, response: dict[str, Any]) -> dict[str, Any]:
+    """The answer's usage, or what it is from its token ids when it carries none (an answer
+    assembled from a stream that did not ask for it)."""
+    if response.get("usage"):
+        return dict(response["usage"])
+    prompt, completion = count_tokens(endpoint, response)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }

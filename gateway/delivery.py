@@ -57,16 +57,18 @@ def event_of(record: CallRecord, ref: str) -> ModelCallEvent:
         retry_count=record.retry_count,
         streamed=record.streamed,
         record_ref=ref,
+        replayed_from=record.replayed_from,
     )
 
 
 @dataclass(frozen=True)
 class Closed:
     """What closing an attempt did: how many events it signalled, or the events it returns
-    instead (None: it signalled them)."""
+    instead (None: it signalled them); and the attempt's calls it read from the store."""
 
     delivered: int
     events: list[ModelCallEvent] | None
+    records: list[CallRecord] = field(default_factory=list)
 
 
 @dataclass
@@ -128,26 +130,33 @@ class EventDelivery:
         if box.timer is not None:
             box.timer.cancel()
             box.timer = None
-        events = await self._take_all(key, box, return_up_to) if return_up_to > 0 else None
-        delivered = 0 if events is not None else await self._signal_all(key, box)
+        records: list[CallRecord] = []
+        events = None
+        if return_up_to > 0:
+            records, events = await self._take_all(key, box, return_up_to)
+        delivered = 0
+        if events is None:
+            records, delivered = await self._signal_all(key, box)
         self._outboxes.pop(key, None)
         self._recovered.pop(key, None)
         self._store.forget(rollout_id, attempt)
-        return Closed(delivered=delivered, events=events)
+        return Closed(delivered=delivered, events=events, records=records)
 
-    async def _take_all(self, key: Key, box: _Outbox, most: int) -> list[ModelCallEvent] | None:
-        """Every recorded event of the attempt, the queued ones taken out of the outbox; None
-        (nothing taken) when there are more than `most`."""
+    async def _take_all(
+        self, key: Key, box: _Outbox, most: int
+    ) -> tuple[list[CallRecord], list[ModelCallEvent] | None]:
+        """The attempt's records and every recorded event, the queued ones taken out of the
+        outbox; no events (nothing taken) when there are more than `most`."""
         rollout_id, attempt = key
         async with box.lock:  # a flush under way finishes first
             records = await self._store.read(rollout_id, attempt)
             if len(records) > most:
-                return None
+                return records, None
             # Queued events were recorded first: they are among the records.
             box.pending = []
-        return [event_of(r, self._store.ref(r)) for r in records]
+        return records, [event_of(r, self._store.ref(r)) for r in records]
 
-    async def _signal_all(self, key: Key, box: _Outbox) -> int:
+    async def _signal_all(self, key: Key, box: _Outbox) -> tuple[list[CallRecord], int]:
         """Signal every recorded event of the attempt, read from the store, in batches of
         SIGNAL_BATCH. Not only those past the delivered mark: with replicas the mark is the
         highest sequence any of them delivered, and a lower one may still have been queued at
@@ -160,10 +169,10 @@ class EventDelivery:
             events = [event_of(r, self._store.ref(r)) for r in records]
             for start in range(0, len(events), SIGNAL_BATCH):
                 if not await self._signal(rollout_id, events[start : start + SIGNAL_BATCH]):
-                    return start
+                    return records, start
             if events:
                 await self._store.mark_delivered(rollout_id, attempt, events[-1].sequence)
-            return len(events)
+            return records, len(events)
 
     async def _signal(self, rollout_id: str, batch: list[ModelCallEvent]) -> bool:
         """Signal a batch; False when the rollout has finished (the events are dropped, and

@@ -58,6 +58,19 @@ class GatewayMetrics:
             "model_calls signals sent (each carries a batch of events).",
             registry=self.registry,
         )
+        self.replayed_calls = Counter(
+            "darl_gateway_replayed_calls",
+            "Model calls of resumed attempts answered from an earlier attempt's record "
+            "(rule 10); 'normalized': matched only under the rollout's normalizers.",
+            ["normalized"],
+            registry=self.registry,
+        )
+        self.replay_divergences = Counter(
+            "darl_gateway_replay_divergences",
+            "Resumed attempts whose agent asked what the record does not hold while recorded "
+            "calls were left (their replay ended early; the calls went live).",
+            registry=self.registry,
+        )
         self.paused = Gauge("darl_gateway_paused", "1 while paused.", registry=self.registry)
         self.inflight = Gauge(
             "darl_gateway_inflight", "Calls in flight to policy servers.", registry=self.registry

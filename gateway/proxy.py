@@ -42,6 +42,8 @@ from darl.gateway.delivery import EventDelivery, event_of
 from darl.gateway.errors import GatewayError, bad_request, describe_errors, error_body
 from darl.gateway.forwarding import Forwarder, UpstreamReply
 from darl.gateway.metrics import GatewayMetrics
+from darl.gateway.replay import ReplayBook
+from darl.gateway.replayer import Replayer
 from darl.gateway.rollouts import RolloutRegistry, attempt_closed
 from darl.gateway.store import CallRecord, FailedCall, TrajectoryStore
 from darl.gateway.traffic import Admission, PauseGate, UpstreamPool
@@ -187,6 +189,7 @@ class ModelCallProxy:
         delivery: EventDelivery,
         metrics: GatewayMetrics,
         versions: UpstreamVersions,
+        replays: ReplayBook,
         stale_wait_seconds: float = 120.0,
     ) -> None:
         self.settings = settings
@@ -200,6 +203,7 @@ class ModelCallProxy:
         self.registry = registry
         self.metrics = metrics
         self._models: dict[str, str] = {}
+        self.replayer = Replayer(replays, store, registry, delivery, metrics, self.prompt_ids)
 
     async def handle(
         self,
@@ -211,7 +215,8 @@ class ModelCallProxy:
     ) -> Response:
         """One agent call: `body` as the endpoint's own, or in the protocol `spoken`, which
         translates it into a chat call. A call that fails is recorded as failed (status,
-        error, latency, retries) before the agent hears of it."""
+        error, latency, retries) before the agent hears of it. An attempt that resumes by
+        replay gets the recorded answer to a request the record holds (rule 10)."""
         started = time.monotonic()
         call: ModelCall | None = None
         protocol = spoken.protocol if spoken is not None else endpoint
@@ -222,6 +227,12 @@ class ModelCallProxy:
             if translation is not None:
                 body = translation.chat
             stream = validate_body(endpoint, body)
+            if claims.replay is not None:
+                # The model is the record's: no policy server is asked to name it.
+                forced = self.force(body, endpoint, claims.mode, model="")
+                replayed = await self.replayer.answer(endpoint, claims, forced, translation, stream)
+                if replayed is not None:
+                    return replayed
             upstream = self.pool.pick(claims.rollout_id)
             call = ModelCall(
                 request=request,
@@ -286,23 +297,31 @@ class ModelCallProxy:
         return self._models[upstream]
 
     async def count_prompt_tokens(self, claims: TokenClaims, chat: dict[str, Any]) -> int:
-        """The prompt tokens of a chat request as the rollout's policy server renders it
-        (its `/tokenize`, vLLM's shape); nothing is generated or recorded."""
+        """The prompt tokens of a chat request as the rollout's policy server renders it."""
+        return len(await self.prompt_ids(claims, CHAT, chat))
+
+    async def prompt_ids(
+        self, claims: TokenClaims, endpoint: Endpoint, request: dict[str, Any]
+    ) -> list[int]:
+        """The prompt's token ids of a chat or text completion request as the rollout's policy
+        server renders it (its `/tokenize`, vLLM's shape); nothing is generated or recorded."""
         upstream = self.pool.pick(claims.rollout_id)
-        body: dict[str, Any] = {
-            "model": await self.model_for(upstream),
-            "messages": chat["messages"],
-            "add_generation_prompt": True,
-        }
-        if chat.get("tools"):
-            body["tools"] = chat["tools"]
+        body: dict[str, Any] = {"model": await self.model_for(upstream)}
+        if endpoint == CHAT:
+            body.update(messages=request["messages"], add_generation_prompt=True)
+            if request.get("tools"):
+                body["tools"] = request["tools"]
+        elif isinstance(request["prompt"], list):
+            return list(request["prompt"])
+        else:
+            body["prompt"] = request["prompt"]
         deadline = time.monotonic() + min(60.0, self.settings.call_deadline_seconds)
         reply = await self.forwarder.send(f"{upstream}/tokenize", body, deadline, stream=False)
         if reply.status != 200:
             status = reply.status if reply.status < 500 else 502
             raise GatewayError(status, upstream_error_message(reply.body), code="upstream_error")
         try:
-            return int(reply.json()["count"])
+            return [int(t) for t in reply.json()["tokens"]]
         except (ValueError, KeyError, TypeError) as err:
             raise GatewayError(
                 502, f"policy server {upstream} cannot count tokens", code="upstream_error"
@@ -629,6 +648,9 @@ class ModelCallProxy:
             )
         )
         call.settled = True
+        if claims.replay is not None:
+            # The agent is about to see an answer the record never gave: its replay is over.
+            self.replayer.book.went_live(claims.rollout_id, claims.attempt)
         self.metrics.capture_seconds.labels("store").observe(time.monotonic() - started)
         self.delivery.enqueue(event_of(stored, self.store.ref(stored)))
         self.metrics.captured_calls.labels(call.endpoint, str(streamed).lower()).inc()

@@ -260,6 +260,15 @@ async def _previous(
             f"previous response {response_id[:80]!r} not found in this rollout",
             "previous_response_not_found",
         )
+    if found and found[0].attempt != claims.attempt:
+        # An attempt that replayed the call answered under the same id (rule 10): the
+        # conversation is its own (the prompt it sent, which a normalizer let differ).
+        mine = [
+            r
+            for r in await store.read(claims.rollout_id, claims.attempt)
+            if r.exchange.get("answered_as") == found[0].call_id
+        ]
+        found = mine or found
     if not found[0].exchange.get("store", True):
         raise bad_request(
             f"previous response {response_id!r} was created with store=false",

@@ -127,6 +127,10 @@ def encode_record(record: CallRecord, tail: Tail) -> dict[str, Any]:
         line["protocol"] = record.protocol
     if record.exchange:
         line["exchange"] = record.exchange
+    if record.replayed_from is not None:
+        line["replayed_from"] = record.replayed_from
+    if record.replay_normalized:
+        line["replay_normalized"] = True
     if messages is not None:
         kept = common_prefix(tail.messages, messages)
         line["messages"] = {"base": kept, "items": messages[kept:]}
@@ -176,6 +180,8 @@ def decode_record(line: dict[str, Any], tail: Tail) -> CallRecord:
         prompt_token_ids=prompt_ids,
         protocol=line.get("protocol", endpoint),
         exchange=line.get("exchange") or {},
+        replayed_from=line.get("replayed_from"),
+        replay_normalized=bool(line.get("replay_normalized", False)),
     )
 
 

@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from darl.workflows.replay_normalizers import check_patterns, check_presets
 from darl.workflows.rollout_status import RolloutStatus
 
 # Rollout ids travel in URL paths (/rollouts/<id>/v1) and file names, so they stay URL-safe.
@@ -143,6 +144,32 @@ class RolloutTimeouts(Contract):
     retry_backoff_seconds: float = Field(default=5.0, ge=0)
 
 
+class ReplaySpec(Contract):
+    """How a new attempt's requests are matched against the calls the attempt before it
+    recorded (`RolloutSpec.resume` `replay`, docs/architecture.md rule 10). Strict by default:
+    a request matches a recorded call only when its canonical form is equal. `normalize`
+    names presets (`durations`, `iso_timestamps`, `temp_paths`, `hex_ids`, `pids`) and
+    `patterns` the rollout's own regular expressions: spans they match in message text are
+    ignored by the comparison. A call replayed that way is stored with the prompt the agent
+    sent and the recorded completion, marked `replay_normalized` (a completion sampled from a
+    prompt that differed in those spans: slightly off-policy, as a stale call is)."""
+
+    normalize: list[str] = Field(default_factory=list)
+    patterns: list[str] = Field(default_factory=list)
+
+    @field_validator("normalize")
+    @classmethod
+    def _known_presets(cls, value: list[str]) -> list[str]:
+        check_presets(value)
+        return value
+
+    @field_validator("patterns")
+    @classmethod
+    def _compiling(cls, value: list[str]) -> list[str]:
+        check_patterns(value)
+        return value
+
+
 # RolloutSpec.revisions: an attempt as one activity (2); the report to the trainer by a local
 # activity, batched with other rollouts' (3). What DARL's starters start.
 ONE_ACTIVITY_REVISION = 2
@@ -173,6 +200,12 @@ class RolloutSpec(Contract):
     # rollouts replay. Chosen by the starter rather than by `workflow.patched`, whose marker
     # and TemporalChangeVersion upsert would cost every rollout two history events.
     revision: int = Field(default=1, ge=1, le=CURRENT_REVISION)
+    # What an attempt after an infrastructure failure does with the calls the attempt before
+    # recorded: `replay` answers the agent's requests that equal them from the record, so it
+    # is back where it was lost without asking the policy again (rule 10); `restart` starts
+    # the episode over.
+    resume: Literal["replay", "restart"] = "replay"
+    replay: ReplaySpec = Field(default_factory=ReplaySpec)
 
 
 class AgentReport(Contract):
@@ -209,6 +242,25 @@ class ModelCallEvent(Contract):
     retry_count: int = 0
     streamed: bool = False
     record_ref: str
+    # The call of an earlier attempt this one reproduces (answered from its record, rule 10).
+    replayed_from: str | None = None
+
+
+class ReplayOutcome(Contract):
+    """What an attempt that resumed by replay made of the record it was handed: the gateway
+    says it when the attempt is closed."""
+
+    # The attempt whose recorded calls were offered, and how many there were.
+    source_attempt: int
+    recorded: int
+    # Calls of this attempt answered from the record; of them, those that matched only under
+    # the rollout's normalizers.
+    replayed: int
+    normalized: int = 0
+    # The call of this attempt at which the replay ended with recorded calls left unused (the
+    # agent asked something the record does not hold: a clock, randomness, the network);
+    # None when the record was used up.
+    diverged_at: int | None = None
 
 
 class TrajectorySummary(Contract):
@@ -275,6 +327,10 @@ class RolloutResult(Contract):
     # few of them said: status, protocol, error.
     failed_calls: int = 0
     failed_call_errors: list[str] = Field(default_factory=list)
+    # Calls of the final attempt answered from an earlier attempt's record (rule 10), and
+    # where its replay ended early, if it did (ReplayOutcome.diverged_at).
+    replayed_calls: int = 0
+    replay_diverged_at: int | None = None
 
 
 class RolloutReport(Contract):
@@ -296,6 +352,7 @@ class RolloutProgress(Contract):
     completion_tokens: int
     reward: float | None = None
     error: str | None = None
+    replayed_calls: int = 0
 
 
 # Activity inputs and outputs.
@@ -306,6 +363,8 @@ class LaunchRequest(Contract):
     attempt: int
     # The W3C traceparent of the rollout's span, handed to the agent (TRACEPARENT).
     traceparent: str | None = None
+    # The earlier attempt whose recorded calls this one replays (rule 10); in its token.
+    replay_from: int | None = None
 
 
 class AgentHandle(Contract):
@@ -327,6 +386,8 @@ class AwaitRequest(Contract):
     # later); the close's call events come back in the result; a reward function is computed
     # here. False for a workflow started by the release before.
     one_activity: bool = False
+    # As LaunchRequest.replay_from: the agent's token says it, and the close reports on it.
+    replay_from: int | None = None
 
 
 class AgentScore(Contract):
@@ -360,6 +421,8 @@ class AgentExit(Contract):
     # them and this is empty. The workflow merges them as it merges a `model_calls` signal.
     calls: list[ModelCallEvent] = Field(default_factory=list)
     score: AgentScore | None = None
+    # What the attempt made of the record it replayed, when it was handed one.
+    replay: ReplayOutcome | None = None
 
 
 class RewardRequest(Contract):

@@ -30,6 +30,16 @@ class TokenExpiredError(TokenError):
 
 
 @dataclass(frozen=True)
+class ReplayClaim:
+    """The attempt replays the calls `source_attempt` recorded (rule 10), matching requests
+    with the rollout's normalizers (`RolloutSpec.replay`)."""
+
+    source_attempt: int
+    normalize: tuple[str, ...] = ()
+    patterns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class TokenClaims:
     rollout_id: str
     attempt: int
@@ -38,6 +48,8 @@ class TokenClaims:
     # The rollout's trace context, so the gateway joins the agent's calls to the rollout's
     # trace even when the agent sends no traceparent header.
     traceparent: str | None = None
+    # Set on an attempt that resumes by replay: the workflow decides, the gateway obeys.
+    replay: ReplayClaim | None = None
 
 
 def _b64(data: bytes) -> str:
@@ -53,7 +65,7 @@ def _sign(secret: bytes, payload: str) -> str:
 
 
 def mint_token(secret: bytes, claims: TokenClaims) -> str:
-    body = {
+    body: dict[str, object] = {
         "r": claims.rollout_id,
         "a": claims.attempt,
         "m": claims.mode,
@@ -61,6 +73,13 @@ def mint_token(secret: bytes, claims: TokenClaims) -> str:
     }
     if claims.traceparent:
         body["tp"] = claims.traceparent
+    if claims.replay is not None:
+        replay: dict[str, object] = {"a": claims.replay.source_attempt}
+        if claims.replay.normalize:
+            replay["n"] = list(claims.replay.normalize)
+        if claims.replay.patterns:
+            replay["p"] = list(claims.replay.patterns)
+        body["rp"] = replay
     payload = _b64(json.dumps(body, separators=(",", ":")).encode("utf-8"))
     return f"{TOKEN_PREFIX}.{payload}.{_sign(secret, payload)}"
 
@@ -78,9 +97,22 @@ def decode_claims(token: str) -> TokenClaims:
             mode=str(body["m"]),
             expires_at=int(body["e"]),
             traceparent=body.get("tp"),
+            replay=_replay_claim(body.get("rp")),
         )
     except (ValueError, KeyError, TypeError, binascii.Error) as err:
         raise TokenError("malformed rollout token") from err
+
+
+def _replay_claim(value: object) -> ReplayClaim | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError("replay claim is not an object")
+    return ReplayClaim(
+        source_attempt=int(value["a"]),
+        normalize=tuple(str(n) for n in value.get("n") or ()),
+        patterns=tuple(str(p) for p in value.get("p") or ()),
+    )
 
 
 def verify_token(secret: bytes, token: str, now: float) -> TokenClaims:

@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         HttpAgentSpec,
         LaunchRequest,
         ModelCallEvent,
+        ReplayOutcome,
         RewardRequest,
         RolloutProgress,
         RolloutReport,
@@ -132,6 +133,10 @@ class RolloutWorkflow:
         # first attempt.
         self._one_activity = spec.revision >= ONE_ACTIVITY_REVISION
         self._local_report = spec.revision >= LOCAL_REPORT_REVISION
+        # The attempt whose recorded calls the next attempt replays (rule 10), and what the
+        # current attempt made of the record it was handed.
+        self._replay_source: int | None = None
+        self._replay: ReplayOutcome | None = None
 
     # --- the story ---------------------------------------------------------------------
 
@@ -150,6 +155,7 @@ class RolloutWorkflow:
                 retry = await self._run_attempt(attempt)
                 if not retry or attempt == spec.max_attempts:
                     break
+                self._hand_on_record(attempt)
                 await workflow.sleep(timedelta(seconds=spec.timeouts.retry_backoff_seconds))
         except EarlierRun as earlier:
             return self._result_of_earlier_run(earlier.result)
@@ -184,6 +190,7 @@ class RolloutWorkflow:
             if agent_exit is not None:
                 # Delivered by the close instead of a signal: taken like one.
                 self._receive_calls(agent_exit.calls, count_duplicates=False)
+                self._replay = agent_exit.replay
         except ActivityError as err:
             raise_if_cancelled(err)
             if error_type(err) == ROLLOUT_ALREADY_RAN_ERROR:
@@ -195,6 +202,15 @@ class RolloutWorkflow:
             self._finish_as(RolloutStatus.TIMED_OUT, self._timeout_message())
             return False
         return await self._score(attempt, agent_exit)
+
+    def _hand_on_record(self, attempt: int) -> None:
+        """An attempt lost to an infrastructure failure hands the calls it recorded to the
+        next one, which replays them (rule 10). Its record holds the calls it replayed
+        itself, so a third attempt replays the second. An attempt of which the workflow knows
+        no call (lost before its first, or before any reached the workflow) hands on the
+        record it was handed."""
+        if self._spec.resume == "replay" and self._calls:
+            self._replay_source = attempt
 
     async def _launch(self, attempt: int) -> AgentHandle:
         agent = self._spec.agent
@@ -211,7 +227,7 @@ class RolloutWorkflow:
             )
         handle: AgentHandle = await workflow.execute_activity(
             LAUNCH_AGENT,
-            LaunchRequest(spec=self._spec, attempt=attempt),
+            LaunchRequest(spec=self._spec, attempt=attempt, replay_from=self._replay_source),
             result_type=AgentHandle,
             start_to_close_timeout=timedelta(seconds=self._spec.timeouts.launch_seconds),
             retry_policy=RetryPolicy(
@@ -250,6 +266,7 @@ class RolloutWorkflow:
                 attempt=handle.attempt,
                 handle=handle,
                 one_activity=self._one_activity,
+                replay_from=self._replay_source,
             ),
             result_type=AgentExit,
             start_to_close_timeout=agent_timeout + margin,
@@ -450,6 +467,7 @@ class RolloutWorkflow:
             completion_tokens=sum(c.completion_tokens for c in self._calls),
             reward=self._reward,
             error=self._error,
+            replayed_calls=self._replayed_calls(),
         )
 
     # --- state ---------------------------------------------------------------------------
@@ -486,6 +504,7 @@ class RolloutWorkflow:
         self._reports.pop(attempt - 1, None)
         self._accepting_signals = True
         self._error = None
+        self._replay = None
         self._transition(RolloutStatus.LAUNCHING)
 
     def _transition(
@@ -529,11 +548,15 @@ class RolloutWorkflow:
                 status=(earlier.status if earlier else self._status).value,
                 attempt=earlier.attempts if earlier else self._attempt,
                 calls=earlier.calls if earlier else len(self._calls),
+                replayed=earlier.replayed_calls if earlier else self._replayed_calls(),
                 policy_version=self._serving_version(),
                 reward=earlier.reward if earlier else self._reward,
                 error=earlier.error if earlier else self._error,
             )
         )
+
+    def _replayed_calls(self) -> int:
+        return sum(1 for c in self._calls if c.replayed_from is not None)
 
     def _infra_failure(self, error: str) -> bool:
         self._error = error
@@ -579,4 +602,6 @@ class RolloutWorkflow:
             metadata=self._metadata,
             failed_calls=len(self._failed_calls),
             failed_call_errors=self._failed_calls[:FAILED_CALLS_SHOWN],
+            replayed_calls=self._replayed_calls(),
+            replay_diverged_at=self._replay.diverged_at if self._replay is not None else None,
         )

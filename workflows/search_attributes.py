@@ -94,6 +94,7 @@ def rollout_details(
     policy_version: int,
     reward: float | None,
     error: str | None,
+    replayed: int = 0,
 ) -> str:
     """A rollout's current details: where it stands, its reward once scored, its error on one
     line, and its `summary` (so a rollout started without one, by the temporal CLI, says it
@@ -103,7 +104,10 @@ def rollout_details(
         facts.append(f"reward {reward:g}")
     if attempt:
         facts.append(f"attempt {attempt} of {max_attempts}")
-    facts += [f"{calls} call{'' if calls == 1 else 's'}", f"policy v{policy_version}"]
+    facts.append(f"{calls} call{'' if calls == 1 else 's'}")
+    if replayed:
+        facts.append(f"{replayed} replayed")
+    facts.append(f"policy v{policy_version}")
     lines = [" · ".join(facts)]
     if error and error.strip():
         lines.append(_clipped(" ".join(error.split()), ERROR_LINE_BYTES))

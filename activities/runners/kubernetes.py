@@ -352,6 +352,11 @@ class KubernetesJobRunner(AgentRunner):
             tail = await self._log_tail(pod)
             if failed.get("reason") == "DeadlineExceeded":
                 return AgentExit(exit_code=None, timed_out=True, log_tail=tail), seen
+            deleted = _deleted_under_the_agent(pod)
+            if deleted is not None:
+                # Not the agent's doing: its next attempt resumes by replay (rule 10).
+                await self._delete(name, api)
+                raise agent_lost_error(f"Job {name}: {deleted}; log tail: {tail[-500:]}")
             terminated = _terminated(pod)
             return AgentExit(
                 exit_code=terminated.get("exitCode", 1) if terminated else 1,
@@ -422,6 +427,20 @@ def _terminated(pod: Any) -> dict | None:
         terminated = status.get("state", {}).get("terminated")
         if terminated:
             return terminated
+    return None
+
+
+def _deleted_under_the_agent(pod: Any) -> str | None:
+    """Why the Pod of a Job that failed (not at its deadline) was taken from its agent, if it
+    was: deleted (gone, or terminating: DARL deletes only the Job, and never before the
+    agent ended), or disrupted (preempted, evicted, a tainted node: DisruptionTarget)."""
+    if pod is None:
+        return "its Pod was deleted"
+    if pod.raw.get("metadata", {}).get("deletionTimestamp"):
+        return "its Pod was deleted while the agent ran"
+    for condition in pod.raw.get("status", {}).get("conditions", []) or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            return f"its Pod was disrupted ({condition.get('reason', 'unknown reason')})"
     return None
 
 

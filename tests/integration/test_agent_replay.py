@@ -1,0 +1,164 @@
+"""Durable agents (rule 10): an agent killed from outside resumes by replay of its recorded
+calls. The real policy server, gateway and rollout worker on the dev server; the agent is a
+multi-turn harness on the official OpenAI and Anthropic SDKs (tests/agents/replay_agent.py),
+killed with SIGKILL of its process group (or its agent service) after a known call."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from darl.workflows.contracts import HttpAgentSpec, ReplaySpec
+from tests.integration.replay_checks import (
+    Scenario,
+    agent_log,
+    check_resumed,
+    local_spec,
+    replay_settings,
+    run_killed,
+    sigkill_local_agent,
+    trajectory_rows,
+)
+from tests.integration.stack import Stack
+
+pytestmark = pytest.mark.integration
+
+
+async def _replay(stack: Stack, scenario: Scenario):
+    spec = local_spec(stack, scenario)
+    return await run_killed(stack, spec, lambda: sigkill_local_agent(stack, spec.rollout_id))
+
+
+async def test_a_killed_agent_resumes_by_replay_even_while_the_gateway_is_paused(
+    stack: Stack,
+) -> None:
+    """Killed after 5 of 11 calls: attempt 2 gets the 5 recorded answers while the gateway is
+    paused for a weight sync (they need no policy), and its first live call waits for the
+    resume."""
+    scenario = Scenario("chat", kill_after=5, turns=11)
+    spec = local_spec(stack, scenario)
+    store = stack.store()
+
+    async def kill_then_pause() -> None:
+        with stack.admin() as admin:
+            admin.post("/admin/pause", json={"mode": "hold"}).raise_for_status()
+        try:
+            sigkill_local_agent(stack, spec.rollout_id)
+            async with asyncio.timeout(60):
+                while len(await store.read(spec.rollout_id, 2)) < scenario.kill_after:
+                    await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)  # a live call would be recorded now, were it let through
+            assert len(await store.read(spec.rollout_id, 2)) == scenario.kill_after
+        finally:
+            with stack.admin() as admin:
+                admin.post("/admin/resume", json={}).raise_for_status()
+
+    result = await run_killed(stack, spec, kill_then_pause)
+    final = check_resumed(stack, result, scenario.kill_after)
+    assert len(final) == 11
+
+
+async def test_a_token_agent_resumes_into_one_training_row(stack: Stack) -> None:
+    """A token-in, token-out agent's calls extend each other: interrupted or not, its
+    trajectory is one row with no merge mismatch."""
+    result = await _replay(stack, Scenario("tokens", 4, 9, {"PROTOCOL": "tokens"}))
+    final = check_resumed(stack, result, 4)
+    rows, counters = trajectory_rows(final)
+    assert len(rows) == 1 and counters.merge_mismatches == 0 and counters.merged_calls == 8
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"PROTOCOL": "chat", "STREAM": "1"},
+        {"PROTOCOL": "responses"},
+        {"PROTOCOL": "responses", "STREAM": "1"},
+        {"PROTOCOL": "messages"},
+        {"PROTOCOL": "messages", "STREAM": "1"},
+        {"PROTOCOL": "tokens", "STREAM": "1"},
+        {"PROTOCOL": "chat", "PARALLEL": "2"},
+    ],
+    ids=lambda s: "-".join(s.values()),
+)
+async def test_every_protocol_resumes_by_replay(stack: Stack, settings: dict[str, str]) -> None:
+    parallel = settings.get("PARALLEL") == "2"
+    scenario = Scenario("matrix", kill_after=4, turns=5 if parallel else 7, settings=settings)
+    result = await _replay(stack, scenario)
+    check_resumed(stack, result, scenario.kill_after, ordered=not parallel)
+
+
+async def test_a_clock_ends_the_replay_where_the_agent_differs(stack: Stack) -> None:
+    """The tool prints the time at turn 2: the request after it matches nothing, the replay
+    ends there and every later call is live."""
+    scenario = Scenario("clock", 5, 8, {"TOOL": "clock", "CLOCK_TURN": "2"})
+    result = await _replay(stack, scenario)
+    assert result.status == "succeeded", result.error
+    assert result.replayed_calls == 3 and result.replay_diverged_at == 3
+    final = stack.store().read_sync(result.rollout_id, call_ids=result.call_ids)
+    assert [r.replayed_from is not None for r in final] == [True] * 3 + [False] * 5
+    again = [line for line in agent_log(stack, result.rollout_id) if line["attempt"] == 2]
+    assert [line["replayed_from"] is not None for line in again] == [True] * 3 + [False] * 5
+    # The recorded calls not used stay with attempt 1, untouched.
+    assert len(stack.store().read_sync(result.rollout_id, 1)) == 5
+
+
+async def test_a_duration_normalizer_replays_pytest_output(stack: Stack) -> None:
+    """pytest prints a new duration on every run: strict, the replay ends at the first call
+    after it; with the `durations` preset it reaches the kill point, each such call stored
+    with the prompt sent now and the recorded answer, marked normalized."""
+    pytest_tool = {"TOOL": "pytest"}
+    normalized = Scenario(
+        "pytest", 5, 8, pytest_tool, {"replay": ReplaySpec(normalize=["durations"])}
+    )
+    strict = Scenario("pytest-strict", 5, 8, pytest_tool)
+    loose, exact = await asyncio.gather(_replay(stack, normalized), _replay(stack, strict))
+
+    assert exact.status == "succeeded" and exact.replayed_calls == 1, exact
+    assert exact.replay_diverged_at == 1
+
+    assert loose.status == "succeeded" and loose.replayed_calls == 5, loose
+    assert loose.replay_diverged_at is None
+    store = stack.store()
+    first = store.read_sync(loose.rollout_id, 1)
+    final = store.read_sync(loose.rollout_id, call_ids=loose.call_ids)
+    assert [r.replay_normalized for r in final[:5]] == [False] + [True] * 4
+    for original, again in zip(first, final[:5], strict=True):
+        assert again.replayed_from == original.call_id
+        assert again.completion_token_ids() == original.completion_token_ids()
+        assert again.completion_logprobs() == original.completion_logprobs()
+        if again.replay_normalized:
+            # The prompt the agent sent this time, tokenized by the policy server.
+            assert again.request["messages"] != original.request["messages"]
+            assert again.prompt_token_ids != original.prompt_token_ids
+    # The live call after them extends the normalized prompts: still one conversation.
+    assert final[5].prompt_token_ids[: len(final[4].prompt_token_ids)] == final[4].prompt_token_ids
+
+
+async def test_restart_generates_the_episode_again(stack: Stack) -> None:
+    result = await _replay(stack, Scenario("restart", 4, 6, spec_overrides={"resume": "restart"}))
+    assert result.status == "succeeded" and result.attempts == 2, result
+    assert result.replayed_calls == 0 and result.replay_diverged_at is None
+    final = stack.store().read_sync(result.rollout_id, call_ids=result.call_ids)
+    assert len(final) == 6 and all(r.replayed_from is None for r in final)
+    served = {line["call_id"] for line in stack.policy_responses()}
+    assert {r.call_id for r in final} <= served
+
+
+async def test_a_restarted_agent_service_resumes_by_replay(stack: Stack) -> None:
+    """The agent HTTP service is SIGKILLed mid-attempt and started again: its journal answers
+    the lost attempt 410, and the next attempt's POST replays the first one's calls."""
+    scenario = Scenario("service", kill_after=3, turns=6)
+    stack.extra_env = replay_settings(stack, scenario)
+    try:
+        await asyncio.to_thread(stack.start_agent_service, "tests.agents.replay_service:app")
+        spec = local_spec(stack, scenario, HttpAgentSpec(url=f"{stack.agent_service_url}/rollouts"))
+        result = await run_killed(
+            stack, spec, lambda: asyncio.to_thread(stack.restart_agent_service)
+        )
+    finally:
+        stack.extra_env = {}
+        service = stack.processes.pop("agent-service", None)
+        if service is not None:
+            service.stop()
+    check_resumed(stack, result, scenario.kill_after)
