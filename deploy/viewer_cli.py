@@ -176,6 +176,8 @@ def _call_json(record: Any, with_tokens: bool) -> dict[str, Any]:
         "latency_ms": record.latency_ms,
         "retry_count": record.retry_count,
         "streamed": record.streamed,
+        "replayed_from": record.replayed_from,
+        "replay_normalized": record.replay_normalized,
         "messages": record.request.get("messages"),
         "prompt": record.request.get("prompt"),
         "completion": completion_text(record),
@@ -230,6 +232,9 @@ def _print(
             ),
             characters="─",
         )
+        if r.replayed_from:
+            normalized = " (under the rollout's normalizers)" if r.replay_normalized else ""
+            console.print(f"  replayed from {r.replayed_from}{normalized}", highlight=False)
         if view.earlier_messages:
             console.print(f"  … {view.earlier_messages} earlier messages", highlight=False)
         if view.prompt is not None:

@@ -78,6 +78,11 @@ class AggregationCounters:
     calls_without_logprobs: int = 0
     length_finished_calls: int = 0
     """Calls the server stopped at its max_tokens (finish_reason "length")."""
+    replayed_calls: int = 0
+    """Calls a resumed attempt answered from an earlier attempt's record (rule 10)."""
+    replay_normalized_calls: int = 0
+    """Of them, those matched only under the rollout's normalizers (`replay_normalized`
+    `drop`: their tokens are not trained)."""
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -136,14 +141,20 @@ def _completion(record: CallRecord, counters: AggregationCounters) -> tuple[list
 
 
 def _drafts(
-    records: Sequence[CallRecord], mode: str, counters: AggregationCounters
+    records: Sequence[CallRecord], settings: AggregationSpec, counters: AggregationCounters
 ) -> list[_Draft]:
+    mode = settings.mode
     drafts: list[_Draft] = []
     for record in records:
         counters.calls += 1
         if record.finish_reason() == "length":
             counters.length_finished_calls += 1
+        counters.replayed_calls += record.replayed_from is not None
+        counters.replay_normalized_calls += record.replay_normalized
         ids, logprobs = _completion(record, counters)
+        trained = 1
+        if record.replay_normalized and settings.replay_normalized == "drop":
+            trained, logprobs = 0, [0.0] * len(ids)
         prompt = list(record.prompt_token_ids)
         current = drafts[-1] if drafts and mode == "trajectory" else None
         if current is not None and current.extended_by(prompt):
@@ -155,7 +166,7 @@ def _drafts(
                 counters.merge_mismatches += 1
             current = _Draft(prompt=prompt)
             drafts.append(current)
-        current.append(ids, 1, logprobs)
+        current.append(ids, trained, logprobs)
     return drafts
 
 
@@ -195,7 +206,7 @@ def rollout_rows(
     when a call has no logprobs. Rows with no model token left are dropped (`empty_rows`)."""
     counters.rollouts += 1
     rows = []
-    for draft in _drafts(sample.records, settings.mode, counters):
+    for draft in _drafts(sample.records, settings, counters):
         row = _finish(draft, sample, settings, counters)
         if row is not None:
             rows.append(row)

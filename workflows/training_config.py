@@ -184,6 +184,10 @@ class AggregationSpec(Contract):
     max_prompt_length: int = Field(default=512, ge=1)
     # Tokens; a longer response is cut at the end (later turns are lost first).
     max_response_length: int = Field(default=256, ge=1)
+    # Calls a resumed attempt replayed under the rollout's normalizers (rule 10): their answer
+    # was sampled from a prompt that differed in the ignored spans. `keep` trains them like
+    # any call; `drop` leaves their tokens in the row as context, not trained (mask 0).
+    replay_normalized: Literal["keep", "drop"] = "keep"
 
 
 VERL_ROLLOUT_N = "actor_rollout_ref.rollout.n"

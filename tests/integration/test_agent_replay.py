@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
 
 from darl.workflows.contracts import HttpAgentSpec, ReplaySpec
@@ -57,6 +58,25 @@ async def test_a_killed_agent_resumes_by_replay_even_while_the_gateway_is_paused
     result = await run_killed(stack, spec, kill_then_pause)
     final = check_resumed(stack, result, scenario.kill_after)
     assert len(final) == 11
+
+    # The viewer and `darl trajectory` say which calls were replayed, and from which call.
+    store = ["--store-dir", str(stack.store_dir)]
+    viewer = await asyncio.to_thread(
+        stack._start,
+        "viewer",
+        ["viewer", "--port", "0", *store, "--agents-dir", str(stack.agents_dir)],
+    )
+    try:
+        async with httpx.AsyncClient(base_url=viewer["url"], timeout=30) as http:
+            page = (await http.get(f"/rollouts/{spec.rollout_id}")).text
+    finally:
+        stack.processes.pop("viewer").stop()
+    assert 'id="replay"' in page and "5 calls of the final attempt replayed" in page
+    for again in final[:5]:
+        assert f'class="replayed">replayed from {again.replayed_from}<' in page
+    shown = await asyncio.to_thread(stack.darl, "trajectory", spec.rollout_id, *store)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.count("replayed from") == 5
 
 
 async def test_a_token_agent_resumes_into_one_training_row(stack: Stack) -> None:

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 import yaml
@@ -30,6 +31,14 @@ from darl.workflows.contracts import (
     RolloutTimeouts,
 )
 from darl.workflows.rollout_status import RolloutStatus
+from tests.integration.replay_checks import (
+    REPLAY_AGENT,
+    Scenario,
+    check_resumed,
+    local_spec,
+    replay_settings,
+    run_killed,
+)
 from tests.integration.stack import Stack
 from tests.k8s_emulator import KubernetesEmulator
 from tests.k8s_schema import validate
@@ -274,3 +283,42 @@ async def test_a_rollout_runs_its_agent_as_a_job_end_to_end(
     assert emulator.jobs_created(job, NAMESPACE) == 1
     records = stack.store().read_sync(spec.rollout_id)
     assert [r.call_id for r in records] == result.call_ids
+
+
+async def test_an_agent_whose_pod_is_deleted_resumes_by_replay(
+    emulator: KubernetesEmulator, dev_env: WorkflowEnvironment, tmp_path: Path
+):
+    """Rule 10 on Kubernetes: the replay test agent's Pod is deleted (`kubectl delete pod`,
+    on the emulator) after 3 of its 6 calls; the Job fails under it, which is no fault of the
+    agent's, and the next attempt's Job replays the 3 recorded calls."""
+    stack = Stack(tmp_path / "stack", dev_env.client)
+    scenario = Scenario("k8s", kill_after=3, turns=6)
+    try:
+        await asyncio.to_thread(stack.start_policy_server)
+        await asyncio.to_thread(stack.start_gateway)
+        k8s = ("--k8s-namespace", NAMESPACE, "--k8s-api-url", emulator.url)
+        await asyncio.to_thread(stack.start_worker, "worker", *k8s)
+        agent = KubernetesAgentSpec(
+            image="emulator/run",
+            command=[sys.executable, REPLAY_AGENT],
+            env=replay_settings(stack, scenario),
+        )
+        spec = local_spec(stack, scenario, agent)
+
+        async def delete_the_pod() -> None:
+            job = job_name(spec.rollout_id, 1)
+            pods = [
+                p["metadata"]["name"]
+                for p in emulator.objects("pods", NAMESPACE)
+                if p["metadata"].get("labels", {}).get("job-name") == job
+            ]
+            async with httpx.AsyncClient(base_url=emulator.url) as api:
+                path = f"/api/v1/namespaces/{NAMESPACE}/pods/{pods[0]}"
+                (await api.delete(path)).raise_for_status()
+
+        result = await run_killed(stack, spec, delete_the_pod)
+    finally:
+        await asyncio.to_thread(stack.stop)
+    check_resumed(stack, result, scenario.kill_after)
+    assert emulator.jobs_created(job_name(spec.rollout_id, 1), NAMESPACE) == 1
+    assert emulator.jobs_created(job_name(spec.rollout_id, 2), NAMESPACE) == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -343,3 +344,40 @@ def test_records_read_back_from_the_store_aggregate_like_the_originals(tmp_path:
         aggregate([sample(read)], config)[0].batch["input_ids"].numpy(),
         aggregate([sample(records)], config)[0].batch["input_ids"].numpy(),
     )
+
+
+def test_a_replayed_trajectory_trains_as_the_calls_it_reproduces() -> None:
+    """Rule 10: calls a resumed attempt replayed carry the recorded tokens and logprobs, so
+    the rows equal those of the original calls plus the live ones, and are counted."""
+    original = conversation([("fresh", [1], [2, 3]), ("extend", [4], [5]), ("extend", [6], [7])])
+    replayed = [
+        replace(r, call_id=f"again-{r.call_id}", attempt=2, replayed_from=r.call_id)
+        for r in original[:2]
+    ]
+    settings = AggregationSettings(**UNLIMITED)
+    counters = AggregationCounters()
+    resumed = rollout_rows(sample([*replayed, original[2]]), settings, counters)
+    assert resumed == rollout_rows(sample(original), settings, AggregationCounters())
+    assert (counters.replayed_calls, counters.replay_normalized_calls) == (2, 0)
+
+
+@pytest.mark.parametrize("mode", ["trajectory", "transition"])
+def test_normalized_replays_are_kept_or_left_untrained(mode: str) -> None:
+    calls = conversation([("fresh", [1], [2, 3]), ("extend", [4], [5, 6]), ("extend", [7], [8])])
+    calls[1] = replace(calls[1], replayed_from="c", replay_normalized=True)
+    keep = AggregationSettings(mode=mode, **UNLIMITED)
+    drop = AggregationSettings(mode=mode, replay_normalized="drop", **UNLIMITED)
+    kept = rollout_rows(sample(calls), keep, AggregationCounters())
+    counters = AggregationCounters()
+    dropped = rollout_rows(sample(calls), drop, counters)
+    assert counters.replay_normalized_calls == 1
+    trained = [
+        t for row in dropped for t, m in zip(row.response_ids, row.response_mask, strict=True) if m
+    ]
+    assert trained == [2, 3, 8]
+    assert sum(sum(row.response_mask) for row in kept) == 5
+    if mode == "trajectory":
+        # Left in the row as context: the same conversation, its tokens not trained.
+        assert [r.response_ids for r in dropped] == [r.response_ids for r in kept]
+    else:
+        assert len(dropped) == 2 and counters.empty_rows == 1
