@@ -10,9 +10,10 @@ TURNS; PARALLEL `2` for two concurrent calls per turn (sub-agents on one convers
 `count` (a pure function of the answer), `clock` (the time at turn CLOCK_TURN, else count) or
 `pytest` (pytest's summary line, whose duration differs on every run); MAX_TOKENS.
 
-KILL_AFTER=k: on attempt KILL_ATTEMPT (1), once k answers arrived the agent notes it in
+KILL_AFTER=k: on attempt 1, once k answers arrived the agent notes it in
 `$MARKER_DIR/<rollout>.<attempt>` and waits, so the test kills it from outside at exactly that
-point. Every answer is noted in $AGENT_LOG (call id, the call it replays, its text).
+point (`k1,k2,...`: attempt n waits after kn answers). Every answer is noted in $AGENT_LOG
+(call id, the call it replays, its text).
 """
 
 from __future__ import annotations
@@ -147,8 +148,8 @@ def run_episode(
     parallel = int(settings.get("PARALLEL", "1"))
     tool = settings.get("TOOL", "count")
     clock_turn = int(settings.get("CLOCK_TURN", "-1"))
-    kill_after = int(settings.get("KILL_AFTER", "0"))
-    kill_attempt = int(settings.get("KILL_ATTEMPT", "1"))
+    kills = [int(k) for k in settings.get("KILL_AFTER", "0").split(",")]
+    kill_after = kills[attempt - 1] if attempt <= len(kills) else 0
     ask = Ask(settings)
     tokens = ask.protocol == "tokens"
     question = json.loads(settings["DARL_TASK"]).get("question", "Begin.")
@@ -193,7 +194,7 @@ def run_episode(
                     {"role": "assistant", "content": " | ".join(texts) or "(nothing)"},
                 ]
             messages.append({"role": "user", "content": observation})
-            if kill_after and attempt == kill_attempt and answers >= kill_after:
+            if kill_after and answers >= kill_after:
                 wait_to_be_killed()
     return {"reward": 1.0, "answer": messages[-2]["content"], "metadata": {"answers": answers}}
 

@@ -6,6 +6,7 @@ killed with SIGKILL of its process group (or its agent service) after a known ca
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import httpx
 import pytest
@@ -20,6 +21,7 @@ from tests.integration.replay_checks import (
     run_killed,
     sigkill_local_agent,
     trajectory_rows,
+    wait_for_marker,
 )
 from tests.integration.stack import Stack
 
@@ -182,3 +184,28 @@ async def test_a_restarted_agent_service_resumes_by_replay(stack: Stack) -> None
         if service is not None:
             service.stop()
     check_resumed(stack, result, scenario.kill_after)
+
+
+async def test_a_third_attempt_replays_the_second(stack: Stack) -> None:
+    """Killed after 3 calls, then again after 6: attempt 2's record holds the 3 it replayed
+    and 3 live ones, and attempt 3 replays all 6. Every prompt was generated once."""
+    scenario = Scenario("chain", kill_after=3, turns=9, settings={"KILL_AFTER": "3,6"})
+    spec = local_spec(stack, scenario)
+    handle = await stack.start_rollout(spec)
+    for attempt in (1, 2):
+        await wait_for_marker(stack, spec.rollout_id, attempt)
+        sigkill_local_agent(stack, spec.rollout_id, attempt)
+    result = await asyncio.wait_for(handle.result(), 120)
+    assert result.status == "succeeded" and result.attempts == 3, result
+    assert result.replayed_calls == 6 and result.replay_diverged_at is None
+    store = stack.store()
+    one, two = store.read_sync(spec.rollout_id, 1), store.read_sync(spec.rollout_id, 2)
+    final = store.read_sync(spec.rollout_id, call_ids=result.call_ids)
+    assert (len(one), len(two), len(final)) == (3, 6, 9)
+    assert [r.replayed_from for r in two[:3]] == [r.call_id for r in one]
+    assert [r.replayed_from for r in final[:6]] == [r.call_id for r in two]
+    assert all(r.replayed_from is None for r in [*two[3:], *final[6:]])
+    generated = Counter(tuple(line["prompt_token_ids"]) for line in stack.policy_responses())
+    episode = [*one, *two[3:], *final[6:]]
+    assert all(generated[tuple(r.prompt_token_ids)] == 1 for r in episode)
+    assert trajectory_rows(final)[0] == trajectory_rows(episode)[0]
