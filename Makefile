@@ -10,7 +10,7 @@ VLLM_VENV := .venv-vllm
 VLLM_VERSION := 0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_VERSION)
 
-.PHONY: demo test lint typecheck format bench bench-replicas bench-training chaos dev vllm clean
+.PHONY: demo test lint typecheck format bench bench-replicas bench-training bench-replay chaos dev vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,10 @@ bench-replicas: $(STAMP) $(HAPROXY_STAMP)
 
 bench-training: $(STAMP)
 	$(BIN)/python -m bench.training_bench
+
+# Replay (rule 10): an agent killed at call 30 of 40, resumed by replay against restarted.
+bench-replay: $(STAMP)
+	$(BIN)/python -m bench.replay_bench
 
 # The full chaos matrix: a training run per kill, each checked from outside DARL, as a table.
 chaos: $(STAMP)

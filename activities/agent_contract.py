@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,15 +98,16 @@ class ContractIssuer:
         attempt: int,
         traceparent: str | None,
         env_map: Mapping[str, str],
-        replay_from: int | None = None,
+        replay_from: Sequence[int] = (),
     ) -> AgentContract:
-        """The attempt's contract; with `replay_from`, its token tells the gateway to answer
-        the agent's requests from that attempt's record where they equal it (rule 10)."""
+        """The attempt's contract; with `replay_from` (earlier attempts, newest first), its
+        token tells the gateway to answer the agent's requests from their record where they
+        equal it (rule 10)."""
         replay = (
             None
-            if replay_from is None
+            if not replay_from
             else ReplayClaim(
-                source_attempt=replay_from,
+                sources=tuple(replay_from),
                 normalize=tuple(spec.replay.normalize),
                 patterns=tuple(spec.replay.patterns),
             )

@@ -54,14 +54,14 @@ class GatewayNotifier:
         give_up_after: float,
         started_at: float | None = None,
         return_events_up_to: int = 0,
-        replay_from: int | None = None,
+        replay_from: list[int] | None = None,
     ) -> ClosedAttempt:
         """Close the attempt; returns what DARL's infrastructure did to it while its agent ran
         (since `started_at`, epoch seconds): the gateway's 5xx answers and outages; its model
         calls that got no answer; and, with `return_events_up_to` > 0, its call events (at
-        most that many, else the gateway signals them); with `replay_from`, what the attempt
-        made of that attempt's record (rule 10). Idempotent: a retried close returns
-        the same events.
+        most that many, else the gateway signals them); with `replay_from` (earlier attempts,
+        newest first), what the attempt made of their record (rule 10). Idempotent: a retried
+        close returns the same events.
 
         Retries while the gateway is unreachable or answers 5xx; raises ApplicationError
         (retryable: the activity tries again) once `give_up_after` seconds have passed, and a
@@ -70,7 +70,7 @@ class GatewayNotifier:
         body: dict[str, object] = {} if started_at is None else {"started_at": started_at}
         if return_events_up_to > 0:
             body["return_events_up_to"] = return_events_up_to
-        if replay_from is not None:
+        if replay_from:
             body["replay_from"] = replay_from
         deadline = time.monotonic() + give_up_after
         delay = 0.5

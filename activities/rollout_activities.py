@@ -308,7 +308,7 @@ class RolloutActivities:
         spec: RolloutSpec,
         attempt: int,
         traceparent: str | None,
-        replay_from: int | None,
+        replay_from: list[int],
     ) -> AgentContract:
         try:
             return self._issuer.issue(spec, attempt, traceparent, spec.agent.env_map, replay_from)

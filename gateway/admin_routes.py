@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from darl.gateway.bodies import read_model
 from darl.gateway.dependencies import admin, gateway_of
-from darl.gateway.replay import replay_outcome
+from darl.gateway.replay import check_lineage, replay_outcome
 from darl.workflows.training_config import PauseMode
 
 router = APIRouter()
@@ -44,8 +44,9 @@ class CloseRequest(BaseModel):
     # Answer with the attempt's call events instead of signalling them, if it recorded no more
     # than this many (0: signal them, as a close before this field did).
     return_events_up_to: int = Field(default=0, ge=0, le=4096)
-    # The attempt resumed by replaying this earlier attempt's record: say what it made of it.
-    replay_from: int | None = Field(default=None, ge=1)
+    # The attempt resumed by replaying these earlier attempts' record (newest first): say
+    # what it made of it.
+    replay_from: list[int] = Field(default_factory=list, max_length=20)
 
 
 @router.post("/admin/pause", dependencies=ADMIN)
@@ -114,7 +115,8 @@ async def close_attempt(request: Request, rollout_id: str, attempt: int) -> dict
     incidents = await gateway.incidents(rollout_id, attempt, body.started_at)
     failed = await gateway.store.failed_calls(rollout_id, attempt)
     replay = None
-    if body.replay_from is not None and body.replay_from < attempt:
+    if body.replay_from:
+        check_lineage(body.replay_from, attempt)
         outcome = await replay_outcome(gateway.store, rollout_id, body.replay_from, closed.records)
         replay = outcome.model_dump(mode="json")
     return {

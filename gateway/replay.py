@@ -10,9 +10,12 @@ once, and concurrent requests each take the first unused call of their own form,
 that issue calls in parallel replay too. Once a live answer has reached the agent, it has seen
 what the recorded run never did: nothing more is replayed.
 
-A `ReplaySession` is rebuilt from the store on its first use by a process (this attempt's
-records say which recorded calls are used and whether a live call was answered), so a
-restarted gateway or another replica carries on where the last one was.
+The record offered is the lineage the workflow names (`ReplayClaim.sources`): the calls of
+the last attempt that recorded any, and, when that attempt was lost before its own replay was
+over (it has no live call), the calls it had yet to reproduce of the attempt it replayed, and
+so on. A `ReplaySession` is rebuilt from the store on its first use by a process (this
+attempt's records say which offered calls are used and whether a live call was answered), so
+a restarted gateway or another replica carries on where the last one was.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import hashlib
 import json
 import logging
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -92,6 +96,39 @@ class Match:
     normalized: bool
 
 
+def check_lineage(sources: Sequence[int], attempt: int) -> None:
+    """Raise a 400 unless `sources` are distinct earlier attempts, newest first."""
+    if (
+        not sources
+        or list(sources) != sorted(set(sources), reverse=True)
+        or sources[-1] < 1
+        or sources[0] >= attempt
+    ):
+        raise GatewayError(
+            400,
+            f"attempt {attempt} cannot replay attempts {list(sources)}",
+            code="invalid_replay",
+        )
+
+
+async def offered_calls(
+    store: TrajectoryStore, rollout_id: str, sources: Sequence[int]
+) -> list[CallRecord]:
+    """The recorded calls an attempt that replays `sources` (newest first) is offered, in
+    order: the newest source's; then, while the source read last has no live call (it was
+    lost before its replay was over), the calls of the one before that it had yet to
+    reproduce. A call reproduced by a newer record is offered as that record only."""
+    offered: list[CallRecord] = []
+    reproduced: set[str] = set()
+    for attempt in sources:
+        records = await store.read(rollout_id, attempt)
+        offered += [r for r in records if r.call_id not in reproduced]
+        reproduced |= {r.replayed_from for r in records if r.replayed_from is not None}
+        if any(r.replayed_from is None for r in records):
+            break
+    return offered
+
+
 class ReplaySession:
     """The record one attempt replays, and what it has used of it."""
 
@@ -101,7 +138,7 @@ class ReplaySession:
         source: list[CallRecord],
         done: list[CallRecord],
     ) -> None:
-        self.source_attempt = claim.source_attempt
+        self.sources = claim.sources
         self.normalizer = Normalizer(claim.normalize, claim.patterns)
         self.recorded = len(source)
         used = {r.replayed_from for r in done if r.replayed_from is not None}
@@ -164,13 +201,9 @@ class ReplayBook:
 
     async def session(self, claims: TokenClaims) -> ReplaySession:
         claim = claims.replay
-        if claim is None or not 1 <= claim.source_attempt < claims.attempt:
-            raise GatewayError(
-                400,
-                f"attempt {claims.attempt} cannot replay attempt "
-                f"{claim.source_attempt if claim else None}",
-                code="invalid_replay",
-            )
+        if claim is None:
+            raise GatewayError(400, "the attempt does not replay", code="invalid_replay")
+        check_lineage(claim.sources, claims.attempt)
         key = (claims.rollout_id, claims.attempt)
         held = self._sessions.get(key)
         if held is not None:
@@ -180,18 +213,18 @@ class ReplayBook:
         async with lock:
             held = self._sessions.get(key)
             if held is None:
-                source = await self._store.read(claims.rollout_id, claim.source_attempt)
+                source = await offered_calls(self._store, claims.rollout_id, claim.sources)
                 done = await self._store.read(claims.rollout_id, claims.attempt)
                 held = ReplaySession(claim, source, done)
                 self._sessions[key] = held
                 while len(self._sessions) > self._bound:
                     self._sessions.popitem(last=False)
                 log.info(
-                    "%s attempt %d replays %d call(s) of attempt %d",
+                    "%s attempt %d replays %d call(s) of attempt(s) %s",
                     claims.rollout_id,
                     claims.attempt,
                     held.left,
-                    claim.source_attempt,
+                    list(claim.sources),
                 )
         self._loading.pop(key, None)
         return held
@@ -207,11 +240,11 @@ class ReplayBook:
 
 
 async def replay_outcome(
-    store: TrajectoryStore, rollout_id: str, source_attempt: int, records: list[CallRecord]
+    store: TrajectoryStore, rollout_id: str, sources: Sequence[int], records: list[CallRecord]
 ) -> ReplayOutcome:
-    """What an attempt whose calls are `records` made of `source_attempt`'s record, read from
+    """What an attempt whose calls are `records` made of the record of `sources`, read from
     the store (so whichever replica closes the attempt can say it)."""
-    source = await store.read(rollout_id, source_attempt)
+    source = await offered_calls(store, rollout_id, sources)
     used = {r.replayed_from for r in records if r.replayed_from is not None}
     replayed = [r for r in records if r.replayed_from is not None]
     diverged_at = None
@@ -219,7 +252,7 @@ async def replay_outcome(
         live = [r.sequence for r in records if r.replayed_from is None]
         diverged_at = min(live) if live else len(records)
     return ReplayOutcome(
-        source_attempt=source_attempt,
+        sources=list(sources),
         recorded=len(source),
         replayed=len(replayed),
         normalized=sum(1 for r in replayed if r.replay_normalized),

@@ -250,8 +250,8 @@ class ReplayOutcome(Contract):
     """What an attempt that resumed by replay made of the record it was handed: the gateway
     says it when the attempt is closed."""
 
-    # The attempt whose recorded calls were offered, and how many there were.
-    source_attempt: int
+    # The attempts whose recorded calls were offered (newest first), and how many there were.
+    sources: list[int]
     recorded: int
     # Calls of this attempt answered from the record; of them, those that matched only under
     # the rollout's normalizers.
@@ -363,8 +363,9 @@ class LaunchRequest(Contract):
     attempt: int
     # The W3C traceparent of the rollout's span, handed to the agent (TRACEPARENT).
     traceparent: str | None = None
-    # The earlier attempt whose recorded calls this one replays (rule 10); in its token.
-    replay_from: int | None = None
+    # The earlier attempts whose recorded calls this one replays (rule 10), newest first: the
+    # last that recorded calls, then the ones its record continues. In the agent's token.
+    replay_from: list[int] = Field(default_factory=list)
 
 
 class AgentHandle(Contract):
@@ -387,7 +388,7 @@ class AwaitRequest(Contract):
     # here. False for a workflow started by the release before.
     one_activity: bool = False
     # As LaunchRequest.replay_from: the agent's token says it, and the close reports on it.
-    replay_from: int | None = None
+    replay_from: list[int] = Field(default_factory=list)
 
 
 class AgentScore(Contract):

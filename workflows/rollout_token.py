@@ -31,10 +31,12 @@ class TokenExpiredError(TokenError):
 
 @dataclass(frozen=True)
 class ReplayClaim:
-    """The attempt replays the calls `source_attempt` recorded (rule 10), matching requests
-    with the rollout's normalizers (`RolloutSpec.replay`)."""
+    """The attempt replays the calls its earlier attempts recorded (rule 10): `sources`, newest
+    first, is the lineage of its record (the last attempt that recorded calls, then the one
+    that attempt replayed, ...); requests are matched with the rollout's normalizers
+    (`RolloutSpec.replay`)."""
 
-    source_attempt: int
+    sources: tuple[int, ...]
     normalize: tuple[str, ...] = ()
     patterns: tuple[str, ...] = ()
 
@@ -74,7 +76,7 @@ def mint_token(secret: bytes, claims: TokenClaims) -> str:
     if claims.traceparent:
         body["tp"] = claims.traceparent
     if claims.replay is not None:
-        replay: dict[str, object] = {"a": claims.replay.source_attempt}
+        replay: dict[str, object] = {"a": list(claims.replay.sources)}
         if claims.replay.normalize:
             replay["n"] = list(claims.replay.normalize)
         if claims.replay.patterns:
@@ -109,7 +111,7 @@ def _replay_claim(value: object) -> ReplayClaim | None:
     if not isinstance(value, dict):
         raise TypeError("replay claim is not an object")
     return ReplayClaim(
-        source_attempt=int(value["a"]),
+        sources=tuple(int(a) for a in value["a"]),
         normalize=tuple(str(n) for n in value.get("n") or ()),
         patterns=tuple(str(p) for p in value.get("p") or ()),
     )

@@ -2,7 +2,8 @@
 
 Reads as the story of a rollout: launch the agent, await it under the rollout timeout, score it,
 tell the trainer. An infra failure (launch failed, agent lost with its worker's machine) gets a
-fresh attempt; what the agent itself did (non-zero exit, timeout, no reward) is the result.
+fresh attempt, which resumes by replay of the calls the lost one recorded (rule 10); what the
+agent itself did (non-zero exit, timeout, no reward) is the result.
 
 What the server does per rollout bounds rollouts per second, so an attempt of an HTTP agent is
 one activity (`RolloutSpec.revision` 2): await_agent enforces the timeout and returns the calls the
@@ -133,9 +134,9 @@ class RolloutWorkflow:
         # first attempt.
         self._one_activity = spec.revision >= ONE_ACTIVITY_REVISION
         self._local_report = spec.revision >= LOCAL_REPORT_REVISION
-        # The attempt whose recorded calls the next attempt replays (rule 10), and what the
-        # current attempt made of the record it was handed.
-        self._replay_source: int | None = None
+        # The attempts whose recorded calls the next attempt replays, newest first (rule 10),
+        # and what the current attempt made of the record it was handed.
+        self._replay_lineage: list[int] = []
         self._replay: ReplayOutcome | None = None
 
     # --- the story ---------------------------------------------------------------------
@@ -206,11 +207,13 @@ class RolloutWorkflow:
     def _hand_on_record(self, attempt: int) -> None:
         """An attempt lost to an infrastructure failure hands the calls it recorded to the
         next one, which replays them (rule 10). Its record holds the calls it replayed
-        itself, so a third attempt replays the second. An attempt of which the workflow knows
-        no call (lost before its first, or before any reached the workflow) hands on the
-        record it was handed."""
+        itself, so a third attempt replays the second; and if it was lost before its replay
+        was over, the calls it had yet to replay continue it (the gateway reads that in the
+        records: the lineage names where to look). An attempt of which the workflow knows no
+        call (lost before its first, or before any reached the workflow) hands on the record
+        it was handed."""
         if self._spec.resume == "replay" and self._calls:
-            self._replay_source = attempt
+            self._replay_lineage = [attempt, *self._replay_lineage]
 
     async def _launch(self, attempt: int) -> AgentHandle:
         agent = self._spec.agent
@@ -227,7 +230,7 @@ class RolloutWorkflow:
             )
         handle: AgentHandle = await workflow.execute_activity(
             LAUNCH_AGENT,
-            LaunchRequest(spec=self._spec, attempt=attempt, replay_from=self._replay_source),
+            LaunchRequest(spec=self._spec, attempt=attempt, replay_from=self._replay_lineage),
             result_type=AgentHandle,
             start_to_close_timeout=timedelta(seconds=self._spec.timeouts.launch_seconds),
             retry_policy=RetryPolicy(
@@ -266,7 +269,7 @@ class RolloutWorkflow:
                 attempt=handle.attempt,
                 handle=handle,
                 one_activity=self._one_activity,
-                replay_from=self._replay_source,
+                replay_from=self._replay_lineage,
             ),
             result_type=AgentExit,
             start_to_close_timeout=agent_timeout + margin,

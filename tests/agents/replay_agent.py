@@ -13,7 +13,10 @@ TURNS; PARALLEL `2` for two concurrent calls per turn (sub-agents on one convers
 KILL_AFTER=k: on attempt 1, once k answers arrived the agent notes it in
 `$MARKER_DIR/<rollout>.<attempt>` and waits, so the test kills it from outside at exactly that
 point (`k1,k2,...`: attempt n waits after kn answers). Every answer is noted in $AGENT_LOG
-(call id, the call it replays, its text).
+(call id, the call it replays, its text). KILL_RATE=p instead: each of attempts 1 and 2
+waits to be killed with probability p, after a number of answers drawn at random (seeded by
+the rollout and attempt). With CHAOS_AGENT_LOG the agent also notes its run and the answers
+it received in the chaos tier's format (tests/chaos/local_agent.py).
 """
 
 from __future__ import annotations
@@ -22,24 +25,28 @@ import hashlib
 import json
 import os
 import random
-import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
-from anthropic import Anthropic
 from openai import OpenAI
 
 SYSTEM = "You are a careful agent. Use the tool's output to decide the next step."
 
 
+# Token ids the tokens agent writes itself: 1..14, which every tiny model has (digits: 15).
+def _token(value: int) -> int:
+    return 1 + value % 14
+
+
 def token_tool(answer: str) -> str:
     """The tokens agent's tool: token ids (as JSON) that are a pure function of the answer's."""
     ids = json.loads(answer) if answer.startswith("[") else []
-    return json.dumps([sum(ids) % 50 + 10, len(ids) + 10, 11])
+    return json.dumps([_token(sum(ids)), _token(len(ids)), 1])
 
 
 def tool_output(tool: str, turn: int, text: str, clock_turn: int) -> str:
@@ -62,11 +69,15 @@ class Ask:
         self.openai = OpenAI(
             base_url=settings["OPENAI_BASE_URL"], api_key=settings["OPENAI_API_KEY"], max_retries=6
         )
-        self.anthropic = Anthropic(
-            base_url=settings["ANTHROPIC_BASE_URL"],
-            api_key=settings["ANTHROPIC_API_KEY"],
-            max_retries=6,
-        )
+        if self.protocol == "messages":
+            # Imported only here: the SDK takes ~2 s of CPU to import on this machine.
+            from anthropic import Anthropic
+
+            self.anthropic = Anthropic(
+                base_url=settings["ANTHROPIC_BASE_URL"],
+                api_key=settings["ANTHROPIC_API_KEY"],
+                max_retries=6,
+            )
 
     def __call__(self, messages: list[dict[str, str]]) -> tuple[str, Mapping[str, str]]:
         if self.protocol == "tokens":
@@ -150,18 +161,29 @@ def run_episode(
     clock_turn = int(settings.get("CLOCK_TURN", "-1"))
     kills = [int(k) for k in settings.get("KILL_AFTER", "0").split(",")]
     kill_after = kills[attempt - 1] if attempt <= len(kills) else 0
+    if settings.get("KILL_RATE"):
+        chance = random.Random(f"{rollout}/{attempt}")
+        if attempt < 3 and chance.random() < float(settings["KILL_RATE"]):
+            kill_after = chance.randint(1, turns * parallel - 1)
     ask = Ask(settings)
     tokens = ask.protocol == "tokens"
-    question = json.loads(settings["DARL_TASK"]).get("question", "Begin.")
-    # The tokens agent opens with ids of its own question (no two rollouts share a prompt).
+    task = json.loads(settings["DARL_TASK"])
+    question = task.get("question") or settings["DARL_TASK"]
+    # The tokens agent opens with ids of its own question (no two tasks share a prompt).
     opening = (
-        json.dumps([12 + b % 40 for b in hashlib.sha256(question.encode()).digest()[:8]])
+        json.dumps([_token(b) for b in hashlib.sha256(question.encode()).digest()[:8]])
         if tokens
         else question
     )
     messages: list[dict[str, str]] = [{"role": "user", "content": opening}]
     answers = 0
     log_path = Path(settings["AGENT_LOG"])
+    with log_path.open("a") as log:
+        log.write(json.dumps({"rollout": rollout, "attempt": attempt, "start": time.time()}) + "\n")
+    chaos_log = settings.get("CHAOS_AGENT_LOG")
+    run = uuid.uuid4().hex
+    if chaos_log:
+        _note(chaos_log, run=run, rollout_id=rollout, attempt=attempt, pid=os.getpid())
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         for turn in range(turns):
             asks = [
@@ -180,9 +202,12 @@ def run_episode(
                     "call_id": headers.get("x-darl-call-id"),
                     "replayed_from": headers.get("x-darl-replayed-from"),
                     "text": text,
+                    "at": time.time(),
                 }
                 with log_path.open("a") as log:
                     log.write(json.dumps(line) + "\n")
+                if chaos_log:
+                    _note(chaos_log, run=run, call_id=line["call_id"])
             texts = [text for text, _ in replies]
             if tokens:
                 observation = token_tool(texts[0])
@@ -197,6 +222,11 @@ def run_episode(
             if kill_after and answers >= kill_after:
                 wait_to_be_killed()
     return {"reward": 1.0, "answer": messages[-2]["content"], "metadata": {"answers": answers}}
+
+
+def _note(path: str, **line: object) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 def _wait_for_sigkill(settings: Mapping[str, str]) -> Callable[[], None]:
@@ -224,4 +254,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -6,6 +6,7 @@ tested on their own (tests/chaos/test_checks.py) to find what they must find."""
 from __future__ import annotations
 
 import collections
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,15 @@ class ChaosReport:
     answers_not_in_result: int = 0
     # Trained rollouts whose final attempt's records in the store are not its calls, once each.
     trajectories_not_stored: int = 0
+    # Replay (rule 10): agents the run's killer SIGKILLed at a random call, calls answered
+    # from an earlier attempt's record, calls the policy generated again (a live call with
+    # the prompt of a recorded call of its rollout, or a replayed call it was asked for), and
+    # trained trajectories that are not one episode (a replayed call unlike its record, a
+    # live call before a replayed one, a call whose prompt does not extend the one before).
+    agents_killed: int = 0
+    replayed_calls: int = 0
+    regenerated_calls: int = 0
+    inconsistent_trajectories: int = 0
 
     @property
     def clean(self) -> bool:
@@ -66,6 +76,8 @@ class ChaosReport:
                 self.answers_not_stored,
                 self.answers_not_in_result,
                 self.trajectories_not_stored,
+                self.regenerated_calls,
+                self.inconsistent_trajectories,
             )
         )
 
@@ -75,14 +87,15 @@ def check_versions(
 ) -> None:
     """Each stored call against the last answer the policy server logged for its call id
     (an earlier one may be an answer from old weights the gateway threw away): the same
-    version, the same tokens. A call the server never logged is unproven."""
+    version, the same tokens. A call the server never logged is unproven. A replayed call is
+    held to the answer of the call it reproduces, first generated (rule 10)."""
     answered: dict[str, dict[str, Any]] = {}
     for line in policy_log:
         if line.get("call_id"):
             answered[line["call_id"]] = line
     report.calls = len(records)
-    for call_id, record in records.items():
-        line = answered.get(call_id)
+    for record in records.values():
+        line = answered.get(_generated_as(record, records))
         if line is None:
             report.unproven_calls += 1
         elif (
@@ -90,6 +103,72 @@ def check_versions(
             or line["token_ids"][0] != record.completion_token_ids()
         ):
             report.mislabelled_calls += 1
+
+
+def _generated_as(record: CallRecord, records: dict[str, CallRecord]) -> str:
+    """The call id under which the policy generated this record's answer: its own, or that
+    of the first call of the chain of replays it ends."""
+    seen: set[str] = set()
+    while record.replayed_from is not None and record.call_id not in seen:
+        seen.add(record.call_id)
+        source = records.get(record.replayed_from)
+        if source is None:
+            return record.replayed_from
+        record = source
+    return record.call_id
+
+
+def check_replays(
+    report: ChaosReport,
+    records: dict[str, CallRecord],
+    steps: dict[int, TrainStepRequest],
+    policy_log: list[dict[str, Any]],
+) -> None:
+    """Rule 10, from the store and the policy server's log: no call generated twice, and
+    every trained trajectory one consistent episode (for agents whose calls extend each
+    other: the replay runs' token-in, token-out agent)."""
+    generated = {line["call_id"] for line in policy_log if line.get("call_id")}
+    prompts: dict[str, collections.Counter[tuple[int, ...]]] = collections.defaultdict(
+        collections.Counter
+    )
+    for record in records.values():
+        if record.replayed_from is None:
+            prompts[record.rollout_id][tuple(record.prompt_token_ids)] += 1
+            continue
+        report.replayed_calls += 1
+        if record.call_id in generated:
+            report.regenerated_calls += 1
+    report.regenerated_calls += sum(
+        n - 1 for counts in prompts.values() for n in counts.values() if n > 1
+    )
+    for request in steps.values():
+        for group in request.groups:
+            for member in group.members:
+                calls = [records.get(call_id) for call_id in member.call_ids]
+                if not _one_episode(calls, records):
+                    report.inconsistent_trajectories += 1
+
+
+def _one_episode(calls: list[CallRecord | None], records: dict[str, CallRecord]) -> bool:
+    if any(call is None for call in calls):
+        return False
+    episode = [call for call in calls if call is not None]
+    replayed = [call.replayed_from is not None for call in episode]
+    if replayed != sorted(replayed, reverse=True):  # a replayed call after a live one
+        return False
+    for call in episode:
+        source = records.get(call.replayed_from or "")
+        if call.replayed_from is not None and (
+            source is None
+            or source.response != call.response
+            or source.prompt_token_ids != call.prompt_token_ids
+        ):
+            return False
+    for before, after in itertools.pairwise(episode):
+        context = before.prompt_token_ids + before.completion_token_ids()
+        if after.prompt_token_ids[: len(context)] != context:
+            return False
+    return True
 
 
 def check_staleness(

@@ -24,6 +24,8 @@ import collections
 import contextlib
 import json
 import logging
+import os
+import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -54,6 +56,7 @@ from tests.chaos.checks import (
     Kill,
     KillOutcome,
     check_agents,
+    check_replays,
     check_staleness,
     check_trajectories,
     check_versions,
@@ -72,6 +75,11 @@ from tests.serving import served
 log = logging.getLogger(__name__)
 
 LOCAL_AGENT = str(Path(__file__).resolve().parent / "local_agent.py")
+# The multi-turn agent of the replay runs (rule 10): a token-in, token-out harness killed at
+# random calls (tests/agents/replay_agent.py).
+REPLAY_AGENT = str(Path(__file__).resolve().parents[1] / "agents" / "replay_agent.py")
+REPLAY_TURNS = 5
+REPLAY_KILL_RATE = 0.3
 AGENT_SERVICE = "tests.chaos.agents:app"
 FAILED = ("failed_agent", "failed_infra", "timed_out")
 
@@ -93,10 +101,12 @@ PAUSED_FOR_SYNC = "paused for a sync"
 
 
 class ChaosRun:
-    """One training run under a list of kills. `agent`: "http" (the digits agent service) or
-    "local" (a process per attempt). With `replicas` > 1 the gateway is that many replicas
-    behind HAProxy, round-robin (its kill is the first replica's): an agent's call and its
-    attempt's close reach different replicas."""
+    """One training run under a list of kills. `agent`: "http" (the digits agent service),
+    "local" (a process per attempt) or "replay" (a multi-turn process per attempt, which waits
+    at a random call of 30% of its first two attempts for the run's agent killer to SIGKILL
+    its process group: the next attempt resumes by replay). With `replicas` > 1 the gateway
+    is that many replicas behind HAProxy, round-robin (its kill is the first replica's): an
+    agent's call and its attempt's close reach different replicas."""
 
     def __init__(
         self, root: Path, kills: list[Kill], steps: int, agent: str = "http", replicas: int = 1
@@ -114,6 +124,8 @@ class ChaosRun:
         self.client: Client | None = None
         self.stack: Stack | None = None
         self.sync_delay: SyncDelay | None = None
+        self.markers = root / "replay-markers"
+        self.agents_killed = 0
 
     # --- the run ----------------------------------------------------------------------------
 
@@ -175,6 +187,23 @@ class ChaosRun:
             data["rollout"]["agent"] = LocalAgentSpec(
                 command=["{python}", LOCAL_AGENT], env={"CHAOS_AGENT_LOG": log}
             ).model_dump(mode="json")
+        if self.agent == "replay":
+            self.markers.mkdir(exist_ok=True)
+            data["rollout"]["agent"] = LocalAgentSpec(
+                command=["{python}", REPLAY_AGENT],
+                env={
+                    "CHAOS_AGENT_LOG": str(self.root / RUNS_LOG),
+                    "AGENT_LOG": str(self.root / "replay-agent.log"),
+                    "MARKER_DIR": str(self.markers),
+                    "PROTOCOL": "tokens",
+                    "TURNS": str(REPLAY_TURNS),
+                    "MAX_TOKENS": "3",
+                    "KILL_RATE": str(REPLAY_KILL_RATE),
+                },
+            ).model_dump(mode="json")
+            # A multi-turn episode straddles weight syncs in async mode; on-policy steps
+            # keep every group (replayed calls keep the version that generated them).
+            data["mode"] = "sync"
         # The trainer loads weights through the fault injector; the gateway reaches the
         # policy server directly (its --upstream).
         data["weight_sync"] |= {
@@ -190,21 +219,44 @@ class ChaosRun:
         started = time.monotonic()
         handle = await start_training(self.client, config, self.stack.trainer_queue)
         watching = asyncio.create_task(self._watch(handle))
+        killing = asyncio.create_task(self._kill_waiting_agents())
         outcomes = []
         try:
             for kill in self.kills:
                 outcomes.append(await self._strike(handle, kill))
             summary = await self._result(handle)
         finally:
-            watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watching
+            for task in (watching, killing):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         wall = time.monotonic() - started
         for outcome in outcomes:
             outcome.stall = self._stall(outcome)
         report = ChaosReport(self.run_id, self.agent, wall, outcomes)
+        report.agents_killed = self.agents_killed
         await self._check(report, config, summary)
         return report
+
+    async def _kill_waiting_agents(self) -> None:
+        """SIGKILL the process group of every replay agent that waits at its kill point, as
+        a lost machine ends it (nothing to do for the other agents)."""
+        assert self.stack is not None
+        killed: set[str] = set()
+        while True:
+            for marker in self.markers.glob("*") if self.markers.exists() else ():
+                if marker.name in killed:
+                    continue
+                rollout, attempt = marker.name.rsplit(".", 1)
+                handle = self.stack.agents_dir / rollout / f"attempt-{attempt}" / "handle.json"
+                if not handle.exists():
+                    continue
+                pid = int(json.loads(handle.read_text())["data"]["pid"])
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                killed.add(marker.name)
+                self.agents_killed += 1
+            await asyncio.sleep(0.05)
 
     async def _result(self, handle: WorkflowHandle) -> TrainingSummary:
         """The run's summary, asking again across a Temporal restart."""
@@ -387,6 +439,7 @@ class ChaosRun:
         check_staleness(report, records, steps, config.knobs.max_staleness)
         check_agents(report, self.run_id, records, steps, self._agent_log())
         check_trajectories(report, stored, steps)
+        check_replays(report, records, steps, self.stack.policy_responses())
 
     async def _check_executions(self, report: ChaosReport) -> None:
         assert self.client is not None
@@ -447,7 +500,7 @@ class ChaosRun:
         assert self.stack is not None
         path = (
             self.root / RUNS_LOG
-            if self.agent == "local"
+            if self.agent in ("local", "replay")
             else self.stack.root / "agent-service" / RUNS_LOG
         )
         if not path.exists():

@@ -34,5 +34,13 @@ def summary(report: ChaosReport) -> str:
         f"{report.run_id} ({report.agent} agent): {report.wall_seconds:.0f}s, "
         f"{report.rollouts} rollouts ({report.extra_attempts} retried attempts), "
         f"{report.calls} calls, {report.stale_trained_calls} trained calls beyond "
-        f"max_staleness; {'clean' if report.clean else 'NOT CLEAN: ' + '; '.join(report.problems)}"
+        f"max_staleness; "
+        + (
+            f"{report.agents_killed} agents killed, {report.replayed_calls} calls replayed, "
+            f"{report.regenerated_calls} generated twice, {report.inconsistent_trajectories} "
+            "trained trajectories not one episode; "
+            if report.agents_killed
+            else ""
+        )
+        + ("clean" if report.clean else "NOT CLEAN: " + "; ".join(report.problems))
     )

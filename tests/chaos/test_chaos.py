@@ -37,3 +37,15 @@ async def test_local_agents_survive_their_workers_kill(tmp_path: Path) -> None:
     report = await ChaosRun(tmp_path, kills, steps, agent="local").run()
     print(table(report))
     assert report.clean, table(report)
+
+
+@pytest.mark.timeout(600)
+async def test_multi_turn_agents_killed_at_random_calls_resume_by_replay(tmp_path: Path) -> None:
+    """Rule 10 under chaos: a third of the multi-turn agents' first attempts (and of their
+    second) are SIGKILLed at a random call; each resumes by replay. The run completes, no
+    call is generated twice, every trained trajectory is one episode."""
+    report = await ChaosRun(tmp_path, [], steps=2, agent="replay").run()
+    print(table(report))
+    assert report.clean, table(report)
+    # 32 rollouts or more: none killed would be a chance of 0.7^32, 1e-5.
+    assert report.agents_killed >= 1 and report.replayed_calls >= report.agents_killed

@@ -13,6 +13,7 @@ from darl.workflows.training_messages import TrainGroup, TrainMember, TrainStepR
 from tests.chaos.checks import (
     ChaosReport,
     check_agents,
+    check_replays,
     check_staleness,
     check_trajectories,
     check_versions,
@@ -130,3 +131,73 @@ def test_a_trained_attempt_must_be_its_records_in_the_store_once_each() -> None:
         found = report()  # a call lost, recorded twice, recorded after the close
         check_trajectories(found, defect, steps)
         assert found.trajectories_not_stored == 1, defect
+
+
+def turn(call_id: str, prompt: list[int], answer: list[int], **fields: object) -> CallRecord:
+    """A call of a token-in, token-out agent: `prompt` then `answer`."""
+    base = record(call_id, 0, answer, attempt=int(str(fields.pop("attempt", 1))))
+    response = {"choices": [{"text": "", "token_ids": answer, "prompt_token_ids": prompt}]}
+    return replace(base, prompt_token_ids=prompt, response=response, **fields)  # type: ignore[arg-type]
+
+
+def replay_run() -> tuple[dict[str, CallRecord], list[CallRecord]]:
+    """Attempt 1 made two calls and was lost; attempt 2 replayed them and made a third."""
+    one = [turn("a", [1], [2]), turn("b", [1, 2, 9], [3])]
+    two = [
+        turn("a2", [1], [2], attempt=2, replayed_from="a"),
+        turn("b2", [1, 2, 9], [3], attempt=2, replayed_from="b"),
+        turn("c2", [1, 2, 9, 3, 9], [4], attempt=2),
+    ]
+    return {r.call_id: r for r in [*one, *two]}, two
+
+
+def generated_log(*call_ids: str) -> list[dict]:
+    return [{"call_id": c, "policy_version": 0, "token_ids": [[0]]} for c in call_ids]
+
+
+def test_a_clean_replay_counts_nothing() -> None:
+    records, two = replay_run()
+    r = report()
+    check_replays(
+        r, records, {1: step(1, [c.call_id for c in two], attempt=2)}, generated_log("a", "b", "c2")
+    )
+    assert (r.replayed_calls, r.regenerated_calls, r.inconsistent_trajectories) == (2, 0, 0)
+
+
+def test_a_call_generated_again_is_counted() -> None:
+    records, _ = replay_run()
+    # The third call went live with the prompt of a recorded one.
+    records["b3"] = turn("b3", [1, 2, 9], [5], attempt=3)
+    r = report()
+    check_replays(r, records, {}, generated_log("a", "b", "c2", "a2"))
+    assert r.regenerated_calls == 2  # a replayed call the policy was asked for, and b3
+
+
+def test_a_trajectory_that_is_not_one_episode_is_counted() -> None:
+    records, two = replay_run()
+    unlike = replace(
+        two[1], response={"choices": [{"token_ids": [7], "prompt_token_ids": [1, 2, 9]}]}
+    )
+    records[unlike.call_id] = unlike
+    out_of_order = [two[0], two[2], two[1]]
+    r = report()
+    steps = {
+        1: step(1, [c.call_id for c in two], attempt=2),
+        2: step(2, [c.call_id for c in out_of_order], attempt=2),
+    }
+    check_replays(r, records, steps, generated_log("a", "b", "c2"))
+    assert r.inconsistent_trajectories == 2
+
+
+def test_a_replayed_call_is_held_to_the_answer_it_reproduces() -> None:
+    records, _ = replay_run()
+    r = report()
+    check_versions(
+        r,
+        records,
+        [
+            {"call_id": c, "policy_version": 0, "token_ids": [records[c].completion_token_ids()]}
+            for c in ("a", "b", "c2")
+        ],
+    )
+    assert (r.unproven_calls, r.mislabelled_calls) == (0, 0)

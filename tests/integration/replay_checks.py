@@ -109,7 +109,7 @@ async def run_killed(
 def agent_log(stack: Stack, rollout_id: str) -> list[dict[str, Any]]:
     path = stack.root / "replay-agent.log"
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    return [line for line in lines if line["rollout"] == rollout_id]
+    return [line for line in lines if line["rollout"] == rollout_id and "call_id" in line]
 
 
 def trajectory_rows(

@@ -13,8 +13,15 @@ from pydantic import ValidationError
 
 from darl.gateway.call_record import CallRecord
 from darl.gateway.capture import StreamAssembler, answer_chunks
+from darl.gateway.errors import GatewayError
 from darl.gateway.messages_api import MessagesRequest, MessagesTranslation
-from darl.gateway.replay import ReplaySession, canonical_form, replay_outcome
+from darl.gateway.replay import (
+    ReplaySession,
+    canonical_form,
+    check_lineage,
+    offered_calls,
+    replay_outcome,
+)
 from darl.gateway.responses_api import ResponsesRequest, ResponsesTranslation
 from darl.gateway.store import DirectoryTrajectoryStore
 from darl.gateway.store_codec import Tail, decode_record, encode_record
@@ -152,7 +159,7 @@ def test_a_spec_names_known_presets_and_compiling_patterns() -> None:
 
 
 def session(source: list[CallRecord], done: list[CallRecord] | None = None, **claim: Any):
-    return ReplaySession(ReplayClaim(source_attempt=1, **claim), source, done or [])
+    return ReplaySession(ReplayClaim(sources=(1,), **claim), source, done or [])
 
 
 def test_each_recorded_call_is_used_once_first_unused_first() -> None:
@@ -221,14 +228,14 @@ async def test_the_outcome_says_where_the_replay_ended(tmp_path: Path) -> None:
         record(f"n{n}", request(n), 2, sequence=i, replayed_from=n) for i, n in enumerate("abc")
     ]
     outcome = await replay_outcome(
-        store, "r", 1, [*used_all, record("live", request("d"), 2, sequence=3)]
+        store, "r", [1], [*used_all, record("live", request("d"), 2, sequence=3)]
     )
     assert (outcome.recorded, outcome.replayed, outcome.diverged_at) == (3, 3, None)
     diverged = [*used_all[:2], record("live", request("zz"), 2, sequence=2)]
-    outcome = await replay_outcome(store, "r", 1, diverged)
+    outcome = await replay_outcome(store, "r", [1], diverged)
     assert (outcome.replayed, outcome.diverged_at) == (2, 2)
     # An agent that ended with recorded calls unused diverged after its last call.
-    assert (await replay_outcome(store, "r", 1, used_all[:1])).diverged_at == 1
+    assert (await replay_outcome(store, "r", [1], used_all[:1])).diverged_at == 1
 
 
 # --- a recorded answer, streamed ----------------------------------------------------------
@@ -330,7 +337,7 @@ def test_a_recorded_answer_streams_in_the_messages_protocol(case: str) -> None:
 
 
 def test_the_token_carries_the_replay_claim() -> None:
-    claim = ReplayClaim(source_attempt=2, normalize=("durations",), patterns=(r"run-\d+",))
+    claim = ReplayClaim(sources=(2, 1), normalize=("durations",), patterns=(r"run-\d+",))
     claims = TokenClaims("r", 3, "train", 2_000_000_000, replay=claim)
     assert verify_token(b"s", mint_token(b"s", claims), 0).replay == claim
     plain = TokenClaims("r", 1, "train", 2_000_000_000)
@@ -344,3 +351,28 @@ def test_the_store_keeps_what_a_record_reproduces() -> None:
     plain = encode_record(record("a", request("a")), Tail())
     assert "replayed_from" not in plain and "replay_normalized" not in plain
     assert decode_record(plain, Tail()).replayed_from is None
+
+
+async def test_an_attempt_lost_mid_replay_hands_on_what_it_had_yet_to_replay(
+    tmp_path: Path,
+) -> None:
+    """Attempt 1 made 3 calls; attempt 2 replayed the first and was lost: attempt 3 is offered
+    attempt 2's call and attempt 1's other two. Had attempt 2 gone live, attempt 1's leftovers
+    would belong to a run that no longer exists."""
+    store = DirectoryTrajectoryStore(tmp_path)
+    for i, name in enumerate("abc"):
+        await store.append(record(name, request(name), sequence=i))
+    await store.append(record("a2", request("a"), 2, replayed_from="a"))
+    offered = await offered_calls(store, "r", [2, 1])
+    assert [r.call_id for r in offered] == ["a2", "b", "c"]
+    outcome = await replay_outcome(store, "r", [2, 1], [])
+    assert (outcome.sources, outcome.recorded, outcome.diverged_at) == ([2, 1], 3, 0)
+    await store.append(record("live", request("x"), 2, sequence=1))
+    assert [r.call_id for r in await offered_calls(store, "r", [2, 1])] == ["a2", "live"]
+
+
+@pytest.mark.parametrize("sources", [[], [1, 2], [3, 1], [0], [2, 2]])
+def test_a_lineage_names_distinct_earlier_attempts_newest_first(sources: list[int]) -> None:
+    with pytest.raises(GatewayError, match="cannot replay"):
+        check_lineage(sources, 3)
+    check_lineage([2, 1], 3)

@@ -25,7 +25,7 @@ from darl.workflows.contracts import (
     rollout_workflow_id,
 )
 from darl.workflows.rollout_workflow import RolloutWorkflow
-from tests.workflow.test_rollout_workflow import TIMEOUT, call_event, spec
+from tests.workflow.test_rollout_workflow import TIMEOUT, call_event, current_details, spec
 
 
 class ScriptedAttempts:
@@ -37,7 +37,9 @@ class ScriptedAttempts:
         self.client = client
         self.calls = calls
         self.replayed = replayed
-        self.replay_from: dict[int, int | None] = {}
+        self.replay_from: dict[int, list[int]] = {}
+        # What the Web UI shows as the rollout's Current Details at its end.
+        self.details = ""
 
     @activity.defn(name="launch_agent")
     async def launch_agent(self, request: LaunchRequest) -> AgentHandle:
@@ -57,13 +59,13 @@ class ScriptedAttempts:
                 await handle.signal(RolloutWorkflow.model_calls, events)
             raise agent_lost_error(f"attempt {attempt}'s pod was preempted")
         replayed = [
-            e.model_copy(update={"replayed_from": f"{request.replay_from}-{e.sequence}"})
+            e.model_copy(update={"replayed_from": f"{request.replay_from[0]}-{e.sequence}"})
             for e in events[: self.replayed]
         ]
         outcome = None
-        if request.replay_from is not None:
+        if request.replay_from:
             outcome = ReplayOutcome(
-                source_attempt=request.replay_from,
+                sources=request.replay_from,
                 recorded=self.replayed + 1,
                 replayed=self.replayed,
                 diverged_at=self.replayed,
@@ -90,25 +92,29 @@ async def run(env: WorkflowEnvironment, stubs: ScriptedAttempts, **overrides: ob
         handle = await env.client.start_workflow(
             RolloutWorkflow.run, s, id=rollout_workflow_id(s.rollout_id), task_queue=queue
         )
-        return await asyncio.wait_for(handle.result(), TIMEOUT)
+        result = await asyncio.wait_for(handle.result(), TIMEOUT)
+        stubs.details = await current_details(handle)
+        return result
 
 
 async def test_each_attempt_replays_the_last_one_that_recorded_calls(
     time_skipping_env: WorkflowEnvironment,
 ) -> None:
     """Attempt 2 replays 1; attempt 2 is lost before its first call, so attempt 3 replays 1
-    too; attempt 3 recorded calls (its replayed ones among them), so attempt 4 replays 3."""
+    too; attempt 3 recorded calls (its replayed ones among them), so attempt 4 replays 3, and
+    what 3 had yet to replay of 1 if it was lost mid-replay (the lineage names both)."""
     stubs = ScriptedAttempts(time_skipping_env.client, {1: 3, 2: 0, 3: 5, 4: 7}, replayed=5)
     result = await run(time_skipping_env, stubs)
-    assert stubs.replay_from == {1: None, 2: 1, 3: 1, 4: 3}
+    assert stubs.replay_from == {1: [], 2: [1], 3: [1], 4: [3, 1]}
     assert result.status == "succeeded" and result.attempts == 4
     assert result.calls == 7 and result.replayed_calls == 5
     assert result.replay_diverged_at == 5
+    assert "attempt 4 of 4 · 7 calls · 5 replayed" in stubs.details
 
 
 async def test_restart_never_replays(time_skipping_env: WorkflowEnvironment) -> None:
     stubs = ScriptedAttempts(time_skipping_env.client, {1: 3, 2: 4}, replayed=0)
     result = await run(time_skipping_env, stubs, resume="restart")
-    assert stubs.replay_from == {1: None, 2: None}
+    assert stubs.replay_from == {1: [], 2: []}
     assert result.status == "succeeded" and result.replayed_calls == 0
     assert result.replay_diverged_at is None
