@@ -5,9 +5,11 @@ On a stack of its own (a Temporal dev server, DARL's reference policy server wit
 model, the gateway, a rollout worker), one long multi-turn agent (tests/agents/replay_agent.py:
 the OpenAI SDK on token ids, a deterministic tool, the conversation sent whole each turn) is
 SIGKILLed at call K of N, twice: once resumed by replay (`resume: replay`, the default), once
-started over (`resume: restart`). For each: the rollout's wall time, the time its resumed attempt took to
-get back to call K against the time the first attempt took to get there, and the tokens the
-policy server generated (its own log), of them those it generated twice. Then the gateway's
+started over (`resume: restart`). For each: the rollout's wall time; the time its resumed
+attempt took to get back to call K against the time the first attempt took to get there (from
+the agent's start), and a call's time on the way; the tokens the policy server generated (its
+own log), of them those the trained trajectory does not hold and those generated twice for
+one prompt. Then the gateway's
 CPU per call, live against replayed: the same calls sent once with an attempt's token and
 again with the next attempt's, which replays them.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -73,7 +76,7 @@ def to_kill_point(lines: list[dict[str, Any]], attempt: int, kill_at: int) -> tu
     mine = [line for line in lines if line["attempt"] == attempt]
     start = next(line["start"] for line in mine if "start" in line)
     answers = [line["at"] for line in mine if "call_id" in line][:kill_at]
-    gaps = [later - earlier for earlier, later in zip(answers, answers[1:], strict=False)]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(answers)]
     return answers[-1] - start, statistics.median(gaps)
 
 
