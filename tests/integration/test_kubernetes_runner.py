@@ -214,6 +214,16 @@ def _processes_with(marker: str) -> list[psutil.Process]:
     return found
 
 
+async def start_on_the_emulator(stack: Stack, emulator: KubernetesEmulator) -> tuple[str, ...]:
+    """The policy server, the gateway and a rollout worker whose agents are Jobs on the
+    emulator; returns the worker's Kubernetes flags (for a worker started again)."""
+    await asyncio.to_thread(stack.start_policy_server)
+    await asyncio.to_thread(stack.start_gateway)
+    k8s = ("--k8s-namespace", NAMESPACE, "--k8s-api-url", emulator.url)
+    await asyncio.to_thread(stack.start_worker, "worker", *k8s)
+    return k8s
+
+
 @pytest.mark.parametrize("kill_worker", [False, True])
 async def test_a_rollout_runs_its_agent_as_a_job_end_to_end(
     emulator: KubernetesEmulator, dev_env: WorkflowEnvironment, tmp_path: Path, kill_worker: bool
@@ -251,10 +261,7 @@ async def test_a_rollout_runs_its_agent_as_a_job_end_to_end(
     )
     stack = Stack(tmp_path / "stack", dev_env.client)
     try:
-        await asyncio.to_thread(stack.start_policy_server)
-        await asyncio.to_thread(stack.start_gateway)
-        k8s = ("--k8s-namespace", NAMESPACE, "--k8s-api-url", emulator.url)
-        await asyncio.to_thread(stack.start_worker, "worker", *k8s)
+        k8s = await start_on_the_emulator(stack, emulator)
         spec = RolloutSpec(
             run_id="k8s-e2e",
             rollout_id=f"k8s-e2e-{uuid.uuid4().hex[:8]}",
@@ -294,10 +301,7 @@ async def test_an_agent_whose_pod_is_deleted_resumes_by_replay(
     stack = Stack(tmp_path / "stack", dev_env.client)
     scenario = Scenario("k8s", kill_after=3, turns=6)
     try:
-        await asyncio.to_thread(stack.start_policy_server)
-        await asyncio.to_thread(stack.start_gateway)
-        k8s = ("--k8s-namespace", NAMESPACE, "--k8s-api-url", emulator.url)
-        await asyncio.to_thread(stack.start_worker, "worker", *k8s)
+        await start_on_the_emulator(stack, emulator)
         agent = KubernetesAgentSpec(
             image="emulator/run",
             command=[sys.executable, REPLAY_AGENT],

@@ -121,13 +121,29 @@ def anthropic_reading(body: bytes) -> anthropic.Anthropic:
     return anthropic.Anthropic(api_key="k", base_url="http://x", http_client=client)
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_a_responses_stream_assembles_to_the_whole_answer(case: str) -> None:
-    deltas, finish, stop = CASES[case]
+def responses_with_a_tool() -> ResponsesTranslation:
     request = ResponsesRequest.model_validate(
         {"input": "hi", "tools": [{"type": "function", "name": "add", "parameters": ADD}]}
     )
-    translation = ResponsesTranslation(request, [])
+    return ResponsesTranslation(request, [])
+
+
+def messages_with_a_tool() -> MessagesTranslation:
+    request = MessagesRequest.model_validate(
+        {
+            "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "add", "input_schema": ADD}],
+            "stop_sequences": ["END"],
+        }
+    )
+    return MessagesTranslation(request)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_responses_stream_assembles_to_the_whole_answer(case: str) -> None:
+    deltas, finish, stop = CASES[case]
+    translation = responses_with_a_tool()
     body, answer = translated(translation, chat_chunks(deltas, finish, stop))
     with openai_reading(body).responses.stream(model="m", input="hi") as stream:
         events = list(stream)
@@ -146,15 +162,7 @@ def test_a_responses_stream_assembles_to_the_whole_answer(case: str) -> None:
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_messages_stream_assembles_to_the_whole_answer(case: str) -> None:
     deltas, finish, stop = CASES[case]
-    request = MessagesRequest.model_validate(
-        {
-            "max_tokens": 10,
-            "messages": [{"role": "user", "content": "hi"}],
-            "tools": [{"name": "add", "input_schema": ADD}],
-            "stop_sequences": ["END"],
-        }
-    )
-    translation = MessagesTranslation(request)
+    translation = messages_with_a_tool()
     body, answer = translated(translation, chat_chunks(deltas, finish, stop))
     with anthropic_reading(body).messages.stream(
         model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]

@@ -14,7 +14,6 @@ from pydantic import ValidationError
 from darl.gateway.call_record import CallRecord
 from darl.gateway.capture import StreamAssembler, answer_chunks
 from darl.gateway.errors import GatewayError
-from darl.gateway.messages_api import MessagesRequest, MessagesTranslation
 from darl.gateway.replay import (
     ReplaySession,
     canonical_form,
@@ -22,7 +21,6 @@ from darl.gateway.replay import (
     offered_calls,
     replay_outcome,
 )
-from darl.gateway.responses_api import ResponsesRequest, ResponsesTranslation
 from darl.gateway.store import DirectoryTrajectoryStore
 from darl.gateway.store_codec import Tail, decode_record, encode_record
 from darl.workflows.contracts import ReplaySpec
@@ -34,7 +32,9 @@ from tests.unit.test_protocol_streams import (
     CASES,
     anthropic_reading,
     chat_chunks,
+    messages_with_a_tool,
     openai_reading,
+    responses_with_a_tool,
     translated,
     without_none,
 )
@@ -295,10 +295,7 @@ def test_a_recorded_completion_with_two_choices_streams_back_to_itself() -> None
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_recorded_answer_streams_in_the_responses_protocol(case: str) -> None:
     recorded = assembled(chat_chunks(*CASES[case]))
-    request = ResponsesRequest.model_validate(
-        {"input": "hi", "tools": [{"type": "function", "name": "add", "parameters": ADD}]}
-    )
-    translation = ResponsesTranslation(request, [])
+    translation = responses_with_a_tool()
     body, _ = translated(translation, answer_chunks(CHAT, recorded, include_usage=False))
     with openai_reading(body).responses.stream(model="m", input="hi") as stream:
         events = list(stream)
@@ -312,15 +309,7 @@ def test_a_recorded_answer_streams_in_the_responses_protocol(case: str) -> None:
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_recorded_answer_streams_in_the_messages_protocol(case: str) -> None:
     recorded = assembled(chat_chunks(*CASES[case]))
-    request = MessagesRequest.model_validate(
-        {
-            "max_tokens": 10,
-            "messages": [{"role": "user", "content": "hi"}],
-            "tools": [{"name": "add", "input_schema": ADD}],
-            "stop_sequences": ["END"],
-        }
-    )
-    translation = MessagesTranslation(request)
+    translation = messages_with_a_tool()
     body, _ = translated(translation, answer_chunks(CHAT, recorded, include_usage=False))
     with anthropic_reading(body).messages.stream(
         model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
