@@ -93,6 +93,12 @@ def report(
         f"{c.groups_dropped_small} short), {c.rollouts_failed} failed, "
         f"{c.rollouts_cancelled} cancelled and {c.rollouts_left_over} left over at the end, "
         f"{c.rollouts_validated} validation"
+        + (
+            f"; {c.rollouts_resumed} resumed by replay ({c.calls_replayed} calls replayed, "
+            f"{c.replays_diverged} replays ended early)"
+            if c.rollouts_resumed
+            else ""
+        )
     )
     if run_dir is None or not (run_dir / "metrics.jsonl").exists():
         return

@@ -36,6 +36,7 @@ def status_line(progress: TrainingProgress) -> str:
         f"{progress.phase.value}: step {progress.step}, {progress.inflight_rollouts} rollouts "
         f"out, {progress.ready_groups} groups ready, {c.rollouts_started} started, "
         f"{c.rollouts_trained} trained, {c.rollouts_failed} failed"
+        + (f", {c.rollouts_resumed} resumed by replay" if c.rollouts_resumed else "")
     )
 
 

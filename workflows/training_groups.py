@@ -156,6 +156,10 @@ class GroupBook:
         group = self.state.groups[group_id]
         group.pending.remove(result.rollout_id)
         group.results.append(result)
+        if result.replayed_calls:
+            counters.rollouts_resumed += 1
+            counters.calls_replayed += result.replayed_calls
+        counters.replays_diverged += result.replay_diverged_at is not None
         if result.status == RolloutStatus.CANCELLED:
             counters.rollouts_cancelled += 1
         elif not _trainable(result):

@@ -59,6 +59,12 @@ class Counters(State):
     duplicate_reports: int = 0
     unknown_reports: int = 0
     reconciled_rollouts: int = 0
+    # Replay (rule 10): rollouts whose final attempt resumed a lost one from its record, the
+    # calls it replayed, and the replays that ended before the record did (the agent asked
+    # what the record does not hold).
+    rollouts_resumed: int = 0
+    calls_replayed: int = 0
+    replays_diverged: int = 0
 
     def ended(self) -> int:
         """Rollouts whose end is counted; equals `rollouts_started` once nothing is out."""

@@ -278,3 +278,18 @@ def test_a_book_rebuilt_from_its_state_knows_who_is_out():
         again.record(result(rollout_id, float(rollout_id.endswith(".1"))))
     assert again.state.ready == ["r.e0.t0"]
     assert again.state.counters.rollouts_started == GROUP
+
+
+def test_resumed_rollouts_are_counted_once():
+    """Rule 10: a rollout whose final attempt replayed a lost one's calls, and whether its
+    replay ended before the record did; a duplicate report counts nothing again."""
+    b = book()
+    ids = open_train_group(b)
+    resumed = result(ids[0]).model_copy(update={"attempts": 2, "replayed_calls": 5})
+    diverged = result(ids[1]).model_copy(
+        update={"attempts": 2, "replayed_calls": 3, "replay_diverged_at": 3}
+    )
+    for report in (resumed, diverged, resumed):
+        b.record(report)
+    c = b.state.counters
+    assert (c.rollouts_resumed, c.calls_replayed, c.replays_diverged) == (2, 8, 1)
