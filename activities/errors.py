@@ -5,12 +5,17 @@ from __future__ import annotations
 
 from temporalio.exceptions import ApplicationError
 
-from darl.workflows.names import AGENT_LOST_ERROR, AGENT_SPEC_ERROR
+from darl.workflows.names import AGENT_LOST_ERROR, AGENT_SPEC_ERROR, REWARD_SPEC_ERROR
 
 
 def agent_spec_error(message: str) -> ApplicationError:
     """The agent spec cannot start an agent (no such command or entrypoint): not retried."""
     return ApplicationError(message, type=AGENT_SPEC_ERROR, non_retryable=True)
+
+
+def reward_spec_error(message: str) -> ApplicationError:
+    """The rollout's reward cannot work: bad input, not retried; nothing was started."""
+    return ApplicationError(message, type=REWARD_SPEC_ERROR, non_retryable=True)
 
 
 def agent_lost_error(message: str) -> ApplicationError:

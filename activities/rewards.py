@@ -113,6 +113,16 @@ def resolve(spec: RewardSpec) -> RewardFn:
     return fn
 
 
+def check(spec: RewardSpec, task: Any) -> None:
+    """Raise RewardFunctionError unless the reward can score this task: its function loads
+    and, for a built-in, the task has the reference answer it reads."""
+    if spec.function is None:
+        return
+    resolve(spec)
+    if spec.function in BUILTIN:
+        _reference(task, spec.answer_key)
+
+
 async def score(
     spec: RewardSpec, task: Any, answer: str | None, summary: TrajectorySummary
 ) -> float:

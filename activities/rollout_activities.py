@@ -23,7 +23,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from darl.activities import rewards
 from darl.activities.agent_contract import AgentContract, ContractIssuer, TaskPathError
-from darl.activities.errors import agent_spec_error
+from darl.activities.errors import agent_spec_error, reward_spec_error
 from darl.activities.gateway_notifier import CLOSE_GIVE_UP_SECONDS, GatewayNotifier
 from darl.activities.runners.base import AgentRunner, agent_heartbeat_interval
 from darl.workflows.contracts import (
@@ -97,6 +97,15 @@ async def earlier_executions(client: Client) -> list[WorkflowExecution]:
     return [e for e in executions if e.run_id != info.workflow_run_id]
 
 
+def _check_reward(spec: RolloutSpec) -> None:
+    """Bad input fails fast (rule 9): a reward that cannot score the task is found before the
+    agent runs, not after it."""
+    try:
+        rewards.check(spec.reward, spec.task)
+    except rewards.RewardFunctionError as err:
+        raise reward_spec_error(f"the reward cannot work: {err}") from None
+
+
 async def refuse_a_second_run(client: Client, rollout_id: str) -> None:
     """Rule 7: a rollout id has one result. An execution of a rollout's workflow id that finds
     an earlier one raises a non-retryable RolloutAlreadyRan carrying the earlier result, which
@@ -148,7 +157,9 @@ class RolloutActivities:
 
     @activity.defn(name=LAUNCH_AGENT)
     async def launch_agent(self, request: LaunchRequest) -> AgentHandle:
-        """Idempotent per (rollout, attempt): a retry returns the agent already started."""
+        """Idempotent per (rollout, attempt): a retry returns the agent already started.
+        A reward that cannot work fails it before any agent starts."""
+        _check_reward(request.spec)
         runner = self._runner(request.spec)
         if request.attempt == 1:
             await self._refuse_a_second_run(request.spec.rollout_id)
@@ -164,6 +175,7 @@ class RolloutActivities:
         runner = self._runner(request.spec)
         if request.attempt == 1 and request.handle.kind == "http":
             # An agent HTTP service has no launch: its attempt starts here.
+            _check_reward(request.spec)
             await self._refuse_a_second_run(request.spec.rollout_id)
         contract = self._contract(
             request.spec, request.attempt, current_traceparent(), request.replay_from

@@ -12,14 +12,19 @@ from typing import Annotated
 import typer
 
 from darl.deploy.cli_support import (
+    CliError,
     Home,
     Namespace,
+    StackAddress,
+    StackHome,
     TemporalAddress,
+    one_line,
     run_client,
     run_until_signalled,
     run_worker,
     secret,
     setup_logging,
+    use_stack,
     validation_line,
 )
 from darl.deploy.devstack import DevPorts, DevStack
@@ -303,6 +308,11 @@ def dev(
             typer.echo(f"Agent service {stack.agent_service_url}")
         typer.echo(f"Viewer        {stack.viewer_url}")
         typer.echo(f"Logs          {stack.home / 'logs'}")
+        typer.echo(
+            "darl commands find this stack from anywhere (the last `darl dev` started); "
+            "for the temporal CLI:"
+        )
+        typer.echo(f"  export TEMPORAL_ADDRESS={stack.temporal.address}")
         typer.echo("Ctrl-C stops everything.")
         while not stopped:
             signal.pause()
@@ -343,8 +353,9 @@ def rollout(
     task_queue: Annotated[
         str, typer.Option(help="The rollout workers' task queue.")
     ] = ROLLOUT_TASK_QUEUE,
-    temporal_address: TemporalAddress = DEFAULT_ADDRESS,
+    temporal_address: StackAddress = None,
     namespace: Namespace = DEFAULT_NAMESPACE,
+    home: StackHome = None,
 ) -> None:
     """Start a RolloutWorkflow (idempotent: its id comes from the rollout id, and a rollout
     that already ran is not run again: its result is shown)."""
@@ -358,6 +369,7 @@ def rollout(
         RolloutSpec,
         rollout_workflow_id,
     )
+    from darl.workflows.rollout_status import RolloutStatus
 
     try:
         spec = RolloutSpec.model_validate_json(spec_file.read_text())
@@ -368,8 +380,10 @@ def rollout(
         typer.echo(f"error: {spec_file} is not a RolloutSpec: {validation_line(err)}", err=True)
         raise typer.Exit(2) from None
 
+    address = use_stack(home, temporal_address)[1]
+
     async def main() -> None:
-        client = await connect(TemporalSettings.from_env(temporal_address, namespace))
+        client = await connect(TemporalSettings.from_env(address, namespace))
         workflow_id = rollout_workflow_id(spec.rollout_id)
         try:
             handle = await client.start_workflow(
@@ -393,6 +407,9 @@ def rollout(
         if wait_for_it:
             result = await handle.result()
             typer.echo(result.model_dump_json(indent=2))
+            if result.status != RolloutStatus.SUCCEEDED:
+                why = one_line(result.error or "no error said")
+                raise CliError(f"{workflow_id} ended {result.status.value}: {why}")
 
     run_client(main)
 

@@ -23,17 +23,32 @@ from temporalio.worker import Worker
 
 from darl.deploy.devstack import SECRETS_FILE
 from darl.deploy.serving import write_ready_file
-from darl.deploy.stack_file import STACK_FILE, read_stack_file
+from darl.deploy.stack_file import HOME_DIR, STACK_FILE, FoundStack, find_stack
 from darl.deploy.telemetry import flush_tracing
-from darl.deploy.temporal_connection import DEFAULT_ADDRESS, TemporalSettings, connect
+from darl.deploy.temporal_connection import (
+    DEFAULT_ADDRESS,
+    TemporalSettings,
+    TemporalUnreachableError,
+    connect,
+    quiet_sdk_logs,
+)
 
 # The Temporal options every command takes, read from the temporal CLI's own variables.
 TemporalAddress = Annotated[str, typer.Option(envvar="TEMPORAL_ADDRESS")]
 Namespace = Annotated[str, typer.Option(envvar="TEMPORAL_NAMESPACE")]
 Home = Annotated[Path, typer.Option(envvar="DARL_HOME", help="DARL's state directory.")]
-# For commands that look at a stack rather than serve in one: where its Temporal is when no
-# --temporal-address (or TEMPORAL_ADDRESS) says: the running `darl dev`'s, as its
-# <home>/stack.json says, else the default address.
+# For commands that look at a stack rather than serve in one (deploy/stack_file.py,
+# find_stack): its home when given, else found from here.
+StackHome = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="DARL_HOME",
+        help=f"The dev stack's directory (default: {HOME_DIR} here or in the nearest parent "
+        "with a running stack, else the last `darl dev` started).",
+    ),
+]
+# Where its Temporal is when no --temporal-address (or TEMPORAL_ADDRESS) says: the found
+# stack's, as its <home>/stack.json says, else the default address.
 StackAddress = Annotated[
     str | None,
     typer.Option(
@@ -43,9 +58,18 @@ StackAddress = Annotated[
 ]
 
 
-def stack_address(temporal_address: str | None, home: Path) -> str:
-    stack = read_stack_file(home)
-    return temporal_address or (stack.temporal_address if stack else DEFAULT_ADDRESS)
+def use_stack(home: Path | None, temporal_address: str | None) -> tuple[FoundStack, str]:
+    """The stack a client command uses and the Temporal address it talks to, said in a line
+    on stderr. A --temporal-address other than the stack's means the stack is not used."""
+    found = find_stack(home)
+    stack = found.endpoints
+    if stack is not None and temporal_address not in (None, stack.temporal_address):
+        found = FoundStack(found.home, None, f"not its Temporal, {temporal_address}")
+        stack = None
+    address = temporal_address or (stack.temporal_address if stack else DEFAULT_ADDRESS)
+    if stack is not None:
+        typer.echo(f"using {found.describe()}", err=True)
+    return found, address
 
 
 log = logging.getLogger("darl")
@@ -139,11 +163,12 @@ def validation_line(err: ValidationError) -> str:
 
 def failure_text(err: BaseException) -> str:
     """A workflow's failure as one line, its causes joined (`... : activity ... : why`)."""
-    parts = []
+    parts: list[str] = []
     cause: BaseException | None = err
     while cause is not None:
         message = getattr(cause, "message", None) or str(cause)
-        if message and message not in parts:
+        # A cause an error already quotes (`cannot load f: no attribute 'f'`) is said once.
+        if message and not any(message in part for part in parts):
             parts.append(message)
         cause = cause.__cause__
     return one_line(": ".join(parts))
@@ -173,9 +198,17 @@ def run_client(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     from temporalio.client import WorkflowFailureError
     from temporalio.service import RPCError
 
+    quiet_sdk_logs()
     code = 0
     try:
         asyncio.run(main())
+    except TemporalUnreachableError as err:
+        typer.echo(
+            f"error: {err}: is `darl dev` running? pass --temporal-address or --home "
+            "(or run the command under the stack's directory)",
+            err=True,
+        )
+        code = 1
     except RPCError as err:
         typer.echo(f"error: {err.message}", err=True)
         code = 1

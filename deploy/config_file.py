@@ -1,6 +1,11 @@
 """A training run's config file: YAML or JSON in, `--set key=value` overrides on top, a
 validated TrainingConfig with absolute paths out. Used by `darl train`, the demo and the tests
-alike."""
+alike.
+
+A relative path means the directory of the file it is written in (the config file's; a --set
+on the command line: the current directory), as every config system users know has it, except
+one under `.darl/`, which names the dev stack's home (the running stack's, wherever it is, or
+`.darl` here): `backend.model_dir: .darl/models/digits` is the stack's digits model."""
 
 from __future__ import annotations
 
@@ -22,11 +27,26 @@ class ConfigFileError(ValueError):
     """A config file that cannot be read or is not a TrainingConfig; the message is one line."""
 
 
+# The config's paths (dotted keys), resolved as the module says.
+PATH_KEYS = (
+    "dataset.path",
+    "validation.path",
+    "backend.model_dir",
+    "run_dir",
+    "rollout.agent.job_template",
+)
+STACK_HOME_PREFIX = ".darl"
+
+
 def load_config(
-    path: Path, run_id: str | None = None, overrides: Sequence[str] = ()
+    path: Path,
+    run_id: str | None = None,
+    overrides: Sequence[str] = (),
+    home: Path | None = None,
 ) -> TrainingConfig:
     """A TrainingConfig from YAML or JSON; `overrides` (`key=value`, dotted keys, values as
-    YAML scalars, typed by the model) and then `run_id` override the file's. A file that is
+    YAML scalars, typed by the model) and then `run_id` override the file's. Paths resolve
+    against the file's directory (`.darl/...` against `home`, the dev stack's). A file that is
     not one, or an override of an unknown key or of a wrong type, raises ConfigFileError with
     one line saying what is wrong."""
     try:
@@ -35,35 +55,48 @@ def load_config(
         raise ConfigFileError(f"{path}: {one_line(str(err))}") from err
     if not isinstance(data, dict):
         raise ConfigFileError(f"{path}: expected a mapping of config keys")
+    resolve_paths(data, path.resolve().parent, home)
     for override in overrides:
         apply_override(data, override)
     if run_id:
         data["run_id"] = run_id
+    # What is still relative came from the command line (--set): the current directory's.
+    resolve_paths(data, Path.cwd(), home)
     try:
-        config = TrainingConfig.model_validate(data)
+        return TrainingConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigFileError(f"{path}: {validation_line(err)}") from err
-    return absolute_paths(config)
 
 
-def absolute_paths(config: TrainingConfig) -> TrainingConfig:
-    """Relative paths in a config mean the directory `darl train` runs in; the workers may
-    run elsewhere, so they get absolute ones."""
+def resolve_paths(data: dict[str, Any], base: Path, home: Path | None) -> None:
+    """Make the config's relative paths (PATH_KEYS) absolute, in place: against `base`, or
+    `home` for one under `.darl/`. The workers may run elsewhere, so they get absolute ones."""
+    for key in PATH_KEYS:
+        *parents, leaf = key.split(".")
+        node: Any = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(leaf), str):
+            node[leaf] = str(resolved_path(node[leaf], base, home))
 
-    def resolved(value: str | None) -> str | None:
-        return None if value is None else str(Path(value).expanduser().resolve())
 
-    validation = config.validation
-    return config.model_copy(
-        update={
-            "dataset": config.dataset.model_copy(update={"path": resolved(config.dataset.path)}),
-            "validation": validation.model_copy(update={"path": resolved(validation.path)}),
-            "backend": config.backend.model_copy(
-                update={"model_dir": resolved(config.backend.model_dir)}
-            ),
-            "run_dir": resolved(config.run_dir),
-        }
-    )
+def resolved_path(value: str, base: Path, home: Path | None) -> Path:
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return path.resolve()
+    if path.parts[:1] == (STACK_HOME_PREFIX,):
+        return ((home or Path(STACK_HOME_PREFIX)) / Path(*path.parts[1:])).resolve()
+    return (base / path).resolve()
+
+
+def config_paths(config: TrainingConfig) -> list[str]:
+    """The paths a run reads and writes, one `what: path` each, for `darl train` to say."""
+    said = [f"dataset: {config.dataset.path}", f"model: {config.backend.model_dir}"]
+    if config.validation.path:
+        said.append(f"validation dataset: {config.validation.path}")
+    if config.run_dir:
+        said.append(f"run dir: {config.run_dir}")
+    return said
 
 
 # Keys the user does not set (continue-as-new fills it in).

@@ -24,8 +24,18 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from darl.activities.runners.local import stop_leftover_agents
 from darl.deploy.processes import ManagedProcess, ProcessFailedError
-from darl.deploy.stack_file import StackEndpoints, remove_stack_file, write_stack_file
-from darl.deploy.temporal_connection import TemporalSettings, connect
+from darl.deploy.stack_file import (
+    StackEndpoints,
+    register_stack,
+    remove_stack_file,
+    unregister_stack,
+    write_stack_file,
+)
+from darl.deploy.temporal_connection import (
+    TemporalSettings,
+    TemporalUnreachableError,
+    connect,
+)
 from darl.workflows import search_attributes as sa
 
 log = logging.getLogger(__name__)
@@ -77,8 +87,7 @@ async def connect_when_ready(settings: TemporalSettings, timeout: float = 60.0) 
     while True:
         try:
             return await connect(settings)
-        except RuntimeError:
-            # The SDK reports a failed connect as a RuntimeError, whatever the cause.
+        except TemporalUnreachableError:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.25)
@@ -162,6 +171,7 @@ class DevStack:
             agent_service_url=self.agent_service_url if self.agent_service else None,
             viewer_url=self.viewer_url,
             runs_dir=str(self.runs_dir),
+            model_dir=str(self.model_dir),
             pid=os.getpid(),
         )
 
@@ -223,6 +233,7 @@ class DevStack:
         for process in components:
             process.wait_ready(timeout=180)
         write_stack_file(self.home, self.endpoints())
+        register_stack(self.home, os.getpid())
 
     def components(self, env: dict[str, str], logs: Path) -> list[ManagedProcess]:
         """DARL's processes of the stack (not started): policy server, gateway, rollout
@@ -320,6 +331,7 @@ class DevStack:
         self.processes.append(process.start())
 
     def stop(self) -> None:
+        unregister_stack(os.getpid())
         remove_stack_file(self.home, os.getpid())
         for process in reversed(self.processes):
             process.stop()

@@ -8,7 +8,7 @@ import asyncio
 
 from rich.console import Console
 from temporalio.client import WorkflowHandle
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from darl.workflows.names import METRICS_QUERY, STATUS_QUERY
 from darl.workflows.training_messages import TrainingProgress, TrainingSummary
@@ -52,27 +52,47 @@ async def follow(
     shown: dict[int, StepRecord] | None = None,
 ) -> TrainingSummary:
     """Print steps as they land until the run ends; returns its summary. `shown` (by step)
-    holds the records seen, last version of each, for the caller's report."""
+    holds the records seen, last version of each, for the caller's report. Temporal going
+    away is said once, and the run followed again when it is back."""
     shown = {} if shown is None else shown
     console.print(HEADER, style="bold", soft_wrap=True)
     # The handle was made with result_type=TrainingSummary.
     result = asyncio.ensure_future(handle.result())
+    lost = False
     with console.status("starting...") as status:
         while True:
+            if result.done() and _unavailable(result.exception()):
+                result = asyncio.ensure_future(handle.result())
             finished = result.done()
             try:
                 records = await handle.query(METRICS_QUERY, result_type=list[StepRecord])
                 progress = await handle.query(STATUS_QUERY, result_type=TrainingProgress)
             except RPCError as err:
-                # A query can time out while a worker restarts; the run goes on.
-                status.update(f"waiting for the trainer worker ({err.message})")
+                if _unavailable(err):
+                    if not lost:
+                        console.print(
+                            f"lost Temporal ({err.message}); waiting for it to come back "
+                            "(Ctrl-C stops following, not the run)"
+                        )
+                        lost = True
+                    status.update("waiting for Temporal")
+                else:
+                    # A query can time out while a worker restarts; the run goes on.
+                    status.update(f"waiting for the trainer worker ({err.message})")
             else:
+                if lost:
+                    console.print("Temporal is back")
+                    lost = False
                 _print_new(console, records, shown)
                 status.update(status_line(progress))
             if finished:
                 # One last look after the end: the last steps may have landed since.
                 return result.result()
             await asyncio.wait({result}, timeout=interval)
+
+
+def _unavailable(err: BaseException | None) -> bool:
+    return isinstance(err, RPCError) and err.status == RPCStatusCode.UNAVAILABLE
 
 
 def _print_new(console: Console, records: list[StepRecord], shown: dict[int, StepRecord]) -> None:

@@ -1,11 +1,18 @@
 """What a running embedded stack serves, as `<home>/stack.json`: written by `darl dev` and
-the demo when their stack is up, removed when it stops, and read by `darl train` for its Web
-UI link, its Temporal address and the endpoints of a config written for the default stack."""
+the demo when their stack is up, removed when it stops, and read by every client command
+(`darl rollout`, `train`, `status`, `trajectory`, `viewer`, ...) for its Temporal address,
+its places and the endpoints of a config written for the default stack.
+
+A command finds the stack as users expect (`find_stack`): under `--home` (or `DARL_HOME`)
+when given; else in `.darl` of the current directory or the nearest parent that has a running
+one; else the last `darl dev` started, which registers its home for the user
+(`$XDG_STATE_HOME/darl/current-stack.json`, ~/.local/state by default)."""
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
@@ -14,6 +21,9 @@ from darl.workflows.contracts import HttpAgentSpec
 from darl.workflows.training_config import PolicyServerSpec, TrainingConfig
 
 STACK_FILE = "stack.json"
+# The home a stack keeps when `darl dev` runs with its default --home, under the directory it
+# was started in.
+HOME_DIR = ".darl"
 # The endpoints `darl dev` serves with its default ports, as examples/digits/train.yaml (and
 # the README's configs) write them: a config naming these means "the dev stack", wherever
 # its flags moved it.
@@ -33,6 +43,8 @@ class StackEndpoints(BaseModel):
     agent_service_url: str | None = None
     viewer_url: str | None = None
     runs_dir: str | None = None
+    # The model directory its policy server serves (and a training run on it must start from).
+    model_dir: str | None = None
     # The process that started the stack: a file left by one that was killed is ignored.
     pid: int = 0
 
@@ -84,6 +96,74 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def user_registry() -> Path:
+    """Where `darl dev` registers its home for the user's commands run from anywhere."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "darl" / "current-stack.json"
+
+
+def register_stack(home: Path, pid: int) -> None:
+    """Make this stack the one commands run from anywhere find (the last started wins)."""
+    path = user_registry()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{pid}.tmp")
+    tmp.write_text(json.dumps({"home": str(home.resolve()), "pid": pid}))
+    os.replace(tmp, path)
+
+
+def unregister_stack(pid: int) -> None:
+    """Forget the registration, if this stack's process made it."""
+    path = user_registry()
+    try:
+        registered = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(registered, dict) and registered.get("pid") == pid:
+        path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class FoundStack:
+    """The home a command uses, the running stack there (None: none runs there), and how it
+    was found, for the line that says so."""
+
+    home: Path
+    endpoints: StackEndpoints | None
+    found_by: str
+
+    def describe(self) -> str:
+        if self.endpoints is None:
+            return f"no running `darl dev` under {self.home} ({self.found_by})"
+        return (
+            f"the dev stack under {self.home} ({self.found_by}): Temporal "
+            f"{self.endpoints.temporal_address}"
+        )
+
+
+def find_stack(home: Path | None, cwd: Path | None = None) -> FoundStack:
+    """The stack a client command uses: under `home` when given (--home, DARL_HOME); else
+    the running one in `.darl` of the current directory or its nearest parent; else the last
+    `darl dev` the user started (if it still runs); else none, with `.darl` here as home."""
+    if home is not None:
+        return FoundStack(home, read_stack_file(home), "--home or DARL_HOME")
+    here = (cwd or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        candidate = directory / HOME_DIR
+        endpoints = read_stack_file(candidate)
+        if endpoints is not None:
+            found_by = "the current directory" if directory == here else "a parent directory"
+            return FoundStack(candidate, endpoints, found_by)
+    try:
+        registered = json.loads(user_registry().read_text())
+        last = Path(registered["home"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return FoundStack(Path(HOME_DIR), None, "none found from here")
+    endpoints = read_stack_file(last)
+    if endpoints is None:
+        return FoundStack(Path(HOME_DIR), None, "none found from here")
+    return FoundStack(last, endpoints, f"the last `darl dev` started, {user_registry()}")
+
+
 def on_stack(
     config: TrainingConfig, stack: StackEndpoints, only_defaults: bool = True
 ) -> TrainingConfig:
@@ -121,6 +201,23 @@ def _moved(url: str, base: str, only_defaults: bool) -> str:
     if only_defaults:
         return url
     return f"{base}/rollouts"
+
+
+def model_mismatch(config: TrainingConfig, stack: StackEndpoints) -> str | None:
+    """Why a run whose policy servers are the stack's cannot train there: it would start
+    from another model than the one the stack's policy server serves."""
+    if stack.model_dir is None:
+        return None
+    servers = [s.url.rstrip("/") for s in config.weight_sync.policy_servers]
+    if servers != [stack.policy_url.rstrip("/")]:
+        return None
+    if Path(config.backend.model_dir).resolve() == Path(stack.model_dir).resolve():
+        return None
+    return (
+        f"backend.model_dir {config.backend.model_dir} is not the model the dev stack's policy "
+        f"server serves ({stack.model_dir}): write .darl/models/{Path(stack.model_dir).name} "
+        "for the stack's own, or start `darl dev --model` with the run's"
+    )
 
 
 def endpoint_changes(before: TrainingConfig, after: TrainingConfig) -> list[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import TLSConfig
 
 from darl.deploy.temporal_tracing import tracing_plugin
@@ -52,12 +53,38 @@ class TemporalSettings:
         return self.api_key is not None
 
 
+class TemporalUnreachableError(Exception):
+    """No Temporal server answered at `address` (`reason`: the SDK's own words)."""
+
+    def __init__(self, address: str, reason: str) -> None:
+        super().__init__(f"cannot reach Temporal at {address}")
+        self.address = address
+        self.reason = reason
+
+
 async def connect(settings: TemporalSettings) -> Client:
-    return await Client.connect(
-        settings.address,
-        namespace=settings.namespace,
-        api_key=settings.api_key,
-        tls=settings.tls(),
-        data_converter=DATA_CONVERTER,
-        plugins=[tracing_plugin()],
+    """A client of `settings`' namespace; raises TemporalUnreachableError when no server
+    answers there."""
+    try:
+        return await Client.connect(
+            settings.address,
+            namespace=settings.namespace,
+            api_key=settings.api_key,
+            tls=settings.tls(),
+            data_converter=DATA_CONVERTER,
+            plugins=[tracing_plugin()],
+        )
+    except RuntimeError as err:
+        # The SDK reports a failed connect as a RuntimeError, whatever the cause.
+        raise TemporalUnreachableError(settings.address, str(err)) from err
+
+
+def quiet_sdk_logs() -> None:
+    """For a command a person runs: the SDK's core says only errors on the console (not a
+    WARN line per retry while Temporal is away; the command says that once, itself)."""
+    quiet = Runtime(
+        telemetry=TelemetryConfig(
+            logging=LoggingConfig(filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))
+        )
     )
+    Runtime.set_default(quiet, error_if_already_set=False)

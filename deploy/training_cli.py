@@ -8,16 +8,16 @@ import importlib
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 
 from darl.deploy.cli_support import (
     CliError,
-    Home,
     Namespace,
     StackAddress,
+    StackHome,
     TemporalAddress,
     run_client,
     run_failure,
@@ -25,17 +25,17 @@ from darl.deploy.cli_support import (
     run_worker,
     secret,
     setup_logging,
-    stack_address,
+    use_stack,
 )
-from darl.deploy.config_file import ConfigFileError, load_config
+from darl.deploy.config_file import ConfigFileError, config_paths, load_config
 from darl.deploy.progress import follow, status_line, step_table
 from darl.deploy.serving import serve_app
 from darl.deploy.stack_file import (
     STACK_FILE,
     StackEndpoints,
     endpoint_changes,
+    model_mismatch,
     on_stack,
-    read_stack_file,
 )
 from darl.deploy.store_options import StoreUrl, open_checked_store, store_location
 from darl.deploy.temporal_connection import (
@@ -96,30 +96,33 @@ def train(
             help=f"The Temporal Web UI. Default: the running `darl dev`'s, else {DEFAULT_UI_URL}.",
         ),
     ] = None,
-    home: Home = Path(".darl"),
+    home: StackHome = None,
 ) -> None:
     """Start a TrainingWorkflow (idempotent: a run id runs once). With a `darl dev` running
-    under --home, endpoints the config gives as the default dev stack's (gateway :8100,
-    policy server :8200, agent service :8300 on 127.0.0.1) are that stack's, wherever its
-    flags put them; other endpoints are kept."""
+    (under --home, or found from here), endpoints the config gives as the default dev
+    stack's (gateway :8100, policy server :8200, agent service :8300 on 127.0.0.1) are that
+    stack's, wherever its flags put them; other endpoints are kept."""
     from temporalio.client import WorkflowExecutionStatus
     from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
+    found, address = use_stack(home, temporal_address)
+    stack = found.endpoints
     try:
-        config = load_config(config_file, run_id, overrides or ())
+        # A path under .darl/ in the config is the stack's home's.
+        config = load_config(config_file, run_id, overrides or (), home=found.home)
     except ConfigFileError as err:
-        raise typer.BadParameter(str(err)) from err
-    stack = read_stack_file(home)
-    if stack is not None and temporal_address not in (None, stack.temporal_address):
-        # Another Temporal than the dev stack's: that stack is not the one this run is on.
-        stack = None
+        _config_error(str(err))
     if stack is not None:
         moved = on_stack(config, stack)
         for change in endpoint_changes(config, moved):
-            typer.echo(f"dev stack ({home / STACK_FILE}): {change}")
+            typer.echo(f"dev stack ({found.home / STACK_FILE}): {change}")
         config = moved
-    address = temporal_address or (stack.temporal_address if stack else DEFAULT_ADDRESS)
+        mismatch = model_mismatch(config, stack)
+        if mismatch is not None:
+            _config_error(f"{config_file}: {mismatch}")
+    for line in config_paths(config):
+        typer.echo(line)
     ui = ui_url or (stack.ui_url if stack and stack.ui_url else DEFAULT_UI_URL)
 
     async def main() -> None:
@@ -159,6 +162,11 @@ def train(
     run_client(main)
 
 
+def _config_error(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
 async def _follow_to_the_end(
     handle: WorkflowHandle[Any, TrainingSummary], stack: StackEndpoints | None, as_json: bool
 ) -> None:
@@ -188,12 +196,12 @@ def status(
     as_json: Annotated[bool, typer.Option("--json")] = False,
     temporal_address: StackAddress = None,
     namespace: Namespace = DEFAULT_NAMESPACE,
-    home: Home = Path(".darl"),
+    home: StackHome = None,
 ) -> None:
     """Where a run stands (the `status` and `metrics` queries)."""
 
     async def main() -> None:
-        handle = await _handle(run, stack_address(temporal_address, home), namespace)
+        handle = await _handle(run, use_stack(home, temporal_address)[1], namespace)
         failure = await run_failure(handle)
         if failure is not None:
             raise CliError(f"{handle.id} {failure}")
@@ -225,20 +233,20 @@ def pause(
     run: Run,
     temporal_address: StackAddress = None,
     namespace: Namespace = DEFAULT_NAMESPACE,
-    home: Home = Path(".darl"),
+    home: StackHome = None,
 ) -> None:
     """No new rollouts or steps until resume; rollouts out finish and wait in the buffer."""
-    _signal(run, PAUSE_SIGNAL, stack_address(temporal_address, home), namespace)
+    _signal(run, PAUSE_SIGNAL, use_stack(home, temporal_address)[1], namespace)
 
 
 def resume(
     run: Run,
     temporal_address: StackAddress = None,
     namespace: Namespace = DEFAULT_NAMESPACE,
-    home: Home = Path(".darl"),
+    home: StackHome = None,
 ) -> None:
     """Continue a paused run."""
-    _signal(run, RESUME_SIGNAL, stack_address(temporal_address, home), namespace)
+    _signal(run, RESUME_SIGNAL, use_stack(home, temporal_address)[1], namespace)
 
 
 def stop(
@@ -258,7 +266,7 @@ def stop(
     ] = FINISH_TIMEOUT_SECONDS,
     temporal_address: StackAddress = None,
     namespace: Namespace = DEFAULT_NAMESPACE,
-    home: Home = Path(".darl"),
+    home: StackHome = None,
 ) -> None:
     """Stop gracefully: no new rollouts, in-flight ones cancelled (or finished), a summary."""
     request = (
@@ -269,7 +277,7 @@ def stop(
     # Without the fields left at None: a trainer worker of the release before `grace_seconds`
     # refuses a payload naming a field it does not know (and drops the signal).
     payload = request.model_dump(mode="json", exclude_none=True)
-    _signal(run, STOP_SIGNAL, stack_address(temporal_address, home), namespace, payload)
+    _signal(run, STOP_SIGNAL, use_stack(home, temporal_address)[1], namespace, payload)
 
 
 def plot(

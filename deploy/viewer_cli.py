@@ -4,7 +4,9 @@ trajectory ROLLOUT` (one rollout's calls in the terminal). Registered by deploy/
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -16,21 +18,29 @@ from rich.text import Text
 
 from darl.deploy.cli_support import (
     CliError,
-    Home,
     Namespace,
     StackAddress,
+    StackHome,
     run_client,
     run_until_signalled,
     setup_logging,
-    stack_address,
+    use_stack,
 )
 from darl.deploy.serving import serve_app
 from darl.deploy.stack_file import read_stack_file
 from darl.deploy.store_options import StoreUrl, open_checked_store, store_location
-from darl.deploy.temporal_connection import DEFAULT_NAMESPACE, TemporalSettings, connect
+from darl.deploy.temporal_connection import (
+    DEFAULT_NAMESPACE,
+    TemporalSettings,
+    TemporalUnreachableError,
+    connect,
+)
 
 if TYPE_CHECKING:
     from darl.viewer.app import ViewerSettings
+    from darl.viewer.temporal_view import TemporalView
+
+log = logging.getLogger(__name__)
 
 # The dev stack keeps its store, runs and agents under <home> (deploy/devstack.py).
 StoreDir = Annotated[
@@ -67,7 +77,7 @@ def viewer(
             f"else {DEFAULT_UI_URL}).",
         ),
     ] = None,
-    home: Home = Path(".darl"),
+    home: StackHome = None,
     ready_file: Annotated[
         Path | None, typer.Option(help="Write the bound address here once serving (JSON).")
     ] = None,
@@ -77,16 +87,41 @@ def viewer(
     from darl.viewer.app import Viewer, create_viewer_app
     from darl.viewer.temporal_view import TemporalView
 
-    settings = viewer_settings(home, store_dir, runs_dir, agents_dir, ui_url, store_url)
+    found, address = use_stack(home, temporal_address)
+    settings = viewer_settings(found.home, store_dir, runs_dir, agents_dir, ui_url, store_url)
     open_checked_store(store_location(settings.store_url, settings.store_dir))
-    address = stack_address(temporal_address, home)
+
+    temporal = TemporalSettings.from_env(address, namespace)
 
     async def main(stop: asyncio.Event) -> None:
-        client = await connect(TemporalSettings.from_env(address, namespace))
-        app = create_viewer_app(Viewer(TemporalView(client), settings))
-        await serve_app(app, host, port, stop, ready_file, "viewer")
+        # Serving first: until Temporal answers, its pages say so (503), then they work.
+        view = TemporalView(None, temporal.namespace, temporal.address)
+        reaching = asyncio.create_task(_reach(view, temporal))
+        try:
+            app = create_viewer_app(Viewer(view, settings))
+            await serve_app(app, host, port, stop, ready_file, "viewer")
+        finally:
+            reaching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaching
 
     run_until_signalled(main)
+
+
+async def _reach(view: TemporalView, temporal: TemporalSettings) -> None:
+    """Connect the view to Temporal, trying every 2 s until it answers."""
+    said = False
+    while True:
+        try:
+            view.reached(await connect(temporal))
+        except TemporalUnreachableError as err:
+            if not said:
+                log.warning("%s (is `darl dev` running?); trying every 2 s", err)
+                said = True
+            await asyncio.sleep(2.0)
+        else:
+            log.info("reached Temporal at %s", temporal.address)
+            return
 
 
 def viewer_settings(
@@ -122,16 +157,16 @@ def trajectory(
     store_url: StoreUrl = None,
     temporal_address: StackAddress = None,
     namespace: Namespace = DEFAULT_NAMESPACE,
-    home: Home = Path(".darl"),
+    home: StackHome = None,
 ) -> None:
     """Every model call of a rollout, in order: messages, completion, finish reason, latency,
     policy version, protocol. Exit status 2 when nothing knows the rollout."""
     from darl.viewer.temporal_view import TemporalView
     from darl.viewer.trajectory import load_trajectory
 
-    location = store_location(store_url, store_dir or home / "trajectories")
+    found, address = use_stack(home, temporal_address)
+    location = store_location(store_url, store_dir or found.home / "trajectories")
     store = open_checked_store(location)
-    address = stack_address(temporal_address, home)
 
     async def main() -> None:
         client = await connect(TemporalSettings.from_env(address, namespace))

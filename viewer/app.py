@@ -30,6 +30,7 @@ from darl.viewer.temporal_view import (
     RolloutFilters,
     RolloutState,
     RunView,
+    TemporalNotReachedError,
     TemporalView,
     WorkflowRow,
 )
@@ -104,6 +105,10 @@ def create_viewer_app(viewer: Viewer) -> FastAPI:
     @app.exception_handler(NotFoundError)
     async def not_found(request: Request, err: NotFoundError) -> HTMLResponse:
         return page("error.html", 404, title="Not found", message=f"Not found: {err.what}")
+
+    @app.exception_handler(TemporalNotReachedError)
+    async def temporal_not_reached(request: Request, err: TemporalNotReachedError) -> HTMLResponse:
+        return page("error.html", 503, title="Temporal unavailable", message=str(err))
 
     @app.exception_handler(RPCError)
     async def temporal_error(request: Request, err: RPCError) -> HTMLResponse:

@@ -181,15 +181,36 @@ class RolloutState:
         return None
 
 
-class TemporalView:
-    """Read-only access to DARL's workflows in one namespace, over one client."""
+class TemporalNotReachedError(Exception):
+    """The viewer has not reached Temporal yet; it keeps trying (its pages answer 503)."""
 
-    def __init__(self, client: Client) -> None:
-        self.client = client
+
+class TemporalView:
+    """Read-only access to DARL's workflows in one namespace, over one client, which may
+    come later than the view (`reached`): a viewer starts before Temporal answers."""
+
+    def __init__(
+        self, client: Client | None, namespace: str = "default", address: str = ""
+    ) -> None:
+        self._client = client
+        self._namespace = client.namespace if client is not None else namespace
+        self.address = address
+
+    def reached(self, client: Client) -> None:
+        self._client = client
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            raise TemporalNotReachedError(
+                f"the viewer has not reached Temporal at {self.address or '?'} yet; it keeps "
+                "trying (is `darl dev` running?)"
+            )
+        return self._client
 
     @property
     def namespace(self) -> str:
-        return self.client.namespace
+        return self._namespace
 
     async def runs(self, limit: int = 200) -> list[WorkflowRow]:
         """The newest training runs (one row per workflow id: its newest execution)."""

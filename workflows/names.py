@@ -52,6 +52,9 @@ UPDATE_KNOBS = "update_knobs"
 
 # ApplicationError types the activities raise that no retry can fix.
 AGENT_SPEC_ERROR = "AgentSpecError"
+# The rollout's reward cannot work (a function that does not load, a built-in whose task lacks
+# the reference answer): bad input, found before any agent runs; the rollout's workflow fails.
+REWARD_SPEC_ERROR = "RewardSpecError"
 AGENT_LOST_ERROR = "AgentLostError"
 # The rollout id already ran in an earlier execution of its workflow id (started again with
 # the temporal CLI's default id-reuse policy): its details carry that run's result, if any.

@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
         LAUNCH_AGENT,
         MODEL_CALLS_SIGNAL,
         REPORT_ROLLOUT,
+        REWARD_SPEC_ERROR,
         ROLLOUT_ALREADY_RAN_ERROR,
         ROLLOUT_FINISHED_SIGNAL,
         ROLLOUT_WORKFLOW,
@@ -95,6 +96,13 @@ REPORT_RETRIES = RetryPolicy(
     maximum_interval=timedelta(seconds=10),
     maximum_attempts=10,
 )
+
+
+def _fail_on_bad_reward(err: ActivityError) -> None:
+    """A reward that cannot work is bad input (rule 9): the workflow fails at once with the
+    reason, before any agent ran, as a run's start check fails a training run."""
+    if error_type(err) == REWARD_SPEC_ERROR:
+        raise ApplicationError(cause_of(err), type=REWARD_SPEC_ERROR, non_retryable=True)
 
 
 # A ValidationError is input no retry can fix (a RolloutSpec the temporal CLI sent that does
@@ -181,6 +189,7 @@ class RolloutWorkflow:
             raise_if_cancelled(err)
             if error_type(err) == ROLLOUT_ALREADY_RAN_ERROR:
                 raise earlier_run(err) from err
+            _fail_on_bad_reward(err)
             if error_type(err) == AGENT_SPEC_ERROR:
                 self._finish_as(RolloutStatus.FAILED_AGENT, f"agent cannot start: {cause_of(err)}")
                 return False
@@ -196,6 +205,7 @@ class RolloutWorkflow:
             raise_if_cancelled(err)
             if error_type(err) == ROLLOUT_ALREADY_RAN_ERROR:
                 raise earlier_run(err) from err
+            _fail_on_bad_reward(err)
             return self._infra_failure(f"lost the agent: {cause_of(err)}")
         finally:
             self._accepting_signals = False

@@ -25,6 +25,7 @@ from temporalio.common import WorkflowIDReusePolicy
 
 from darl.workflows.contracts import (
     HttpAgentSpec,
+    RewardSpec,
     RolloutResult,
     RolloutSpec,
     RolloutTimeouts,
@@ -301,3 +302,29 @@ def test_a_bad_rollout_file_is_one_line(
     assert cli.returncode == 2
     assert cli.stderr.count("\n") == 1 and "Traceback" not in cli.stderr, cli.stderr
     assert says in cli.stderr
+
+
+@pytest.mark.parametrize(
+    ("reward", "says"),
+    [
+        (RewardSpec(function="darl.examples.digits.task:nope"), "has no attribute 'nope'"),
+        (RewardSpec(function="exact_match", answer_key="gold"), "no reference answer field 'gold'"),
+    ],
+    ids=["no-such-function", "task-lacks-the-answer"],
+)
+async def test_a_reward_that_cannot_work_fails_the_rollout_before_its_agent_runs(
+    stack: Stack, reward: RewardSpec, says: str
+) -> None:
+    """Bad input (rule 9): the workflow fails at once with the reason, no agent was started,
+    and `darl rollout` says it in one line and exits non-zero."""
+    spec = slow_spec(stack, calls=1, pause=0).model_copy(update={"reward": reward})
+    spec_file = stack.root / f"{spec.rollout_id}.json"
+    spec_file.write_text(spec.model_dump_json())
+    cli = await asyncio.to_thread(
+        stack.darl, "rollout", str(spec_file), "--task-queue", stack.task_queue
+    )
+    assert cli.returncode == 1, cli.stdout + cli.stderr
+    [line] = [line for line in cli.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: the workflow failed:") and "the reward cannot work" in line
+    assert says in line and line.count(says) == 1, line
+    assert not (stack.agents_dir / spec.rollout_id).exists()  # no agent was launched

@@ -21,16 +21,21 @@ from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
 from darl.deploy import training_cli
+from darl.deploy.cli_support import failure_text
 from darl.deploy.config_file import ConfigFileError, load_config
 from darl.deploy.demo import DEMO_CONFIG, demo_config, report
 from darl.deploy.devstack import DevPorts, DevStack
 from darl.deploy.progress import HEADER, _print_new, step_table
 from darl.deploy.stack_file import (
     StackEndpoints,
+    find_stack,
     on_stack,
     read_stack_file,
+    register_stack,
     remove_stack_file,
     stack_file,
+    unregister_stack,
+    user_registry,
     write_stack_file,
 )
 from darl.deploy.temporal_connection import DATA_CONVERTER
@@ -50,8 +55,12 @@ def cli() -> typer.Typer:
     return app
 
 
-def moved_stack(home: Path, temporal_address: str | None = None) -> StackEndpoints:
-    stack = DevStack(home, MOVED, agent_service="darl.examples.digits.agent_service:app")
+def moved_stack(
+    home: Path, temporal_address: str | None = None, model: str = "digits"
+) -> StackEndpoints:
+    stack = DevStack(
+        home, MOVED, model=model, agent_service="darl.examples.digits.agent_service:app"
+    )
     endpoints = stack.endpoints()
     if temporal_address is not None:
         endpoints = endpoints.model_copy(update={"temporal_address": temporal_address})
@@ -138,9 +147,13 @@ def test_train_links_and_aims_at_the_stack_the_user_started(
     assert f"Web UI: {stack.ui_url}/namespaces/default/workflows/train%2F{run_id}" in result.output
     assert f"Viewer: {stack.viewer_url}/runs/{run_id}" in result.output
     assert "gateway http://127.0.0.1:8100 -> http://127.0.0.1:8101" in result.output
+    # The paths it resolved: beside the config file, and under .darl/ the stack's home.
+    assert f"dataset: {DEMO_CONFIG.parent / 'tasks.jsonl'}" in result.output
+    assert f"model: {tmp_path.resolve() / 'models' / 'digits'}" in result.output
     config = asyncio.run(first_input(dev_env, f"train/{run_id}"))
     assert config.weight_sync.gateway_admin_url == "http://127.0.0.1:8101"
     assert [s.url for s in config.weight_sync.policy_servers] == ["http://127.0.0.1:8201"]
+    assert config.backend.model_dir == str(tmp_path.resolve() / "models" / "digits")
     # An explicit --ui-url wins.
     again = CliRunner().invoke(cli(), [*args, "--ui-url", "http://ui.example"])
     assert "Web UI: http://ui.example/namespaces/default/workflows/" in again.output
@@ -319,3 +332,79 @@ def test_the_report_needs_no_run_dir_on_this_machine(tmp_path: Path) -> None:
     assert "reward 0.500 (first 3 steps) -> 0.500 (last 3); success 25% -> 25%" in text
     assert "32 rollouts started (3.2 rollouts/s): 32 trained" in text
     assert "reward curve" not in text
+
+
+def test_train_refuses_a_model_the_stacks_policy_server_does_not_serve(
+    dev_env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The digits config on a stack serving the tiny model: one line, nothing started."""
+    monkeypatch.setattr(training_cli, "run_client", in_this_process)
+    monkeypatch.delenv("TEMPORAL_ADDRESS", raising=False)
+    address = dev_env.client.service_client.config.target_host
+    moved_stack(tmp_path, temporal_address=address, model="tiny")
+    run_id = f"tiny-{uuid.uuid4().hex[:8]}"
+    args = ["train", str(DEMO_CONFIG), "--run-id", run_id, "--home", str(tmp_path)]
+    result = CliRunner().invoke(cli(), args)
+    assert result.exit_code == 2, result.output
+    [line] = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert "is not the model the dev stack's policy server serves" in line
+    assert "models/tiny" in line
+
+
+def test_config_paths_mean_the_files_directory_wherever_darl_train_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From another directory: the dataset beside the config is found; a --set path is the
+    current directory's; `.darl/...` is the stack's home."""
+    monkeypatch.chdir(tmp_path)
+    home = tmp_path / "stack-home"
+    config = load_config(DEMO_CONFIG, overrides=["run_dir=runs/mine"], home=home)
+    assert config.dataset.path == str(DEMO_CONFIG.parent / "tasks.jsonl")
+    assert Path(config.dataset.path).exists()
+    assert config.run_dir == str(tmp_path / "runs" / "mine")
+    assert config.backend.model_dir == str(home / "models" / "digits")
+
+
+def test_a_command_finds_the_stack_from_anywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--home when given; else .darl here or in the nearest parent with a running stack; else
+    the last `darl dev` started (registered for the user); else none."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    project = tmp_path / "project"
+    nested = project / "src" / "deep"
+    nested.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert find_stack(None, cwd=nested).endpoints is None
+
+    registered = moved_stack(tmp_path / "registered")
+    register_stack(tmp_path / "registered", os.getpid())
+    found = find_stack(None, cwd=elsewhere)
+    assert found.home == (tmp_path / "registered").resolve() and found.endpoints == registered
+    assert "the last `darl dev` started" in found.describe()
+
+    mine = moved_stack(project / ".darl")
+    for here, how in ((project, "the current directory"), (nested, "a parent directory")):
+        found = find_stack(None, cwd=here)
+        assert (found.home, found.endpoints, found.found_by) == (project / ".darl", mine, how)
+    explicit = find_stack(tmp_path / "registered", cwd=nested)
+    assert explicit.endpoints == registered and explicit.found_by == "--home or DARL_HOME"
+
+    # Another process's registration is not removed by this one; this one's is.
+    unregister_stack(os.getpid() + 1)
+    assert user_registry().exists()
+    unregister_stack(os.getpid())
+    assert find_stack(None, cwd=elsewhere).endpoints is None
+
+
+def test_a_failure_says_a_cause_it_quotes_once() -> None:
+    inner = AttributeError("module 'm' has no attribute 'nope'")
+    middle = ValueError(f"cannot load reward function 'm:nope': {inner}")
+    middle.__cause__ = inner
+    outer = RuntimeError("Activity task failed")
+    outer.__cause__ = middle
+    assert failure_text(outer) == (
+        "Activity task failed: cannot load reward function 'm:nope': module 'm' has no "
+        "attribute 'nope'"
+    )
