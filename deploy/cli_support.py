@@ -121,24 +121,44 @@ def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> Non
     os._exit(code)
 
 
+# How long a stopping worker waits for Temporal to take its goodbye (its last task
+# completions, the end of its polls) before it leaves anyway: what it did not report is
+# retried by the server at the task's timeout (a workflow task's 10 s, an activity's heartbeat),
+# on the next worker.
+WORKER_GOODBYE_SECONDS = 5.0
+
+
 def run_worker(
     build: Callable[[Client, httpx.AsyncClient], contextlib.AbstractAsyncContextManager[Worker]],
     temporal: TemporalSettings,
     task_queue: str,
     ready_file: Path | None,
 ) -> None:
-    """Run a Temporal worker (with one pooled HTTP client) until SIGINT/SIGTERM."""
+    """Run a Temporal worker (with one pooled HTTP client) until SIGINT/SIGTERM; then stop it
+    within WORKER_GOODBYE_SECONDS, Temporal reachable or not."""
 
     async def main(stop: asyncio.Event) -> None:
         client = await connect(temporal)
-        async with (
-            httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as http_client,
-            build(client, http_client),
-        ):
-            if ready_file is not None:
-                write_ready_file(ready_file, {"task_queue": task_queue})
-            log.info("worker polling %s", task_queue)
+        running = contextlib.AsyncExitStack()
+        http_client = await running.enter_async_context(
+            httpx.AsyncClient(timeout=httpx.Timeout(60.0))
+        )
+        await running.enter_async_context(build(client, http_client))
+        if ready_file is not None:
+            write_ready_file(ready_file, {"task_queue": task_queue})
+        log.info("worker polling %s", task_queue)
+        try:
             await stop.wait()
+        finally:
+            try:
+                async with asyncio.timeout(WORKER_GOODBYE_SECONDS):
+                    await running.aclose()
+            except TimeoutError:
+                log.warning(
+                    "Temporal did not take the worker's goodbye within %gs; leaving anyway "
+                    "(the server retries what it did not hear at the tasks' timeouts)",
+                    WORKER_GOODBYE_SECONDS,
+                )
 
     run_until_signalled(main)
 

@@ -73,6 +73,11 @@ class ManagedProcess:
                 cwd=self.cwd,
                 pass_fds=self.pass_fds,
                 preexec_fn=_die_with_parent,
+                # A session of its own: a terminal's Ctrl-C (SIGINT to the whole foreground
+                # group) reaches only the process that started it, which stops its
+                # components in order (Temporal last: a worker or gateway that outlives it
+                # waits on it to say goodbye).
+                start_new_session=True,
             )
         return self
 

@@ -128,12 +128,14 @@ def train(
     async def main() -> None:
         client = await connect(TemporalSettings.from_env(address, namespace))
         workflow_id = training_workflow_id(config.run_id)
+        running = False
         async for earlier in client.list_workflows(f'WorkflowId = "{workflow_id}"'):
             if earlier.status == WorkflowExecutionStatus.COMPLETED:
                 raise CliError(
                     f"run {config.run_id!r} already completed ({workflow_id}); a run id trains "
                     "once: give this one another --run-id"
                 )
+            running = running or earlier.status == WorkflowExecutionStatus.RUNNING
         try:
             # A running run is followed; a completed one is not started again (its rollout
             # ids and checkpoints are taken: a run id trains once). One that failed may be:
@@ -152,7 +154,10 @@ def train(
                 f"run {config.run_id!r} already completed ({workflow_id}); a run id trains "
                 "once: give this one another --run-id"
             ) from None
-        typer.echo(f"started {handle.id}")
+        # A run id runs once: a running run is the one this config names, followed as it is.
+        typer.echo(
+            f"following {handle.id} (already running)" if running else f"started {handle.id}"
+        )
         typer.echo(f"Web UI: {web_ui_link(ui, handle.id, namespace)}")
         if stack is not None and stack.viewer_url:
             typer.echo(f"Viewer: {viewer_run_link(stack.viewer_url, config.run_id)}")

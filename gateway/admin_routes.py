@@ -4,6 +4,7 @@ operator's health and metrics."""
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -132,6 +133,34 @@ async def close_attempt(request: Request, rollout_id: str, attempt: int) -> dict
 
 
 # --- operations ---------------------------------------------------------------------------
+
+
+@router.get("/")
+async def index(request: Request) -> dict[str, Any]:
+    """What a person who opens the gateway's address finds: what it is, where it stands, and
+    the routes that matter (agents use `/rollouts/<rollout id>/v1` as their base URL)."""
+    gateway = gateway_of(request)
+    return {
+        "name": "DARL gateway",
+        "version": importlib.metadata.version("darl"),
+        "instance": gateway.settings.instance,
+        "policy_version": gateway.gate.policy_version,
+        "paused": gateway.gate.paused,
+        "routes": {
+            "OpenAI chat, completions, Responses (an agent's base URL)": (
+                "/rollouts/{rollout_id}/v1"
+            ),
+            "Anthropic Messages": "/rollouts/{rollout_id}/v1/messages",
+            "the agent's result": "/rollouts/{rollout_id}/result",
+            "Agent Lightning": (
+                "/proxy/rollout/{rollout_id}/attempt/{attempt}/mode/{mode}/openai/v1"
+            ),
+            "admin (the admin key)": "/admin/state",
+            "health": "/healthz",
+            "metrics": "/metrics",
+        },
+        "docs": "/docs",
+    }
 
 
 @router.get("/healthz")

@@ -42,6 +42,9 @@ from darl.gateway.versions import UpstreamVersions
 
 log = logging.getLogger(__name__)
 
+# How long a stopping gateway tries to signal the events it still holds.
+FLUSH_ON_STOP_SECONDS = 5.0
+
 
 @dataclass(frozen=True)
 class GatewaySettings:
@@ -273,7 +276,17 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
         alive = asyncio.create_task(gateway.keep_alive())
         try:
             yield
-            await gateway.delivery.aclose()
+            try:
+                async with asyncio.timeout(FLUSH_ON_STOP_SECONDS):
+                    await gateway.delivery.aclose()
+            except TimeoutError:
+                # Temporal is not answering: the events stay in the store, where the close
+                # of each attempt (by whichever gateway serves it next) finds them (rule 1).
+                log.warning(
+                    "Temporal took no signal within %gs of stopping; undelivered events stay "
+                    "in the store for the attempts' closes",
+                    FLUSH_ON_STOP_SECONDS,
+                )
         finally:
             alive.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -70,6 +70,14 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: bool = True
 
 
+class DetokenizeRequest(BaseModel):
+    """vLLM's `/detokenize`: token ids back to text."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[int]
+
+
 class CompletionRequest(_Request):
     prompt: str | list[int]
     logprobs: int | None = Field(default=None, ge=0, le=20)

@@ -1,10 +1,12 @@
 """The reference policy server's HTTP API, vLLM's shape: `/v1/chat/completions` (with function
-tools), `/v1/completions`, `/v1/models`, `/tokenize`; `/pause`, `/resume`, `/is_paused`;
-`/reload_weights` and `/version`; health and metrics. Errors answer with vLLM's error body."""
+tools), `/v1/completions`, `/v1/models`, `/tokenize`, `/detokenize`; `/pause`, `/resume`,
+`/is_paused`; `/reload_weights` and `/version`; health and metrics; and an index at `/`. Errors
+answer with vLLM's error body."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from darl.serving.generation import GenerationRejectedError
 from darl.serving.openai_format import (
     ChatRequest,
     CompletionRequest,
+    DetokenizeRequest,
     ResponseShape,
     TokenizeRequest,
 )
@@ -129,6 +132,17 @@ async def tokenize(request: Request) -> dict[str, Any]:
     }
 
 
+@router.post("/detokenize")
+async def detokenize(request: Request) -> dict[str, Any]:
+    """vLLM's shape: `{"prompt"}`, the ids' text as the model's tokenizer decodes them."""
+    server = server_of(request)
+    req: DetokenizeRequest = await parse(request, DetokenizeRequest)
+    vocab = len(server.tokenizer)
+    if any(not 0 <= t < vocab for t in req.tokens):
+        raise BadRequest(f"token ids must lie in [0, {vocab})")
+    return {"prompt": server.tokenizer.decode(req.tokens)}
+
+
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
     server = server_of(request)
@@ -198,6 +212,29 @@ async def reload_weights(request: Request, body: ReloadRequest) -> dict[str, Any
 async def version(request: Request) -> dict[str, Any]:
     server = server_of(request)
     return {"policy_version": server.policy_version, "model": server.model_name}
+
+
+@router.get("/")
+async def index(request: Request) -> dict[str, Any]:
+    """What a person who opens the server's address finds: what it is and its routes."""
+    server = server_of(request)
+    return {
+        "name": "DARL reference policy server",
+        "version": importlib.metadata.version("darl"),
+        "model": server.model_name,
+        "policy_version": server.policy_version,
+        "routes": {
+            "chat completions": "/v1/chat/completions",
+            "completions": "/v1/completions",
+            "models": "/v1/models",
+            "tokenize": "/tokenize",
+            "detokenize": "/detokenize",
+            "policy version": "/version",
+            "health": "/healthz",
+            "metrics": "/metrics",
+        },
+        "docs": "/docs",
+    }
 
 
 @router.get("/health")

@@ -19,9 +19,11 @@ from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from temporalio.service import RPCError
 
+from darl.gateway.call_record import CallRecord
 from darl.gateway.store_url import open_store
 from darl.trainer.run_files import read_metrics
 from darl.viewer.charts import charts
+from darl.viewer.detokenize import ServerDetokenizer
 from darl.viewer.links import web_ui_link
 from darl.viewer.render import call_views, completion_tokens_html, ids_text, row_tokens_html
 from darl.viewer.temporal_view import (
@@ -68,6 +70,16 @@ class Viewer:
         self.temporal = temporal
         self.settings = settings
         self.store = open_store(settings.store_url or settings.store_dir)
+        self.detokenizer = ServerDetokenizer()
+
+    async def served_token_texts(self, calls: list[CallRecord]) -> dict[int, str]:
+        """The texts of the calls' token ids as the policy servers that answered them decode
+        them (empty for one that cannot be reached)."""
+        ids = {i for r in calls for i in (*r.prompt_token_ids, *r.completion_token_ids())}
+        texts: dict[int, str] = {}
+        for upstream in sorted({r.upstream for r in calls}):
+            texts.update(await self.detokenizer.texts(upstream, ids))
+        return texts
 
     def ui_link(self, workflow_id: str) -> str:
         return web_ui_link(self.settings.ui_url, workflow_id, self.temporal.namespace)
@@ -168,6 +180,7 @@ def create_viewer_app(viewer: Viewer) -> FastAPI:
             )
         size = size if size in PAGE_SIZES else PAGE_SIZES[1]
         found = await viewer.temporal.rollouts(run_id, filters, page_token or None, size)
+        answers = await viewer.temporal.answers(found.rows)
         next_url = None
         if found.next_token:
             next_url = "?" + urlencode({**form, "size": size, "page": found.next_token})
@@ -177,6 +190,7 @@ def create_viewer_app(viewer: Viewer) -> FastAPI:
             run_id=run_id,
             form=form,
             rows=found.rows,
+            answers=answers,
             query=found.query,
             next_url=next_url,
             first_url="?" + urlencode({**form, "size": size}),
@@ -237,7 +251,10 @@ async def _rollout_context(viewer: Viewer, rollout_id: str, attempt: int | None)
             f"the trajectory store has no {viewer.store.where(rollout_id)})"
         )
     config = await _config_of(viewer, state)
-    return await asyncio.to_thread(_rollout_page, viewer, rollout_id, state, trajectory, config)
+    served = await viewer.served_token_texts(trajectory.calls)
+    return await asyncio.to_thread(
+        _rollout_page, viewer, rollout_id, state, trajectory, config, served
+    )
 
 
 def _rollout_page(
@@ -246,15 +263,14 @@ def _rollout_page(
     state: RolloutState | None,
     trajectory: Trajectory,
     config: TrainingConfig | None,
+    served: dict[int, str],
 ) -> dict[str, Any]:
     """The rollout page's token text, training rows and token HTML: CPU work in proportion
     to the calls, run in a thread (and the agent log read from disk)."""
     result = state.result if state else None
     committed = set(result.call_ids) if result and result.call_ids else None
     trained_calls = [c for c in trajectory.calls if committed is None or c.call_id in committed]
-    tokens = TokenText(config)
-    for record in trajectory.calls:
-        tokens.learn(record)
+    tokens = TokenText(trajectory.calls, served, config)
     aggregated = trainer_rows(
         rollout_id,
         state.spec.group_id if state and state.spec else "",
@@ -276,6 +292,7 @@ def _rollout_page(
         "row_html": [row_tokens_html(row, tokens) for row in aggregated.rows],
         "prompt_text": [ids_text(row.prompt_ids, tokens) for row in aggregated.rows],
         "config": config,
+        "token_source": tokens.source,
         "log_tail": agent_log_tail(viewer.settings.agents_dir, rollout_id, trajectory.attempt),
         "ui_link": viewer.ui_link(rollout_workflow_id(rollout_id)),
         "run_link": viewer.ui_link(training_workflow_id(state.spec.run_id))
@@ -337,6 +354,7 @@ async def _group_context(viewer: Viewer, group_id: str) -> dict[str, Any]:
     return {
         "title": f"Group {group_id}",
         "group_id": group_id,
+        "run_id": next((row.run for row in rows if row.run), None),
         "members": members,
         "config": config,
         "reward_mean": sum(rewards) / len(rewards) if rewards else None,

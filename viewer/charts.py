@@ -12,6 +12,8 @@ from markupsafe import Markup
 from darl.workflows.training_state import StepRecord
 
 WIDTH, HEIGHT, PAD = 360, 150, 32
+# The plot starts right of the y axis' labels (up to 7 characters: "1.23e+03"), never under them.
+LEFT = 56
 
 
 @dataclass(frozen=True)
@@ -32,12 +34,14 @@ CURVES = (
 )
 
 
-def _scale(lo: float, hi: float, size: float, flip: bool) -> Callable[[float], float]:
+def _scale(
+    lo: float, hi: float, size: float, flip: bool, start: float = PAD
+) -> Callable[[float], float]:
     span = (hi - lo) or 1.0
 
     def at(value: float) -> float:
         fraction = (value - lo) / span
-        return PAD + (1 - fraction if flip else fraction) * (size - 2 * PAD)
+        return start + (1 - fraction if flip else fraction) * (size - start - PAD)
 
     return at
 
@@ -59,7 +63,9 @@ def chart(curve: Curve, records: Sequence[StepRecord]) -> Markup:
     steps = [s for s, _, _ in points]
     lows = [v - b for _, v, b in points]
     highs = [v + b for _, v, b in points]
-    x = _scale(min(steps), max(steps) if len(steps) > 1 else min(steps) + 1, WIDTH, False)
+    x = _scale(
+        min(steps), max(steps) if len(steps) > 1 else min(steps) + 1, WIDTH, False, start=LEFT
+    )
     y = _scale(min(lows), max(highs), HEIGHT, True)
     parts = [head]
     if curve.band is not None:
@@ -78,11 +84,13 @@ def chart(curve: Curve, records: Sequence[StepRecord]) -> Markup:
             f"<title>step {s}: {v:.4g}</title></circle>"
         )
     parts.append(
-        f'<text x="{PAD}" y="{HEIGHT - 6}" class="axis">step {min(steps)}</text>'
+        f'<text x="{LEFT}" y="{HEIGHT - 6}" class="axis">step {min(steps)}</text>'
         f'<text x="{WIDTH - PAD}" y="{HEIGHT - 6}" class="axis" text-anchor="end">'
         f"step {max(steps)}</text>"
-        f'<text x="4" y="{PAD + 4}" class="axis">{max(highs):.3g}</text>'
-        f'<text x="4" y="{HEIGHT - PAD}" class="axis">{min(lows):.3g}</text></svg>'
+        f'<text x="{LEFT - 6}" y="{PAD + 4}" class="axis" text-anchor="end">'
+        f"{max(highs):.3g}</text>"
+        f'<text x="{LEFT - 6}" y="{HEIGHT - PAD}" class="axis" text-anchor="end">'
+        f"{min(lows):.3g}</text></svg>"
     )
     return Markup("".join(parts))
 

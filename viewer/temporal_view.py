@@ -4,6 +4,7 @@ workflow's result and a running one's queries. It never signals, updates, cancel
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
@@ -312,6 +313,24 @@ class TemporalView:
         return RunView(
             run_id, status.name.lower(), progress, records, summary, failure, config, query_error
         )
+
+    async def answers(self, rows: Sequence[WorkflowRow], at_once: int = 16) -> dict[str, str]:
+        """The answers of the completed rollouts among `rows` (their results), by rollout id;
+        one that cannot be read is left out."""
+        limit = asyncio.Semaphore(at_once)
+
+        async def answer(row: WorkflowRow) -> tuple[str, str | None]:
+            handle = self.client.get_workflow_handle(row.workflow_id, result_type=RolloutResult)
+            async with limit:
+                try:
+                    result = await handle.result(follow_runs=False)
+                except (RPCError, WorkflowFailureError, ValueError):
+                    return row.name, None
+            return row.name, result.answer
+
+        done = [r for r in rows if r.status == "completed"]
+        found = await asyncio.gather(*(answer(r) for r in done))
+        return {name: text for name, text in found if text is not None}
 
     async def rollout(self, rollout_id: str) -> RolloutState | None:
         """None when Temporal has no workflow for the rollout."""

@@ -5,6 +5,7 @@ events, the tail of its agent's log, and the text of its tokens. Light to import
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -82,26 +83,84 @@ def _tokenizer(model_dir: str) -> Tokenizer | None:
 
 
 class TokenText:
-    """Text of single token ids: from the run's model directory's tokenizer when this machine
-    has it, else from the token strings the policy server returned with the logprobs."""
+    """Text of token ids as the model that served the calls decodes them, never another's.
 
-    def __init__(self, config: TrainingConfig | None) -> None:
+    Candidates: the policy server that answered (`served`: what its `/detokenize` said) and
+    the run's model directory's tokenizer; the first that reads every call as it was made
+    decodes them all: each completion token as the server said when it answered (the token
+    strings it returned with the logprobs), and each prompt so that it holds the text the
+    agent sent (its prompt, or every message's text). Without one, a completion token shows
+    the string the server returned and any other token its id."""
+
+    def __init__(
+        self,
+        records: Sequence[CallRecord],
+        served: Mapping[int, str] | None = None,
+        config: TrainingConfig | None = None,
+    ) -> None:
+        self._returned: dict[int, str] = {}
+        for record in records:
+            for token_id, text in zip(
+                record.completion_token_ids(), returned_token_texts(record), strict=False
+            ):
+                if text is not None:
+                    self._returned.setdefault(token_id, text)
+        candidates: list[tuple[str, Callable[[int], str | None]]] = []
+        if served:
+            candidates.append(("the policy server that answered the calls", served.get))
         model_dir = config.backend.model_dir if config is not None else None
-        self.tokenizer = _tokenizer(model_dir) if model_dir else None
-        self._known: dict[int, str] = {}
-
-    def learn(self, record: CallRecord) -> None:
-        """Remember the text the server gave each completion token of `record`."""
-        for token_id, text in zip(
-            record.completion_token_ids(), returned_token_texts(record), strict=False
-        ):
-            if text is not None:
-                self._known.setdefault(token_id, text)
+        tokenizer = _tokenizer(model_dir) if model_dir else None
+        if tokenizer is not None:
+            candidates.append(
+                (
+                    f"the run's model directory ({model_dir})",
+                    lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False),
+                )
+            )
+        # What decodes the tokens (None: only the completion tokens' returned strings).
+        self.source: str | None = None
+        self._decode: Callable[[int], str | None] | None = None
+        for name, decode in candidates:
+            if _reads_every_call(decode, records, self._returned):
+                self.source, self._decode = name, decode
+                break
 
     def text(self, token_id: int) -> str | None:
-        if self.tokenizer is not None:
-            return self.tokenizer.decode([token_id], skip_special_tokens=False)
-        return self._known.get(token_id)
+        if self._decode is not None:
+            decoded = self._decode(token_id)
+            if decoded is not None:
+                return decoded
+        return self._returned.get(token_id)
+
+
+def _reads_every_call(
+    decode: Callable[[int], str | None],
+    records: Sequence[CallRecord],
+    returned: Mapping[int, str],
+) -> bool:
+    """Whether `decode` is the serving model's own: it decodes each completion token as the
+    server returned it (there must be some) and each prompt as the agent sent it."""
+    if not returned or any(decode(i) != text for i, text in returned.items()):
+        return False
+    return all(_reads_the_prompt(decode, record) for record in records)
+
+
+def _reads_the_prompt(decode: Callable[[int], str | None], record: CallRecord) -> bool:
+    """Whether `decode` turns the call's prompt ids into the text the agent sent: its prompt,
+    or a rendering that holds each of its messages' text."""
+    pieces = [decode(i) for i in record.prompt_token_ids]
+    if any(piece is None for piece in pieces):
+        return False
+    decoded = "".join(piece for piece in pieces if piece is not None)
+    prompt = record.request.get("prompt")
+    if isinstance(prompt, str):
+        return decoded == prompt
+    texts = [
+        message["content"]
+        for message in record.request.get("messages") or []
+        if isinstance(message, dict) and isinstance(message.get("content"), str)
+    ]
+    return all(text in decoded for text in texts)
 
 
 def returned_token_texts(record: CallRecord) -> list[str | None]:

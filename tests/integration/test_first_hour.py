@@ -5,8 +5,11 @@ serves its 503 page until Temporal is back."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -90,3 +93,53 @@ async def test_the_viewer_serves_its_503_page_until_temporal_is_back(tmp_path: P
     finally:
         viewer.stop()
         server.stop()
+
+
+@pytest.mark.timeout(300)
+async def test_ctrl_c_stops_darl_dev_under_load_in_order_and_within_its_grace(
+    tmp_path: Path,
+) -> None:
+    """A terminal's Ctrl-C (SIGINT to the whole foreground group) while a run trains: only
+    `darl dev` gets it and stops its components in order, each within its grace (none killed
+    for ignoring SIGTERM: before, Temporal died with the rest and the worker and the gateway
+    hung on their goodbyes to it until killed, 10 s each)."""
+    home = tmp_path / "home"
+    ports = [str(free_port()) for _ in range(6)]
+    flags = ["--temporal-port", "--ui-port", "--gateway-port", "--policy-port", "--agent-port"]
+    argv = [sys.executable, "-m", "darl.deploy.cli", "dev", "--home", str(home), "--model"]
+    argv += ["digits", "--agent-service", "darl.examples.digits.agent_service:app"]
+    argv += [part for flag, port in zip(flags, ports, strict=False) for part in (flag, port)]
+    argv += ["--viewer-port", ports[5]]
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    env.pop("TEMPORAL_ADDRESS", None)
+    out = tmp_path / "dev.out"
+    # A session of its own (ManagedProcess's): a terminal's foreground group, as it were.
+    dev = ManagedProcess("darl-dev", argv, out, env=env, cwd=tmp_path).start()
+    try:
+        async with asyncio.timeout(180):
+            while b"Ctrl-C stops everything" not in out.read_bytes():
+                assert dev.running(), out.read_text()
+                await asyncio.sleep(0.5)
+        config = ROOT / "examples" / "digits" / "train.yaml"
+        train = await asyncio.to_thread(
+            darl,
+            ["train", str(config), "--run-id", "ctrl-c", "--home", str(home)],
+            tmp_path,
+            tmp_path,
+        )
+        assert train.returncode == 0, train.stderr
+        async with asyncio.timeout(120):
+            while not any((home / "trajectories").glob("ctrl-c*/attempt-*.jsonl")):
+                await asyncio.sleep(0.2)
+        os.killpg(dev.pid, signal.SIGINT)  # as a terminal does: the whole group
+        started = time.monotonic()
+        assert dev.proc is not None
+        code = await asyncio.to_thread(dev.proc.wait, 60)
+        seconds = time.monotonic() - started
+    finally:
+        if dev.running():
+            os.killpg(dev.pid, signal.SIGKILL)
+    said = out.read_text()
+    assert code == 0, said
+    assert "ignored SIGTERM" not in said, said
+    assert seconds < 20, f"stopped in {seconds:.1f}s: {said[-2000:]}"

@@ -293,3 +293,12 @@ async def test_an_agent_that_hangs_up_cancels_its_upstream_call(stack: Stack, st
     assert [(f.status, f.protocol) for f in failed] == [(499, "chat.completions")]
     assert len(stack.store().read_sync(rollout_id)) == records_before
     await stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
+
+
+def test_the_gateways_address_answers_an_index(stack: Stack) -> None:
+    index = httpx.get(stack.gateway_url, timeout=10).json()
+    assert index["name"] == "DARL gateway"
+    assert index["routes"]["OpenAI chat, completions, Responses (an agent's base URL)"] == (
+        "/rollouts/{rollout_id}/v1"
+    )
+    assert httpx.get(stack.gateway_url + index["docs"], timeout=10).status_code == 200

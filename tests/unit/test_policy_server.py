@@ -472,3 +472,17 @@ async def test_a_reload_that_does_not_fit_changes_neither_the_weights_nor_the_ve
     assert (await http.get("/version")).json()["policy_version"] == 0
     assert same_weights(server.engine.model, load_file(model_dir / "model.safetensors"))
     assert refused.status_code == 400
+
+
+async def test_its_address_answers_an_index_and_detokenize_its_tokenizer(
+    http: httpx.AsyncClient, server: PolicyServer
+) -> None:
+    index = (await http.get("/")).json()
+    assert index["name"] == "DARL reference policy server" and index["model"] == server.model_name
+    assert index["routes"]["chat completions"] == "/v1/chat/completions"
+    assert (await http.get(index["docs"])).status_code == 200
+    ids = (await http.post("/tokenize", json={"prompt": "hello there"})).json()["tokens"]
+    text = await http.post("/detokenize", json={"tokens": ids})
+    assert text.json() == {"prompt": "hello there"}
+    refused = await http.post("/detokenize", json={"tokens": [10**6]})
+    assert refused.status_code == 400 and "token ids must lie in" in refused.json()["message"]

@@ -157,6 +157,8 @@ def test_train_links_and_aims_at_the_stack_the_user_started(
     # An explicit --ui-url wins.
     again = CliRunner().invoke(cli(), [*args, "--ui-url", "http://ui.example"])
     assert "Web UI: http://ui.example/namespaces/default/workflows/" in again.output
+    # The run was running: the second `darl train` follows it, and says so.
+    assert f"following train/{run_id} (already running)" in again.output, again.output
 
 
 def test_stop_sends_the_grace_finish_asks_for(
