@@ -245,7 +245,7 @@ def _print(
         console.print(f"error: {result['error']}", markup=False, highlight=False)
     console.print(
         f"attempt {found.attempt} (in the store: {found.attempts or 'none'}), "
-        f"{len(found.calls)} calls",
+        f"{len(found.calls)} call{'' if len(found.calls) == 1 else 's'}",
         markup=False,
         highlight=False,
     )

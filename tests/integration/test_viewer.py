@@ -186,7 +186,7 @@ async def test_a_browser_watches_the_run_train_and_opens_a_rollout(
             await page.select_option("select[name=mode]", "train")
             await page.click("#apply")
             await page.wait_for_selector("#rollouts tr.rollout")
-            versions = await page.locator("#rollouts tr.rollout td:nth-child(6)").all_inner_texts()
+            versions = await page.locator("#rollouts tr.rollout td:nth-child(7)").all_inner_texts()
             assert versions and set(versions) == {"0"}, versions
             assert "version=0" in page.url
             await page.screenshot(path=str(tmp_path / "rollouts.png"), full_page=True)
@@ -238,6 +238,9 @@ async def test_the_rollouts_table_filters_and_pages_through_visibility(
     every = v.get(f"/runs/{v.run_id}/rollouts", size=20)
     assert every.status_code == 200
     assert every.text.count('<tr class="rollout">') == 20
+    # Each finished rollout's answer, from its result.
+    assert "<th>answer</th>" in every.text
+    assert every.text.count('<td class="answer"><code>') >= 10, every.text[-3000:]
     second = re.search(r'id="next" href="\?([^"]+)"', every.text)
     assert second, "a run of 6 x 16 rollouts has a second page of 20"
     following = v.get(f"/runs/{v.run_id}/rollouts?{html.unescape(second.group(1))}")
@@ -284,6 +287,9 @@ async def test_a_group_shows_grpo_advantages_as_the_trainer_computes_them(
     group = re.search(r'href="/groups/([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
     shown = v.get(f"/groups/{group}")
     assert shown.status_code == 200
+    # Its run is one click away, and each card labels what it shows.
+    assert f'/ <a href="/runs/{v.run_id}">run {v.run_id}</a> / group' in shown.text
+    assert shown.text.count("<p>answer ") >= 3 and "1 calls" not in shown.text
     members = [
         found.groups()
         for block in shown.text.split('<div class="member">')[1:]
