@@ -38,6 +38,13 @@ def vllm_server(
         int, typer.Option(help="Tokens per streamed chunk (1 lags far behind on a CPU).")
     ] = 16,
     startup_timeout: float = 300.0,
+    vllm_arg: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="One more argument for vLLM's api_server; repeat "
+            "(e.g. --vllm-arg=--no-enable-prefix-caching)."
+        ),
+    ] = None,
     log_file: Annotated[
         Path | None, typer.Option(help="vLLM's own log (default: next to the ready file).")
     ] = None,
@@ -93,6 +100,7 @@ def vllm_server(
         enforce_eager=enforce_eager,
         kv_cache_gib=kv_cache_gib,
         stream_interval=stream_interval,
+        extra_args=tuple(vllm_arg or ()),
         startup_timeout_seconds=startup_timeout,
     )
     if log_file is None:
