@@ -23,7 +23,7 @@ from darl.workflows.training_config import (
     TrainingConfig,
     WeightSyncSettings,
 )
-from darl.workflows.training_state import StepRecord
+from tests.unit.test_training_cli import record as step_record
 
 
 @pytest.fixture(scope="module")
@@ -115,24 +115,8 @@ def test_a_digits_call_reads_as_the_digits_model_decodes_it(models: dict[str, Pa
 
 
 def test_chart_labels_stand_left_of_the_data() -> None:
-    records = [
-        StepRecord(
-            step=s,
-            policy_version=s,
-            time=float(s),
-            rollouts=8,
-            groups=2,
-            reward_mean=1234.5 * s,
-            reward_std=1.0,
-            success_rate=0.5,
-            response_tokens_mean=3.0,
-            staleness_mean=0.0,
-            paused_seconds=0.1,
-            rollouts_per_minute=60.0,
-            train_seconds=0.2,
-        )
-        for s in range(1, 6)
-    ]
+    # Values wide enough that a label at the plot's edge would run into the data.
+    records = [step_record(s).model_copy(update={"reward_mean": 1234.5 * s}) for s in range(1, 6)]
     svg = str(chart(CURVES[0], records))
     xs = [float(x) for x in re.findall(r'<circle class="pt" cx="([\d.]+)"', svg)]
     assert xs and min(xs) >= LEFT
