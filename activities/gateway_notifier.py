@@ -94,9 +94,12 @@ class GatewayNotifier:
                         else [ModelCallEvent.model_validate(e) for e in events],
                         None if replay is None else ReplayOutcome.model_validate(replay),
                     )
-                if response.status_code in (400, 422) and "return_events_up_to" in body:
-                    # A gateway of the release before refuses the field: it signals the events.
-                    body.pop("return_events_up_to")
+                older = [key for key in ("return_events_up_to", "replay_from") if key in body]
+                if response.status_code in (400, 422) and older:
+                    # A gateway of an earlier release refuses fields it does not know: it
+                    # signals the events, and says nothing of a replay.
+                    for key in older:
+                        body.pop(key)
                     continue
                 if response.status_code < 500:
                     raise ApplicationError(

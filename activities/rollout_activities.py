@@ -159,10 +159,11 @@ class RolloutActivities:
     async def launch_agent(self, request: LaunchRequest) -> AgentHandle:
         """Idempotent per (rollout, attempt): a retry returns the agent already started.
         A reward that cannot work fails it before any agent starts."""
-        _check_reward(request.spec)
         runner = self._runner(request.spec)
         if request.attempt == 1:
+            # A rollout id that already ran returns its result, whatever its reward now is.
             await self._refuse_a_second_run(request.spec.rollout_id)
+        _check_reward(request.spec)
         contract = self._contract(
             request.spec, request.attempt, current_traceparent(), request.replay_from
         )
@@ -175,8 +176,8 @@ class RolloutActivities:
         runner = self._runner(request.spec)
         if request.attempt == 1 and request.handle.kind == "http":
             # An agent HTTP service has no launch: its attempt starts here.
-            _check_reward(request.spec)
             await self._refuse_a_second_run(request.spec.rollout_id)
+            _check_reward(request.spec)
         contract = self._contract(
             request.spec, request.attempt, current_traceparent(), request.replay_from
         )

@@ -250,6 +250,8 @@ def answer_chunks(
             if not chunks:
                 opening["prompt_token_ids"] = prompt_ids
             delta: dict[str, Any] = {}
+            if message.get("reasoning_content"):
+                delta["reasoning_content"] = message["reasoning_content"]
             if message.get("content"):
                 delta["content"] = message["content"]
             if message.get("tool_calls"):

@@ -60,6 +60,15 @@ UPSTREAM_PATHS: dict[Endpoint, str] = {
     "completions": "/v1/completions",
 }
 CLIENT_CLOSED = 499
+# The fields of a chat request that change how its prompt renders, which `/tokenize` takes too.
+TEMPLATE_FIELDS = (
+    "tools",
+    "add_generation_prompt",
+    "continue_final_message",
+    "add_special_tokens",
+    "chat_template",
+    "chat_template_kwargs",
+)
 # Refusals that are no failed call: a finished attempt (its agent is gone; nobody reads its
 # record), and a paused gateway's 429 (flow control: the agent is told when to retry).
 NOT_FAILURES = frozenset({"rollout_finished", "gateway_paused"})
@@ -309,8 +318,10 @@ class ModelCallProxy:
         body: dict[str, Any] = {"model": await self.model_for(upstream)}
         if endpoint == CHAT:
             body.update(messages=request["messages"], add_generation_prompt=True)
-            if request.get("tools"):
-                body["tools"] = request["tools"]
+            # What else renders the prompt, as the chat request had it (vLLM's names).
+            for key in TEMPLATE_FIELDS:
+                if request.get(key) is not None:
+                    body[key] = request[key]
         elif isinstance(request["prompt"], list):
             return list(request["prompt"])
         else:

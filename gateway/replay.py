@@ -11,9 +11,9 @@ that issue calls in parallel replay too. Once a live answer has reached the agen
 what the recorded run never did: nothing more is replayed.
 
 The record offered is the lineage the workflow names (`ReplayClaim.sources`): the calls of
-the last attempt that recorded any, and, when that attempt was lost before its own replay was
-over (it has no live call), the calls it had yet to reproduce of the attempt it replayed, and
-so on. A `ReplaySession` is rebuilt from the store on its first use by a process (this
+the last attempt of which the workflow knew a call, and, when that attempt was lost before its
+own replay was over (it has no live call), the calls it had yet to reproduce of the attempt it
+replayed, and so on. A `ReplaySession` is rebuilt from the store on its first use by a process (this
 attempt's records say which offered calls are used and whether a live call was answered), so
 a restarted gateway or another replica carries on where the last one was.
 """

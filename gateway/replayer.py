@@ -76,12 +76,18 @@ class Replayer:
                 )
             return None
         try:
-            stored = await self._record(
-                endpoint, claims, protocol, forwarded, match, stream, started
+            record = await self._replayed_call(
+                endpoint, claims, translation, forwarded, match, stream, started
             )
         except BaseException:
+            # Nothing was written: the agent may ask again and get this call.
             session.give_back(match)
             raise
+        # Once the append is under way the call counts as used, whatever happens: a record
+        # that may exist is never offered a second time (the agent's retry goes live).
+        stored = await self._store.append(record)
+        self._delivery.enqueue(event_of(stored, self._store.ref(stored)))
+        self._metrics.replayed_calls.labels(str(match.normalized).lower()).inc()
         answered_as = str(stored.exchange.get("answered_as") or stored.call_id)
         headers = {
             "X-Darl-Call-Id": stored.call_id,
@@ -101,19 +107,20 @@ class Replayer:
             body = {**stored.response, "usage": usage_of(endpoint, stored.response)}
         return Response(json.dumps(body), media_type="application/json", headers=headers)
 
-    async def _record(
+    async def _replayed_call(
         self,
         endpoint: Endpoint,
         claims: TokenClaims,
-        protocol: str,
+        translation: Translation | None,
         forwarded: dict[str, Any],
         match: Match,
         stream: bool,
         started: float,
     ) -> CallRecord:
-        """The replayed call in the attempt's trajectory, before the agent hears of it (rule
-        1). Under a normalizer the prompt is the one the agent sent now, tokenized by the
-        rollout's policy server (no generation); the answer is the recorded one."""
+        """The replayed call as the attempt's trajectory will hold it, recorded before the agent
+        hears of it (rule 1). Under a normalizer the prompt is the one the agent sent now,
+        tokenized by the rollout's policy server (no generation); the answer is the recorded
+        one. Raises 409 when the attempt has ended."""
         original = match.recorded.record
         response, prompt_ids = original.response, original.prompt_token_ids
         if match.normalized:
@@ -121,37 +128,36 @@ class Replayer:
             response = _with_prompt(endpoint, response, prompt_ids)
         if await self._registry.ended(claims.rollout_id, claims.attempt):
             raise attempt_closed(claims.rollout_id, claims.attempt)
-        exchange = dict(original.exchange)
-        if protocol != endpoint:
-            # The ids the protocol's answer is built from: the first run's, so the agent gets
-            # the answer it got then (a later `previous_response_id` names them).
-            exchange["answered_as"] = original.exchange.get("answered_as", original.call_id)
-        stored = await self._store.append(
-            CallRecord(
-                call_id=uuid.uuid4().hex,
-                rollout_id=claims.rollout_id,
-                attempt=claims.attempt,
-                sequence=-1,
-                endpoint=endpoint,
-                upstream=original.upstream,
-                policy_version=original.policy_version,
-                created_at=time.time(),
-                # The gateway's own time: no policy server was asked.
-                latency_ms=(time.monotonic() - started) * 1000,
-                retry_count=0,
-                streamed=stream,
-                request={**forwarded, "model": original.request.get("model")},
-                response=response,
-                prompt_token_ids=prompt_ids,
-                protocol=protocol,
-                exchange=exchange,
-                replayed_from=original.call_id,
-                replay_normalized=match.normalized,
-            )
+        exchange: dict[str, Any] = {}
+        if translation is not None:
+            # This request's own (what a later `previous_response_id` reads of it), and the
+            # ids the answer is built from: the first run's, so the agent gets the answer it
+            # got then.
+            exchange = {
+                **translation.exchange,
+                "answered_as": original.exchange.get("answered_as", original.call_id),
+            }
+        return CallRecord(
+            call_id=uuid.uuid4().hex,
+            rollout_id=claims.rollout_id,
+            attempt=claims.attempt,
+            sequence=-1,
+            endpoint=endpoint,
+            upstream=original.upstream,
+            policy_version=original.policy_version,
+            created_at=time.time(),
+            # The gateway's own time: no policy server was asked.
+            latency_ms=(time.monotonic() - started) * 1000,
+            retry_count=0,
+            streamed=stream,
+            request={**forwarded, "model": original.request.get("model")},
+            response=response,
+            prompt_token_ids=prompt_ids,
+            protocol=translation.protocol if translation is not None else endpoint,
+            exchange=exchange,
+            replayed_from=original.call_id,
+            replay_normalized=match.normalized,
         )
-        self._delivery.enqueue(event_of(stored, self._store.ref(stored)))
-        self._metrics.replayed_calls.labels(str(match.normalized).lower()).inc()
-        return stored
 
 
 def _with_prompt(endpoint: Endpoint, response: dict[str, Any], ids: list[int]) -> dict[str, Any]:

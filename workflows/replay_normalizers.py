@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 PRESETS: dict[str, str] = {
-    # `passed in 0.53s`, `took 12 ms`, `1.2 seconds`, `0:00:03.25`
+    # `passed in 0.53s`, `took 12 ms`, `1.2 seconds`, `3 min`, `0:00:03.25` (not a bare `m`
+    # or `h`: `5 m` may be metres)
     "durations": (
-        r"\b\d+(?:\.\d+)?\s?(?:ns|us|µs|ms|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?)\b"
+        r"\b\d+(?:\.\d+)?\s?(?:ns|us|µs|ms|s|sec|secs|seconds?|min|mins|minutes?|hrs?|hours?)\b"
         r"|\b\d+:\d{2}:\d{2}(?:\.\d+)?\b"
     ),
     # `2026-12-03T07:38:41.123Z`, `2026-12-03 07:38:41+00:00`
@@ -24,10 +25,10 @@ PRESETS: dict[str, str] = {
     ),
     # `/tmp/pytest-of-root/pytest-3/test_x0`, `/var/folders/…`, `/tmp/tmpa1b2c3`
     "temp_paths": r"(?:/private)?/(?:tmp|var/folders|var/tmp)(?:/[\w.@%+=:-]+)*",
-    # `0x7f3a9c2e`, a git sha, a uuid's hex
-    "hex_ids": r"\b0x[0-9a-fA-F]+\b|\b[0-9a-f]{8,}\b",
-    # `pid 12345`, `[12345]`
-    "pids": r"\b(?i:pid)[ =:]?\d+\b|\[\d{2,}\]",
+    # `0x7f3a9c2e`, a git sha, a uuid's hex (at least one letter: `31415926` is a number)
+    "hex_ids": r"\b0x[0-9a-fA-F]+\b|\b(?=[0-9]*[a-f])[0-9a-f]{8,}\b",
+    # `pid 12345`, `pid=12345`, and a log line's leading `[12345]`
+    "pids": r"\b(?i:pid)[ =:]?\d+\b|(?m:^\[\d{2,}\])",
 }
 
 # What each span becomes: a character no tool prints, so texts differing only in such spans
@@ -63,21 +64,24 @@ def check_patterns(patterns: Sequence[str]) -> None:
 
 @dataclass(frozen=True)
 class Normalizer:
-    """The spans a rollout ignores when it matches requests, as one compiled expression."""
+    """The spans a rollout ignores when it matches requests: each expression compiled and
+    applied on its own (so one's flags, groups and backreferences are its own), in order."""
 
     presets: tuple[str, ...] = ()
     patterns: tuple[str, ...] = ()
-    _compiled: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+    _compiled: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_presets(self.presets)
         check_patterns(self.patterns)
         parts = [PRESETS[name] for name in self.presets] + list(self.patterns)
-        compiled = re.compile("|".join(f"(?:{p})" for p in parts)) if parts else None
-        object.__setattr__(self, "_compiled", compiled)  # frozen: set once, here
+        # Frozen: set once, here.
+        object.__setattr__(self, "_compiled", tuple(re.compile(p) for p in parts))
 
     def __bool__(self) -> bool:
-        return self._compiled is not None
+        return bool(self._compiled)
 
     def apply(self, text: str) -> str:
-        return text if self._compiled is None else self._compiled.sub(PLACEHOLDER, text)
+        for expression in self._compiled:
+            text = expression.sub(PLACEHOLDER, text)
+        return text

@@ -13,14 +13,19 @@ from pydantic import ValidationError
 
 from darl.gateway.call_record import CallRecord
 from darl.gateway.capture import StreamAssembler, answer_chunks
+from darl.gateway.delivery import EventDelivery
 from darl.gateway.errors import GatewayError
+from darl.gateway.metrics import GatewayMetrics
 from darl.gateway.replay import (
+    ReplayBook,
     ReplaySession,
     canonical_form,
     check_lineage,
     offered_calls,
     replay_outcome,
 )
+from darl.gateway.replayer import Replayer
+from darl.gateway.rollouts import RolloutRegistry
 from darl.gateway.store import DirectoryTrajectoryStore
 from darl.gateway.store_codec import Tail, decode_record, encode_record
 from darl.workflows.contracts import ReplaySpec
@@ -365,3 +370,50 @@ def test_a_lineage_names_distinct_earlier_attempts_newest_first(sources: list[in
     with pytest.raises(GatewayError, match="cannot replay"):
         check_lineage(sources, 3)
     check_lineage([2, 1], 3)
+
+
+def test_a_normalizer_applies_each_expression_on_its_own() -> None:
+    """Inline flags, a group name twice, a backreference: each pattern is its own."""
+    spec = ReplaySpec(patterns=[r"(?i)took \d+", r"(?P<n>\d+)-(?P=n)", r"(?P<n>x)y"])
+    normalizer = Normalizer(tuple(spec.normalize), tuple(spec.patterns))
+    assert normalizer.apply("TOOK 12, 7-7 and xy") == "␀, ␀ and ␀"
+
+
+@pytest.mark.parametrize(
+    ("preset", "kept"),
+    [
+        ("hex_ids", "pi is 31415926 to 8 digits"),
+        ("pids", "arr[42] = 1"),
+        ("durations", "the door is 5 m away"),
+    ],
+)
+def test_the_presets_keep_what_changes_an_answer(preset: str, kept: str) -> None:
+    assert Normalizer((preset,)).apply(kept) == kept
+
+
+async def test_a_call_whose_record_may_have_been_written_is_never_offered_again(
+    tmp_path: Path,
+) -> None:
+    """A store that fails the append (it may have written the record: an S3 PUT whose answer
+    was lost): the agent's retry goes live instead of getting the same recorded call twice."""
+    store = DirectoryTrajectoryStore(tmp_path)
+    await store.append(record("a", request("a")))
+
+    class FailingAppends(DirectoryTrajectoryStore):
+        async def append(self, record: CallRecord) -> CallRecord:
+            raise OSError("the append's answer was lost")
+
+    failing = FailingAppends(tmp_path)
+    registry = RolloutRegistry(None, failing)  # type: ignore[arg-type]
+    metrics = GatewayMetrics()
+    delivery = EventDelivery(registry, failing, metrics, interval_seconds=3600)
+
+    async def no_tokenizer(*_: Any) -> list[int]:
+        raise AssertionError("a strict match needs no tokenizer")
+
+    replayer = Replayer(ReplayBook(failing), failing, registry, delivery, metrics, no_tokenizer)
+    claims = TokenClaims("r", 2, "train", 2**31, replay=ReplayClaim(sources=(1,)))
+    forwarded = request("a")
+    with pytest.raises(OSError):
+        await replayer.answer(CHAT, claims, forwarded, None, stream=False)
+    assert await replayer.answer(CHAT, claims, forwarded, None, stream=False) is None
