@@ -28,6 +28,16 @@ def prompt_token_ids(endpoint: Endpoint, response: dict[str, Any]) -> list[int]:
     return ids
 
 
+def with_prompt_token_ids(
+    endpoint: Endpoint, response: dict[str, Any], ids: list[int]
+) -> dict[str, Any]:
+    """`response` with `ids` as its prompt's token ids, where the endpoint carries them."""
+    if endpoint == CHAT:
+        return {**response, "prompt_token_ids": ids}
+    choices = [{**choice, "prompt_token_ids": ids} for choice in response.get("choices") or []]
+    return {**response, "choices": choices}
+
+
 def completion_token_ids(response: dict[str, Any], choice: int = 0) -> list[int]:
     ids = response["choices"][choice].get("token_ids")
     if not isinstance(ids, list):

@@ -138,9 +138,7 @@ class ReplaySession:
         source: list[CallRecord],
         done: list[CallRecord],
     ) -> None:
-        self.sources = claim.sources
         self.normalizer = Normalizer(claim.normalize, claim.patterns)
-        self.recorded = len(source)
         used = {r.replayed_from for r in done if r.replayed_from is not None}
         self._unused: dict[str, deque[Recorded]] = {}
         for record in source:

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi.responses import Response, StreamingResponse
 
 from darl.gateway.call_record import CallRecord
-from darl.gateway.capture import CHAT, Endpoint, answer_chunks, usage_of
+from darl.gateway.capture import Endpoint, answer_chunks, usage_of, with_prompt_token_ids
 from darl.gateway.delivery import EventDelivery, event_of
 from darl.gateway.metrics import GatewayMetrics
 from darl.gateway.replay import Match, ReplayBook
@@ -162,11 +162,7 @@ class Replayer:
 
 def _with_prompt(endpoint: Endpoint, response: dict[str, Any], ids: list[int]) -> dict[str, Any]:
     """The recorded answer with the prompt the agent sent now: its ids and its usage."""
-    if endpoint == CHAT:
-        updated = {**response, "prompt_token_ids": ids}
-    else:
-        choices = [{**c, "prompt_token_ids": ids} for c in response.get("choices") or []]
-        updated = {**response, "choices": choices}
+    updated = with_prompt_token_ids(endpoint, response, ids)
     if response.get("usage"):
         completion = int(response["usage"].get("completion_tokens") or 0)
         updated["usage"] = {

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from darl.gateway.call_record import CallRecord
-from darl.gateway.capture import CHAT, Endpoint
+from darl.gateway.capture import CHAT, Endpoint, with_prompt_token_ids
 
 FORMAT_VERSION = 1
 
@@ -176,7 +176,7 @@ def decode_record(line: dict[str, Any], tail: Tail) -> CallRecord:
         retry_count=line["retry_count"],
         streamed=line["streamed"],
         request=request,
-        response=_with_prompt_ids(endpoint, line["response"], prompt_ids),
+        response=with_prompt_token_ids(endpoint, line["response"], prompt_ids),
         prompt_token_ids=prompt_ids,
         protocol=line.get("protocol", endpoint),
         exchange=line.get("exchange") or {},
@@ -212,13 +212,4 @@ def _without_prompt_ids(endpoint: Endpoint, response: dict[str, Any]) -> dict[st
         {k: v for k, v in choice.items() if k != "prompt_token_ids"}
         for choice in response.get("choices") or []
     ]
-    return {**response, "choices": choices}
-
-
-def _with_prompt_ids(
-    endpoint: Endpoint, response: dict[str, Any], ids: list[int]
-) -> dict[str, Any]:
-    if endpoint == CHAT:
-        return {**response, "prompt_token_ids": ids}
-    choices = [{**choice, "prompt_token_ids": ids} for choice in response.get("choices") or []]
     return {**response, "choices": choices}
