@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from darl.activities.errors import ActivitiesError
 from darl.workflows.contracts import RolloutSpec
 from darl.workflows.rollout_token import ReplayClaim, TokenClaims, mint_token
 
@@ -26,7 +27,7 @@ SECRET_ENV_VARS = frozenset({"DARL_TOKEN_SECRET", "DARL_ADMIN_KEY"})
 TASK_ROOT = "input"
 
 
-class TaskPathError(LookupError):
+class TaskPathError(ActivitiesError, LookupError):
     """An `env_map` path (or a reward's answer key) names a value the task does not have."""
 
 

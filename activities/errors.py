@@ -1,11 +1,22 @@
-"""Named failures of the rollout activities, raised as Temporal ApplicationErrors whose `type`
-the workflow reads (never the message)."""
+"""Named failures of the activities. DARL's own code raises and catches `ActivitiesError`s:
+
+    ActivitiesError
+    ├── TaskPathError          an env_map path or answer key the task lacks        LookupError
+    └── RewardFunctionError    no usable reward function, or no finite number      ValueError
+
+What crosses to a workflow is a Temporal ApplicationError whose `type` the workflow reads
+(never the message), made by the functions below."""
 
 from __future__ import annotations
 
 from temporalio.exceptions import ApplicationError
 
+from darl.workflows.errors import DarlError
 from darl.workflows.names import AGENT_LOST_ERROR, AGENT_SPEC_ERROR, REWARD_SPEC_ERROR
+
+
+class ActivitiesError(DarlError):
+    """Raised by `darl.activities`: an agent spec or reward that cannot work on a task."""
 
 
 def agent_spec_error(message: str) -> ApplicationError:

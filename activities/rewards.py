@@ -12,13 +12,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from darl.activities.errors import ActivitiesError
 from darl.workflows.contracts import RewardSpec, TrajectorySummary
 
 # The task is the rollout's, any JSON value (an object, a list, a string, a number).
 RewardFn = Callable[[Any, str | None, TrajectorySummary], float | Awaitable[float]]
 
 
-class RewardFunctionError(ValueError):
+class RewardFunctionError(ActivitiesError, ValueError):
     """The reward spec names no usable function, or the function returned no finite number."""
 
 

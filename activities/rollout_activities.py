@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Mapping
-from typing import TypeVar
+from collections.abc import Mapping
 
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from temporalio import activity
@@ -25,6 +24,7 @@ from darl.activities import rewards
 from darl.activities.agent_contract import AgentContract, ContractIssuer, TaskPathError
 from darl.activities.errors import agent_spec_error, reward_spec_error
 from darl.activities.gateway_notifier import CLOSE_GIVE_UP_SECONDS, GatewayNotifier
+from darl.activities.heartbeats import heartbeating
 from darl.activities.runners.base import AgentRunner, agent_heartbeat_interval
 from darl.workflows.contracts import (
     AgentExit,
@@ -57,20 +57,6 @@ def current_traceparent() -> str | None:
     carrier: dict[str, str] = {}
     TraceContextTextMapPropagator().inject(carrier)
     return carrier.get("traceparent")
-
-
-T = TypeVar("T")
-
-
-async def heartbeating(work: Awaitable[T], interval: float) -> T:
-    """Finish `work` (shielded from a second cancellation), heartbeating meanwhile; its
-    result is the result."""
-    task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=interval)
-        if done:
-            return task.result()
-        activity.heartbeat()
 
 
 @functools.cache
@@ -212,9 +198,8 @@ class RolloutActivities:
         spec = request.spec
         interval = agent_heartbeat_interval(spec.timeouts.heartbeat_seconds)
         if request.one_activity and agent_exit.timed_out:
-            # Nothing to score: the close signals what is pending, as a timer's cancellation
-            # did in revision 1, and a gateway that cannot be reached does not turn the
-            # timeout into a retry.
+            # Nothing to score: the close signals what is pending, and a gateway that cannot
+            # be reached does not turn the timeout into a retry.
             await heartbeating(self._close_quietly(spec.rollout_id, request.attempt), interval)
             return agent_exit
         calls: list[ModelCallEvent] | None = []  # no gateway, no calls

@@ -16,7 +16,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from darl.activities.training_activities import TrainerActivities
-from darl.gateway.store_url import open_store
+from darl.gateway.store.url import open_store
 from darl.workflows.names import TRAINER_TASK_QUEUE
 from darl.workflows.training_workflow import TrainingWorkflow
 

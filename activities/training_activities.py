@@ -20,8 +20,9 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from darl.activities import rewards
 from darl.activities.agent_contract import TaskPathError, task_field, task_path
-from darl.activities.rollout_activities import earlier_executions, heartbeating
-from darl.gateway.store import TrajectoryStore
+from darl.activities.heartbeats import heartbeats_throughout
+from darl.activities.rollout_activities import earlier_executions
+from darl.gateway.store.base import TrajectoryStore
 from darl.trainer import run_files
 from darl.trainer.aggregation import AggregationSettings, RolloutSample, aggregate
 from darl.trainer.backend import StepOverrides, TrainerBackend, TrainerBackendError
@@ -36,7 +37,6 @@ from darl.trainer.policy_control import (
 )
 from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import HttpAgentSpec, RolloutResult, rollout_workflow_id
-from darl.workflows.heartbeats import heartbeat_interval
 from darl.workflows.names import (
     CANCEL_ROLLOUTS,
     CHECK_ROLLOUTS,
@@ -75,15 +75,9 @@ log = logging.getLogger(__name__)
 
 # Rollout starts in flight at once: enough to start a batch in well under a second.
 START_CONCURRENCY = 32
-# A trainer activity heartbeats at least this often.
+# A trainer activity heartbeats at least this often, and well inside its heartbeat timeout,
+# whatever the config made it.
 HEARTBEAT_SECONDS = 5.0
-
-
-def heartbeat_every() -> float:
-    """Well inside the activity's heartbeat timeout, whatever the config made it."""
-    timeout = activity.info().heartbeat_timeout
-    seconds = timeout.total_seconds() if timeout is not None else None
-    return heartbeat_interval(seconds, HEARTBEAT_SECONDS)
 
 
 def config_error(message: str) -> ApplicationError:
@@ -198,14 +192,15 @@ class TrainerActivities:
     # --- the start of a run ------------------------------------------------------------------
 
     @activity.defn(name=CHECK_RUN)
+    @heartbeats_throughout(HEARTBEAT_SECONDS)
     async def check_run(self, config: TrainingConfig) -> None:
         """Fail the run at its start, saying why, when it cannot work (rule 9): a run id that
         already trained, data that cannot be read or lacks what the reward or the agent reads,
         a reward function that does not load (TrainingConfigError, not retried); an agent
         service, policy server or gateway that does not answer (retried about half a minute)."""
-        await heartbeating(self._refuse_a_second_run(config), heartbeat_every())
-        await heartbeating(asyncio.to_thread(self._check_data, config), heartbeat_every())
-        await heartbeating(self._check_services(config), heartbeat_every())
+        await self._refuse_a_second_run(config)
+        await asyncio.to_thread(self._check_data, config)
+        await self._check_services(config)
 
     async def _refuse_a_second_run(self, config: TrainingConfig) -> None:
         """A run id trains once: an earlier execution of its workflow id that started rollouts,
@@ -296,6 +291,7 @@ class TrainerActivities:
             raise unreachable(f"the {what} at {url} does not answer: {err!r}") from err
 
     @activity.defn(name=INITIALIZE_POLICY)
+    @heartbeats_throughout(HEARTBEAT_SECONDS)
     async def initialize_policy(self, request: InitializeRequest) -> TrainStepResult:
         """Step 0 from the initial model (a run whose checkpoints went further was refused by
         check_run; a retry after a crash finds step 0 saved)."""
@@ -303,12 +299,13 @@ class TrainerActivities:
         model_dir = Path(request.backend.model_dir)
         if not await asyncio.to_thread(model_dir.is_dir):
             raise config_error(f"model_dir {model_dir} is not a model directory")
-        info = await heartbeating(asyncio.to_thread(backend.initialize), heartbeat_every())
+        info = await asyncio.to_thread(backend.initialize)
         return TrainStepResult(
             step=info.step, policy_path=str(backend.policy_path(info.step)), metrics={}, seconds=0
         )
 
     @activity.defn(name=TRAIN_STEP)
+    @heartbeats_throughout(HEARTBEAT_SECONDS)
     async def train_step(self, request: TrainStepRequest) -> TrainStepResult:
         """Idempotent per step (rule 5): a step already checkpointed is returned as it was;
         after a crash the retry trains from the last checkpoint. Heartbeats throughout."""
@@ -333,7 +330,7 @@ class TrainerActivities:
             )
 
         try:
-            return await heartbeating(asyncio.to_thread(train), heartbeat_every())
+            return await asyncio.to_thread(train)
         except (ValueError, TrainerBackendError) as err:
             # A batch no step can use, a step out of order: retrying cannot fix either.
             raise config_error(f"step {request.step}: {err}") from err
@@ -356,39 +353,35 @@ class TrainerActivities:
         return samples
 
     @activity.defn(name=SYNC_WEIGHTS)
+    @heartbeats_throughout(HEARTBEAT_SECONDS)
     async def sync_weights(self, request: SyncRequest) -> SyncResult:
         settings = request.weight_sync
         gateway = GatewayReplicas(settings.admin_urls, self._admin_key, self._http)
         servers = [policy_server_control(spec, self._http) for spec in settings.policy_servers]
         try:
-            outcome = await heartbeating(
-                sync_weights(
-                    gateway,
-                    servers,
-                    request.policy_path,
-                    request.policy_version,
-                    settings.inflight,
-                    settings.drain_timeout_seconds,
-                    pause_mode=settings.pause_mode,
-                    register_upstreams=settings.register_upstreams,
-                ),
-                heartbeat_every(),
+            outcome = await sync_weights(
+                gateway,
+                servers,
+                request.policy_path,
+                request.policy_version,
+                settings.inflight,
+                settings.drain_timeout_seconds,
+                pause_mode=settings.pause_mode,
+                register_upstreams=settings.register_upstreams,
             )
         except WeightSyncError as err:
             raise ApplicationError(str(err), type=WEIGHT_SYNC_ERROR, non_retryable=True) from err
         return SyncResult(paused_seconds=outcome.paused_seconds, drained=outcome.drained)
 
     @activity.defn(name=RESTORE_WEIGHTS)
+    @heartbeats_throughout(HEARTBEAT_SECONDS)
     async def restore_weights(self, request: SyncRequest) -> RestoreResult:
         """Between syncs: load the run's weights again on a policy server that lost them."""
         servers = [
             policy_server_control(spec, self._http) for spec in request.weight_sync.policy_servers
         ]
         try:
-            restored = await heartbeating(
-                restore_weights(servers, request.policy_path, request.policy_version),
-                heartbeat_every(),
-            )
+            restored = await restore_weights(servers, request.policy_path, request.policy_version)
         except WeightSyncError as err:
             raise ApplicationError(str(err), type=WEIGHT_SYNC_ERROR, non_retryable=True) from err
         return RestoreResult(restored=restored)
@@ -396,9 +389,10 @@ class TrainerActivities:
     # --- tasks and rollouts ----------------------------------------------------------------
 
     @activity.defn(name=READ_TASKS)
+    @heartbeats_throughout(HEARTBEAT_SECONDS)
     async def read_tasks(self, request: ReadTasksRequest) -> TaskBatch:
         """The next `count` tasks from the cursor, across epoch ends, until `epochs` run out."""
-        return await heartbeating(asyncio.to_thread(self._read_tasks, request), heartbeat_every())
+        return await asyncio.to_thread(self._read_tasks, request)
 
     def _read_tasks(self, request: ReadTasksRequest) -> TaskBatch:
         try:
@@ -419,10 +413,9 @@ class TrainerActivities:
         return TaskBatch(rows=rows, epoch=epoch, cursor=cursor, exhausted=epoch >= request.epochs)
 
     @activity.defn(name=READ_VAL_TASKS)
+    @heartbeats_throughout(HEARTBEAT_SECONDS)
     async def read_val_tasks(self, request: ReadValTasksRequest) -> list[TaskRow]:
-        return await heartbeating(
-            asyncio.to_thread(self._read_val_tasks, request), heartbeat_every()
-        )
+        return await asyncio.to_thread(self._read_val_tasks, request)
 
     def _read_val_tasks(self, request: ReadValTasksRequest) -> list[TaskRow]:
         path = request.validation.path or request.dataset.path
@@ -434,6 +427,7 @@ class TrainerActivities:
         return [TaskRow(epoch=0, position=i, task=table.rows[i]) for i in range(count)]
 
     @activity.defn(name=START_ROLLOUTS)
+    @heartbeats_throughout(HEARTBEAT_SECONDS)
     async def start_rollouts(self, request: StartRolloutsRequest) -> None:
         """Idempotent by workflow id: a rollout already started (or already finished) is
         left alone, never started twice (rule 2)."""
@@ -454,9 +448,10 @@ class TrainerActivities:
                         static_summary=sa.rollout_summary(spec),
                     )
 
-        await heartbeating(asyncio.gather(*(start(s) for s in request.specs)), heartbeat_every())
+        await asyncio.gather(*(start(s) for s in request.specs))
 
     @activity.defn(name=CANCEL_ROLLOUTS)
+    @heartbeats_throughout(HEARTBEAT_SECONDS)
     async def cancel_rollouts(self, rollout_ids: list[str]) -> None:
         """Request cancellation; each rollout kills its agent and reports `cancelled`."""
 
@@ -468,15 +463,17 @@ class TrainerActivities:
                 if err.status not in (RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION):
                     raise
 
-        await heartbeating(asyncio.gather(*(cancel(r) for r in rollout_ids)), heartbeat_every())
+        await asyncio.gather(*(cancel(r) for r in rollout_ids))
 
     @activity.defn(name=CHECK_ROLLOUTS)
+    @heartbeats_throughout(HEARTBEAT_SECONDS)
     async def check_rollouts(self, rollout_ids: list[str]) -> list[RolloutLookup]:
-        return await heartbeating(lookup_rollouts(self._client, rollout_ids), heartbeat_every())
+        return await lookup_rollouts(self._client, rollout_ids)
 
     # --- the run's files ---------------------------------------------------------------------
 
     @activity.defn(name=RECORD_STEP)
+    @heartbeats_throughout(HEARTBEAT_SECONDS)
     async def record_step(self, request: RecordStepRequest) -> None:
         run_dir = self.run_dir(request.run_id, request.run_dir)
 
@@ -484,4 +481,4 @@ class TrainerActivities:
             run_files.write_step(run_dir, request.record.model_dump())
             run_files.plot_rewards(run_dir, request.run_id)
 
-        await heartbeating(asyncio.to_thread(write), heartbeat_every())
+        await asyncio.to_thread(write)

@@ -19,6 +19,7 @@ from typing import Literal
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+from darl.serving.errors import ServingError
 from darl.workflows.training_config import ServerPauseMode
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 FinishReason = Literal["stop", "length", "abort"]
 
 
-class GenerationRejectedError(ValueError):
+class GenerationRejectedError(ServingError, ValueError):
     """A request the engine cannot serve (prompt too long, bad parameters)."""
 
 

@@ -26,7 +26,8 @@ from darl.serving.openai_format import (
     ResponseShape,
     TokenizeRequest,
 )
-from darl.serving.policy_server import BadRequest, GenerationFailedError, PolicyServer
+from darl.serving.policy_server import BadRequestError, GenerationFailedError, PolicyServer
+from darl.workflows.errors import one_line
 from darl.workflows.training_config import ServerPauseMode
 
 router = APIRouter()
@@ -37,7 +38,7 @@ def create_policy_app(server: PolicyServer) -> FastAPI:
     app.state.server = server
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(GenerationRejectedError, _status(400))
-    app.add_exception_handler(BadRequest, _status(400))
+    app.add_exception_handler(BadRequestError, _status(400))
     app.add_exception_handler(GenerationFailedError, _status(500))
     app.include_router(router)
     FastAPIInstrumentor.instrument_app(
@@ -77,10 +78,9 @@ async def parse(request: Request, schema: type[BaseModel]) -> Any:
     try:
         return schema.model_validate(json.loads(await request.body()))
     except ValidationError as err:
-        e = err.errors()[0]
-        raise BadRequest(f"{'.'.join(map(str, e['loc']))}: {e['msg']}") from err
+        raise BadRequestError(one_line(err.errors(), whole="body")) from err
     except ValueError as err:
-        raise BadRequest(f"body is not valid JSON: {err}") from err
+        raise BadRequestError(f"body is not valid JSON: {err}") from err
 
 
 class ReloadRequest(BaseModel):
@@ -139,7 +139,7 @@ async def detokenize(request: Request) -> dict[str, Any]:
     req: DetokenizeRequest = await parse(request, DetokenizeRequest)
     vocab = len(server.tokenizer)
     if any(not 0 <= t < vocab for t in req.tokens):
-        raise BadRequest(f"token ids must lie in [0, {vocab})")
+        raise BadRequestError(f"token ids must lie in [0, {vocab})")
     return {"prompt": server.tokenizer.decode(req.tokens)}
 
 

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from darl.serving.errors import ServingError
 from darl.serving.generation import (
     GenerationEngine,
     SamplingParams,
@@ -65,27 +66,27 @@ async def _client_gone(request: Request) -> None:
         pass
 
 
-class BadRequest(ValueError):
+class BadRequestError(ServingError, ValueError):
     """Answered with 400 and vLLM's error body."""
 
 
-class GenerationFailedError(RuntimeError):
+class GenerationFailedError(ServingError, RuntimeError):
     """The engine failed on the batch this request was in (answered with 500)."""
 
 
 def _read_checkpoint(path: Path) -> dict[str, Any]:
     file = path / "model.safetensors" if path.is_dir() else path
     if not file.is_file():
-        raise BadRequest(f"no checkpoint at {path}")
+        raise BadRequestError(f"no checkpoint at {path}")
     try:
         return load_file(file)
     except SafetensorError as err:
-        raise BadRequest(f"{file} is not a safetensors checkpoint: {err}") from err
+        raise BadRequestError(f"{file} is not a safetensors checkpoint: {err}") from err
 
 
 def _load_into(model: Any, state: dict[str, Any]) -> None:
     """Load a checkpoint's tensors, all or none: one that does not fit the model raises
-    BadRequest before any weight changes (a half-loaded model would serve under the old
+    BadRequestError before any weight changes (a half-loaded model would serve under the old
     version's name)."""
     own = model.state_dict()
     # Tied embeddings: a saved checkpoint has no separate lm_head.
@@ -93,7 +94,7 @@ def _load_into(model: Any, state: dict[str, Any]) -> None:
     unexpected = sorted(set(state) - set(own))
     misshapen = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
     if missing or unexpected or misshapen:
-        raise BadRequest(
+        raise BadRequestError(
             f"checkpoint does not fit the model: missing {missing[:5]}, unexpected "
             f"{unexpected[:5]}, other shapes {misshapen[:5]}"
         )
@@ -142,7 +143,7 @@ class PolicyServer:
         try:
             return parse_tool_choice(req.tools, req.tool_choice)
         except ToolSpecError as err:
-            raise BadRequest(str(err)) from err
+            raise BadRequestError(str(err)) from err
 
     def chat_prompt(
         self,
@@ -155,7 +156,7 @@ class PolicyServer:
         try:
             rendered = [template_message(m) for m in messages]
         except ValueError as err:
-            raise BadRequest(str(err)) from err
+            raise BadRequestError(str(err)) from err
         # transformers types tools as dicts or python functions (a list is invariant).
         schemas: list[dict[Any, Any] | Callable[..., Any]] | None = list(tools) if tools else None
         text = self.tokenizer.apply_chat_template(
@@ -175,11 +176,11 @@ class PolicyServer:
                 try:
                     parse_tool_choice(req.tools, "none")
                 except ToolSpecError as err:
-                    raise BadRequest(str(err)) from err
+                    raise BadRequestError(str(err)) from err
             return self.chat_prompt(req.messages, req.tools, req.add_generation_prompt)
         if req.prompt is not None:
             return self.tokenizer(req.prompt, add_special_tokens=False)["input_ids"]
-        raise BadRequest("tokenize needs `messages` or `prompt`")
+        raise BadRequestError("tokenize needs `messages` or `prompt`")
 
     def tool_constraint(self, choice: ToolChoice) -> ToolCallConstraint | None:
         """The decoding constraint of a forced tool_choice (None for auto and none)."""
@@ -192,7 +193,7 @@ class PolicyServer:
             return self.tokenizer(req.prompt, add_special_tokens=False)["input_ids"]
         vocab = len(self.tokenizer)
         if any(not 0 <= t < vocab for t in req.prompt):
-            raise BadRequest(f"prompt token ids must lie in [0, {vocab})")
+            raise BadRequestError(f"prompt token ids must lie in [0, {vocab})")
         return list(req.prompt)
 
     def _restore(self, model: Any) -> Path | None:
@@ -203,7 +204,7 @@ class PolicyServer:
         path, version = Path(record["path"]), int(record["version"])
         try:
             _load_into(model, _read_checkpoint(path))
-        except (BadRequest, OSError) as err:
+        except (BadRequestError, OSError) as err:
             # Serving the model dir's weights is safe as long as they are not called
             # `version`: under a version no run has, the gateway records nothing from this
             # server until a weight sync loads the run's weights.
@@ -376,7 +377,7 @@ class PolicyServer:
 
     async def reload_weights(self, path: Path, version: int) -> None:
         """Load weights from a checkpoint (a model directory or a .safetensors file) between
-        two decode steps; raises BadRequest when there is none or it does not fit."""
+        two decode steps; raises BadRequestError when there is none or it does not fit."""
         state = await asyncio.to_thread(_read_checkpoint, path)
         done: Future[None] = Future()
 

@@ -18,6 +18,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from darl.serving.errors import ServingError
+
 UNK = "<|unk|>"
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -96,7 +98,7 @@ ALPHABET = "".join(c for c in string.printable if c not in "\x0b\x0c\r")
 DIGITS_ALPHABET = "0123456789="
 
 
-class ModelSpecError(ValueError):
+class ModelSpecError(ServingError, ValueError):
     """A model spec that cannot be built (an empty alphabet, a repeated character)."""
 
 

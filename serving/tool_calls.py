@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import regex  # type: ignore[import-untyped]  # transformers' dependency; no stubs
 
+from darl.serving.errors import ServingError
+
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
 DEFAULT_MAX_STRING = 32
@@ -31,7 +33,7 @@ _HEAD = regex.compile(r'\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"arguments"\s*
 ChoiceKind = Literal["auto", "none", "required", "named"]
 
 
-class ToolSpecError(ValueError):
+class ToolSpecError(ServingError, ValueError):
     """Tools, a tool_choice or a parameters schema the server cannot serve (answered 400)."""
 
 

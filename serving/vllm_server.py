@@ -32,6 +32,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from darl.serving.errors import ServingError
+
 log = logging.getLogger(__name__)
 
 VLLM_PYTHON_ENV = "DARL_VLLM_PYTHON"
@@ -58,12 +60,12 @@ async def label_weight_version(client: httpx.AsyncClient, url: str, version: int
         )
 
 
-class VllmServerError(RuntimeError):
+class VllmServerError(ServingError, RuntimeError):
     """vLLM could not be started, died, or was not ready in time; the message carries the
     end of its log."""
 
 
-class ModelDirError(ValueError):
+class ModelDirError(ServingError, ValueError):
     """The path is not a Hugging Face model directory (config.json and safetensors)."""
 
 

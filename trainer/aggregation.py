@@ -21,11 +21,12 @@ import numpy as np
 import torch
 from verl import DataProto
 
-from darl.gateway.store import CallRecord
+from darl.gateway.store.record import CallRecord
+from darl.trainer.errors import TrainerError
 from darl.workflows.training_config import AggregationSpec
 
 
-class AggregationError(ValueError):
+class AggregationError(TrainerError, ValueError):
     """The calls cannot be turned into training rows."""
 
 

@@ -13,10 +13,11 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 from verl import DataProto
 
+from darl.trainer.errors import TrainerError
 from darl.workflows.heartbeats import Heartbeat
 
 
-class TrainerBackendError(Exception):
+class TrainerBackendError(TrainerError):
     """Base of the errors a trainer backend raises on purpose."""
 
 

@@ -12,8 +12,10 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from darl.trainer.errors import TrainerError
 
-class DatasetError(ValueError):
+
+class DatasetError(TrainerError, ValueError):
     """The dataset cannot be read or has no rows: no retry fixes it."""
 
 

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from darl.trainer.errors import TrainerError
 from darl.trainer.policy_control import GatewayControl, WeightSyncError
 from darl.workflows.training_config import PauseMode
 
@@ -35,7 +36,7 @@ T = TypeVar("T")
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
-class ReplicasChanging(RuntimeError):
+class ReplicasChangingError(TrainerError, RuntimeError):
     """New replicas kept appearing while the sync paused the others (retryable)."""
 
 
@@ -98,7 +99,7 @@ class GatewayReplicas:
             )
             drained = drained and all(answers)
             paused.update(new)
-        raise ReplicasChanging(f"gateway replicas kept appearing: {sorted(paused)}")
+        raise ReplicasChangingError(f"gateway replicas kept appearing: {sorted(paused)}")
 
     async def set_upstreams(self, urls: list[str]) -> None:
         await _on_all(
@@ -116,7 +117,7 @@ class GatewayReplicas:
                 return
             await _on_all(new, lambda url: self._control(url).resume(policy_version), "resuming")
             resumed.update(new)
-        raise ReplicasChanging(f"gateway replicas kept appearing: {sorted(resumed)}")
+        raise ReplicasChangingError(f"gateway replicas kept appearing: {sorted(resumed)}")
 
 
 async def _on_all(urls: list[str], step: Callable[[str], Awaitable[T]], what: str) -> list[T]:

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import httpx
 
+from darl.trainer.errors import TrainerError
 from darl.workflows.training_config import (
     InflightMode,
     PauseMode,
@@ -27,7 +28,7 @@ from darl.workflows.training_config import (
 log = logging.getLogger(__name__)
 
 
-class WeightSyncError(RuntimeError):
+class WeightSyncError(TrainerError, RuntimeError):
     """A gateway or policy server refused a step of the sync (4xx): retrying will not help."""
 
 

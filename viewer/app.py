@@ -19,8 +19,8 @@ from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from temporalio.service import RPCError
 
-from darl.gateway.call_record import CallRecord
-from darl.gateway.store_url import open_store
+from darl.gateway.store.record import CallRecord
+from darl.gateway.store.url import open_store
 from darl.trainer.run_files import read_metrics
 from darl.viewer.charts import charts
 from darl.viewer.detokenize import ServerDetokenizer

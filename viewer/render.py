@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from markupsafe import Markup
 from markupsafe import escape as escape_text
 
-from darl.gateway.store import CallRecord
+from darl.gateway.store.record import CallRecord
 from darl.viewer.trajectory import TokenText, returned_token_texts
 
 if TYPE_CHECKING:

@@ -23,6 +23,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from darl.viewer.errors import ViewerError
 from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import (
     RolloutProgress,
@@ -47,7 +48,7 @@ QUERY_TIMEOUT = timedelta(seconds=3)
 PAGE_SIZES = (20, 50, 100, 200)
 
 
-class NotFoundError(LookupError):
+class NotFoundError(ViewerError, LookupError):
     """What a page or command was asked for that nothing knows of (rendered as a 404)."""
 
     def __init__(self, what: str) -> None:
@@ -182,7 +183,7 @@ class RolloutState:
         return None
 
 
-class TemporalNotReachedError(Exception):
+class TemporalNotReachedError(ViewerError):
     """The viewer has not reached Temporal yet; it keeps trying (its pages answer 503)."""
 
 

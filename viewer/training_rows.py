@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from darl.gateway.store import CallRecord
+from darl.gateway.store.record import CallRecord
 from darl.trainer.aggregation import (
     AggregationCounters,
     AggregationError,

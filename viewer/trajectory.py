@@ -14,7 +14,8 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from darl.activities.runners.local import LOG_FILE
-from darl.gateway.store import CallRecord, FailedCall, TrajectoryStore
+from darl.gateway.store.base import TrajectoryStore
+from darl.gateway.store.record import CallRecord, FailedCall
 from darl.workflows.training_config import TrainingConfig
 
 log = logging.getLogger(__name__)

@@ -170,8 +170,31 @@ class ReplaySpec(Contract):
         return value
 
 
-# RolloutSpec.revisions: an attempt as one activity (2); the report to the trainer by a local
-# activity, batched with other rollouts' (3). What DARL's starters start.
+# `RolloutSpec.revision` is the command sequence a RolloutWorkflow runs; a history replays only
+# under the sequence that recorded it. This table is the one place that says what each is:
+#
+#   revision  what the workflow does                           what branches on it
+#   1         a deadline timer beside await_agent (whose own    -
+#             deadline is RUNNER_DEADLINE_GRACE later), RUNNING
+#             upserted, the close's call events signalled,
+#             compute_reward an activity of its own, the
+#             report a `rollout_finished` signal-external
+#   2         an attempt is one activity: no timer (the runner  RolloutWorkflow._one_activity:
+#             ends the agent at the rollout timeout), the       _await_agent, _transition;
+#             close's call events and a function reward come    AwaitRequest.one_activity:
+#             back in await_agent's result, RUNNING left to     RolloutActivities._closed,
+#             the status query on a first attempt               runners.base.agent_deadline
+#   3         the report to `report_to` is a local activity     RolloutWorkflow._local_report:
+#             in the last workflow task, which the worker       _report; activities/
+#             batches into one `rollouts_finished` signal       trainer_reports.py
+#
+# The starter says the revision: DARL's trainer starts CURRENT_REVISION (training_groups.py);
+# `darl rollout` and the temporal CLI start whatever the spec file says (the rollout files
+# under examples/ say 3). The field's default is 1, what a spec without it meant to the
+# releases before, so their histories replay as 1 (tests/workflow/histories). A field rather
+# than `workflow.patched`, whose marker and TemporalChangeVersion upsert would cost every
+# rollout two history events; the TrainingWorkflow, one per run, uses `workflow.patched`, and
+# its markers are listed in its module docstring (training_workflow.py).
 ONE_ACTIVITY_REVISION = 2
 LOCAL_REPORT_REVISION = 3
 CURRENT_REVISION = LOCAL_REPORT_REVISION
@@ -188,17 +211,10 @@ class RolloutSpec(Contract):
     timeouts: RolloutTimeouts = Field(default_factory=RolloutTimeouts)
     policy_version: int = 0
     max_attempts: int = Field(default=3, ge=1, le=20)
-    # A workflow id told the RolloutResult (the trainer): in a `rollouts_finished` signal the
-    # rollout worker batches (revision 3), or a `rollout_finished` signal-external.
+    # A workflow id told the RolloutResult (the trainer), as the revision says (the table
+    # above CURRENT_REVISION).
     report_to: str | None = None
-    # The command sequence the rollout's workflow runs; a history must replay under the code
-    # that recorded it. 3 (CURRENT_REVISION), what DARL's trainer and `darl rollout` start:
-    # an attempt is one activity (2, see AwaitRequest.one_activity) and the report to
-    # `report_to` is a local activity whose worker batches it with other rollouts' reports
-    # into one signal (in 2 a signal-external, its signalled event and a last workflow task).
-    # 1, the default, is what a spec that does not say meant to the releases before, so their
-    # rollouts replay. Chosen by the starter rather than by `workflow.patched`, whose marker
-    # and TemporalChangeVersion upsert would cost every rollout two history events.
+    # The command sequence the rollout's workflow runs: the table above CURRENT_REVISION.
     revision: int = Field(default=1, ge=1, le=CURRENT_REVISION)
     # What an attempt after an infrastructure failure does with the calls the attempt before
     # recorded: `replay` answers the agent's requests that equal them from the record, so it
@@ -382,10 +398,10 @@ class AwaitRequest(Contract):
     spec: RolloutSpec
     attempt: int
     handle: AgentHandle
-    # The attempt is this one activity (RolloutSpec.revision 2): the workflow
-    # sets no timer, so the runner ends the agent at the rollout timeout itself (not a grace
-    # later); the close's call events come back in the result; a reward function is computed
-    # here. False for a workflow started by the release before.
+    # The attempt is this one activity (RolloutSpec.revision, the table above
+    # CURRENT_REVISION): the runner ends the agent at the rollout timeout itself (not a grace
+    # later), the close's call events come back in the result, a reward function is computed
+    # here.
     one_activity: bool = False
     # As LaunchRequest.replay_from: the agent's token says it, and the close reports on it.
     replay_from: list[int] = Field(default_factory=list)

@@ -10,6 +10,7 @@ from typing import overload
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 from darl.workflows.contracts import AgentReport, RolloutResult
+from darl.workflows.errors import WorkflowsError
 from darl.workflows.names import ROLLOUT_ALREADY_RAN_ERROR
 
 
@@ -30,11 +31,11 @@ def error_type(err: ActivityError) -> str | None:
     return cause.type if isinstance(cause, ApplicationError) else None
 
 
-class RewardFailed(Exception):
+class RewardFailedError(WorkflowsError):
     """The reward function failed in await_agent (its message)."""
 
 
-class EarlierRun(Exception):
+class EarlierRunError(WorkflowsError):
     """This rollout id already has a result, from an earlier execution: it is the result."""
 
     def __init__(self, result: RolloutResult) -> None:
@@ -42,14 +43,14 @@ class EarlierRun(Exception):
         self.result = result
 
 
-def earlier_run(err: ActivityError) -> EarlierRun:
+def earlier_run(err: ActivityError) -> EarlierRunError:
     """The earlier execution's result carried by a RolloutAlreadyRan error, or, when it left
     none (terminated, failed), a failure of this execution naming it (rule 7: a rollout id has
     one result, and no workflow reports what it did not see)."""
     cause = err.cause
     details = cause.details if isinstance(cause, ApplicationError) else ()
     if details and isinstance(details[0], dict):
-        return EarlierRun(RolloutResult.model_validate(details[0]))
+        return EarlierRunError(RolloutResult.model_validate(details[0]))
     raise ApplicationError(cause_of(err), type=ROLLOUT_ALREADY_RAN_ERROR, non_retryable=True)
 
 

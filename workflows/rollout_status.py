@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from darl.workflows.errors import WorkflowsError
+
 
 class RolloutStatus(StrEnum):
     PENDING = "pending"
@@ -41,7 +43,7 @@ TRANSITIONS: dict[RolloutStatus, frozenset[RolloutStatus]] = {
 FINAL_STATUSES = frozenset({S.SUCCEEDED, S.FAILED_AGENT, S.FAILED_INFRA, S.TIMED_OUT, S.CANCELLED})
 
 
-class IllegalTransitionError(ValueError):
+class IllegalTransitionError(WorkflowsError, ValueError):
     """A writer tried a move the table does not allow: a bug in DARL, never bad user input."""
 
 

@@ -14,10 +14,12 @@ import hmac
 import json
 from dataclasses import dataclass
 
+from darl.workflows.errors import WorkflowsError
+
 TOKEN_PREFIX = "darl1"
 
 
-class TokenError(ValueError):
+class TokenError(WorkflowsError, ValueError):
     """The token is missing, malformed, forged or expired; `reason` says which."""
 
     def __init__(self, reason: str) -> None:

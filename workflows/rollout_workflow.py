@@ -6,9 +6,10 @@ fresh attempt, which resumes by replay of the calls the lost one recorded (rule 
 agent itself did (non-zero exit, timeout, no reward) is the result.
 
 What the server does per rollout bounds rollouts per second, so an attempt of an HTTP agent is
-one activity (`RolloutSpec.revision` 2): await_agent enforces the timeout and returns the calls the
-gateway's close handed over and the reward it computed; and the report to the trainer is a local
-activity in the last workflow task (revision 3), which the worker batches with other rollouts'.
+one activity: await_agent enforces the timeout and returns the calls the gateway's close handed
+over and the reward it computed; and the report to the trainer is a local activity in the last
+workflow task, which the worker batches with other rollouts'. Which command sequence a rollout
+runs is its `RolloutSpec.revision`: the table above CURRENT_REVISION in contracts.py.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ with workflow.unsafe.imports_passed_through():
         WRONG_WORKFLOW_ID_ERROR,
     )
     from darl.workflows.rollout_outcomes import (
-        EarlierRun,
-        RewardFailed,
+        EarlierRunError,
+        RewardFailedError,
         cause_of,
         earlier_run,
         error_type,
@@ -81,9 +82,9 @@ with workflow.unsafe.imports_passed_through():
 # Statuses a rollout passes through in a moment; not published as search attributes.
 BRIEF_STATUSES = frozenset({RolloutStatus.LAUNCHING, RolloutStatus.SCORING})
 
-# In revision 1, await_agent enforces its own deadline this long after the
-# workflow's timer, in case the workflow cannot cancel it (its workers down). In revision 2
-# it is the activity's margin past the rollout timeout to close the attempt and score it.
+# With one activity (`_one_activity`): await_agent's margin past the rollout timeout to close
+# the attempt and score it. Without: the workflow keeps a timer, and await_agent enforces its
+# own deadline this long after it, in case the workflow cannot cancel it (its workers down).
 RUNNER_DEADLINE_GRACE = timedelta(seconds=60)
 # How many failed model calls a RolloutResult says in words (it counts them all).
 FAILED_CALLS_SHOWN = 5
@@ -96,6 +97,25 @@ REPORT_RETRIES = RetryPolicy(
     maximum_interval=timedelta(seconds=10),
     maximum_attempts=10,
 )
+# A launch is tried a few times; past them, the attempt is an infra failure and the next
+# attempt launches afresh. An agent spec that cannot start anything is not retried.
+LAUNCH_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_attempts=3,
+    non_retryable_error_types=[AGENT_SPEC_ERROR],
+)
+# A retry after a lost heartbeat re-attaches to the running agent (rule 3); an agent gone
+# without an exit status is the attempt's infra failure at once.
+AWAIT_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=20,
+    non_retryable_error_types=[AGENT_LOST_ERROR],
+)
+# Stopping an agent whose launch was cancelled: a few tries, then a warning.
+STOP_RETRY = RetryPolicy(maximum_attempts=3)
+# compute_reward: a few tries; past them, the rollout failed for infra reasons.
+REWARD_RETRY = RetryPolicy(maximum_attempts=3)
 
 
 def _fail_on_bad_reward(err: ActivityError) -> None:
@@ -135,11 +155,8 @@ class RolloutWorkflow:
         # rollout's last serving version, DarlPolicyVersion.
         self._last_call: ModelCallEvent | None = None
         self._published_version = spec.policy_version
-        # The command sequence of revision 2 (a spec of an earlier release replays its old
-        # one): no deadline timer (the runner enforces the rollout timeout), the close's call
-        # events and a function reward come back in await_agent's result (no compute_reward,
-        # no model_calls signal at the end), and RUNNING is left to the status query on a
-        # first attempt.
+        # The command sequence the spec's revision asks for (the table above CURRENT_REVISION
+        # in contracts.py).
         self._one_activity = spec.revision >= ONE_ACTIVITY_REVISION
         self._local_report = spec.revision >= LOCAL_REPORT_REVISION
         # The attempts whose recorded calls the next attempt replays, newest first (rule 10),
@@ -166,7 +183,7 @@ class RolloutWorkflow:
                     break
                 self._hand_on_record(attempt)
                 await workflow.sleep(timedelta(seconds=spec.timeouts.retry_backoff_seconds))
-        except EarlierRun as earlier:
+        except EarlierRunError as earlier:
             return self._result_of_earlier_run(earlier.result)
         except asyncio.CancelledError:
             if self._status == RolloutStatus.LAUNCHING:
@@ -243,11 +260,7 @@ class RolloutWorkflow:
             LaunchRequest(spec=self._spec, attempt=attempt, replay_from=self._replay_lineage),
             result_type=AgentHandle,
             start_to_close_timeout=timedelta(seconds=self._spec.timeouts.launch_seconds),
-            retry_policy=RetryPolicy(
-                initial_interval=timedelta(seconds=1),
-                maximum_attempts=3,
-                non_retryable_error_types=[AGENT_SPEC_ERROR],
-            ),
+            retry_policy=LAUNCH_RETRY,
         )
         return handle
 
@@ -259,14 +272,14 @@ class RolloutWorkflow:
                 STOP_AGENT,
                 LaunchRequest(spec=self._spec, attempt=self._attempt),
                 start_to_close_timeout=timedelta(seconds=self._spec.timeouts.launch_seconds),
-                retry_policy=RetryPolicy(maximum_attempts=3),
+                retry_policy=STOP_RETRY,
             )
         except ActivityError as err:
             workflow.logger.warning("could not stop the agent being launched: %s", cause_of(err))
 
     async def _await_agent(self, handle: AgentHandle) -> AgentExit | None:
         """The agent's exit (timed out if the runner ended it at the rollout timeout), or None
-        when the workflow's own timer fired first (agent killed; revision 1)."""
+        when the workflow's own timer fired first (agent killed; without `_one_activity`)."""
         timeouts = self._spec.timeouts
         agent_timeout = timedelta(seconds=timeouts.agent_seconds)
         margin = RUNNER_DEADLINE_GRACE
@@ -284,18 +297,12 @@ class RolloutWorkflow:
             result_type=AgentExit,
             start_to_close_timeout=agent_timeout + margin,
             heartbeat_timeout=timedelta(seconds=timeouts.heartbeat_seconds),
-            # A retry after a lost heartbeat re-attaches to the running agent (rule 3).
-            retry_policy=RetryPolicy(
-                initial_interval=timedelta(seconds=1),
-                maximum_interval=timedelta(seconds=10),
-                maximum_attempts=20,
-                non_retryable_error_types=[AGENT_LOST_ERROR],
-            ),
+            retry_policy=AWAIT_RETRY,
             # Cancelling waits until the runner has really killed the agent.
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )
-        # In revision 2 the runner's deadline is the rollout timeout, kept by the activity's
-        # start-to-close and heartbeat timeouts if its worker dies: no timer.
+        # With one activity the runner's deadline is the rollout timeout, kept by the
+        # activity's start-to-close and heartbeat timeouts if its worker dies: no timer.
         waits: list[asyncio.Future[Any]] = [waiting]
         deadline = None
         if not self._one_activity:
@@ -361,7 +368,7 @@ class RolloutWorkflow:
                 raise_if_cancelled(err)
                 self._finish_as(RolloutStatus.FAILED_INFRA, f"reward failed: {cause_of(err)}")
                 return False
-            except RewardFailed as err:
+            except RewardFailedError as err:
                 self._finish_as(RolloutStatus.FAILED_INFRA, f"reward failed: {err}")
                 return False
         self._reward = reward
@@ -384,7 +391,7 @@ class RolloutWorkflow:
         """The reward function's value: the one await_agent computed when it had exactly the
         inputs this workflow scores with (the same calls, answer, report and metadata), else
         compute_reward's (a report came by signal, the close signalled the calls, an older
-        worker). Raises RewardFailed with the function's error."""
+        worker). Raises RewardFailedError with the function's error."""
         summary = TrajectorySummary.of_calls(
             self._spec.rollout_id,
             attempt,
@@ -396,14 +403,14 @@ class RolloutWorkflow:
         score = agent_exit.score
         if score is not None and score.summary == summary and score.answer == self._answer:
             if score.reward is None:
-                raise RewardFailed(score.error or "the reward function gave no reward")
+                raise RewardFailedError(score.error or "the reward function gave no reward")
             return score.reward
         reward: float = await workflow.execute_activity(
             COMPUTE_REWARD,
             RewardRequest(spec=self._spec, answer=self._answer, summary=summary),
             result_type=float,
             start_to_close_timeout=timedelta(seconds=self._spec.timeouts.reward_seconds),
-            retry_policy=RetryPolicy(maximum_attempts=3),
+            retry_policy=REWARD_RETRY,
         )
         return reward
 
@@ -411,12 +418,12 @@ class RolloutWorkflow:
         """Tell the trainer (if any). A trainer that is gone does not undo the rollout.
 
         Before the workflow completes: the server drops a signal-external still in flight
-        when its workflow completes. In revision 3 a local activity sends it through the
-        worker's client, batched with the other rollouts' reports to the same trainer (one
+        when its workflow completes. With `_local_report` a local activity sends it through
+        the worker's client, batched with the other rollouts' reports to the same trainer (one
         signal, and one wait for the trainer's lock, per batch rather than per rollout), in
         this last workflow task: no signal-external, no signalled event, no workflow task
         after it. A workflow task that is retried reports the same result again, which the
-        trainer counts as a duplicate. Revision 2 awaits a signal-external."""
+        trainer counts as a duplicate. Otherwise it awaits a signal-external."""
         report_to = self._spec.report_to
         if not report_to:
             return
@@ -527,7 +534,7 @@ class RolloutWorkflow:
         self._show_details()
         # Brief statuses are left to the `status` query: each upsert is a history event and
         # a visibility write, and the server's work is what bounds rollouts per second. So is
-        # RUNNING in revision 2 on a first attempt (a retry's replaces failed_infra).
+        # RUNNING on a first attempt with one activity (a retry's replaces failed_infra).
         if status in BRIEF_STATUSES or (
             self._one_activity and status == RolloutStatus.RUNNING and self._attempt == 1
         ):

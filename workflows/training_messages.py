@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from darl.workflows.contracts import (
     Contract,
@@ -42,11 +42,6 @@ class KnobUpdate(Contract):
     learning_rate: float | None = Field(default=None, gt=0, le=1)
     max_inflight: int | None = Field(default=None, ge=1, le=100_000)
     max_staleness: int | None = Field(default=None, ge=0, le=1000)
-
-
-def validation_text(err: ValidationError) -> str:
-    """Pydantic's errors as one line naming each field: `max_inflight: Input should be ...`."""
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in err.errors())
 
 
 class TrainingPhase(StrEnum):

@@ -4,6 +4,13 @@ Reads as the story of a run: put the initial policy on the servers, keep rollout
 feeder), and whenever a batch of complete groups is ready, train a step, sync the weights and
 bump the policy version. Rollouts report back by signal on the run's workflow id, so a report
 reaches whichever run of a continue-as-new chain is current (rule 6).
+
+A history replays under later code through `workflow.patched` markers, each naming a change
+of the command sequence (a rollout's own sequence is its `RolloutSpec.revision` instead, the
+table above CURRENT_REVISION in contracts.py):
+
+    "a-cancelling-stop-cuts-the-grace"   a stop that cancels rollouts ends the wait of an
+                                         earlier stop's grace (`_wait_for_rollouts_to_finish`)
 """
 
 from __future__ import annotations
@@ -12,7 +19,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, NoReturn
+from enum import StrEnum
+from typing import Any, NamedTuple, NoReturn
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -23,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
 
     from darl.workflows import search_attributes as sa
     from darl.workflows.contracts import RolloutMode, RolloutResult
+    from darl.workflows.errors import one_line
     from darl.workflows.names import (
         CANCEL_ROLLOUTS,
         CHECK_ROLLOUTS,
@@ -68,7 +77,6 @@ with workflow.unsafe.imports_passed_through():
         TrainingSummary,
         TrainStepRequest,
         TrainStepResult,
-        validation_text,
     )
     from darl.workflows.training_state import Knobs, StepRecord, TrainingState
 
@@ -117,8 +125,26 @@ START_TO_CLOSE = {
 RECENT_STEPS = 50
 # A knob update refused (by its fields' rules or the run's): sending it again cannot help.
 KNOB_UPDATE_ERROR = "KnobUpdateError"
-FAILING = "failing"
-FEEDER_FAILED = "feeder failed"
+
+
+class Move(StrEnum):
+    """What the run's loop does next (`_what_next`)."""
+
+    WAIT = "wait"
+    TRAIN = "train"
+    CONTINUE_AS_NEW = "continue"
+    # Reading or starting the next tasks failed for good.
+    FEEDER_FAILED = "feeder failed"
+    # So many rollouts failed in a row that the run cannot be working: it fails.
+    FAIL = "failing"
+    # Stopped, all steps done, or the dataset used up: `reason` says which.
+    FINISH = "finish"
+
+
+class Next(NamedTuple):
+    move: Move
+    # Why the run finishes (FINISH): the TrainingSummary's reason.
+    reason: str = ""
 
 
 # A ValidationError is input no retry can fix (a TrainingConfig the temporal CLI sent that
@@ -149,20 +175,20 @@ class TrainingWorkflow:
         self._guard = asyncio.create_task(self._guard_weights())
         while True:
             await self._flush_records()
-            move = await self._wait_for_work()
-            if move == "train":
+            move, reason = await self._wait_for_work()
+            if move is Move.TRAIN:
                 await self._train_step()
-            elif move == "continue":
+            elif move is Move.CONTINUE_AS_NEW:
                 await self._continue_as_new()
-            elif move == FEEDER_FAILED:
+            elif move is Move.FEEDER_FAILED:
                 # Reading or starting the next tasks failed for good (a dataset that went
                 # away, a row that cannot be a rollout): that failure is the run's.
                 self._feeder.result()
-            elif move == FAILING:
-                await self._finish(move)
+            elif move is Move.FAIL:
+                await self._finish(Move.FAIL.value)
                 raise ApplicationError(self._book.failing_message(), non_retryable=True)
-            elif move != "wait":
-                return await self._finish(move)
+            elif move is Move.FINISH:
+                return await self._finish(reason)
 
     async def _initialize(self) -> None:
         """Check that the run can work at all (its data, reward, agent service, policy
@@ -193,39 +219,41 @@ class TrainingWorkflow:
         self._state.initialized = True
         self._publish()
 
-    async def _wait_for_work(self) -> str:
-        """Wait until there is something to do: train, continue as new, or finish (the
+    async def _wait_for_work(self) -> Next:
+        """Wait until there is something to do: train, continue as new, or finish (with the
         reason). A long silence from rollouts makes the trainer look them up."""
         try:
             await workflow.wait_condition(
-                lambda: self._what_next() != "wait" or bool(self._state.unwritten_records),
+                lambda: (
+                    self._what_next().move is not Move.WAIT or bool(self._state.unwritten_records)
+                ),
                 timeout=timedelta(seconds=self._config.reconcile_after_seconds),
             )
         except TimeoutError:
             await self._reconcile()
         return self._what_next()
 
-    def _what_next(self) -> str:
+    def _what_next(self) -> Next:
         state, book = self._state, self._book
         feeder = self._feeder
         if feeder is not None and feeder.done() and feeder.exception() is not None:
-            return FEEDER_FAILED
+            return Next(Move.FEEDER_FAILED)
         if book.failing():
-            return FAILING
+            return Next(Move.FAIL)
         if state.stop_requested:
-            return "stopped by request"
+            return Next(Move.FINISH, "stopped by request")
         total = self._config.total_steps
         if total is not None and state.step >= total:
-            return f"completed {total} steps"
+            return Next(Move.FINISH, f"completed {total} steps")
         if state.paused:
-            return "wait"
+            return Next(Move.WAIT)
         if self._continue_as_new_due():
-            return "continue"
+            return Next(Move.CONTINUE_AS_NEW)
         if book.batch_ready():
-            return "train"
+            return Next(Move.TRAIN)
         if state.dataset_exhausted and not book.inflight():
-            return "train" if state.ready else "dataset exhausted"
-        return "wait"
+            return Next(Move.TRAIN) if state.ready else Next(Move.FINISH, "dataset exhausted")
+        return Next(Move.WAIT)
 
     async def _train_step(self) -> None:
         state = self._state
@@ -337,7 +365,7 @@ class TrainingWorkflow:
 
     async def _wait_for_rollouts_to_finish(self, grace: float) -> None:
         """A stop that lets rollouts finish: they finish within the grace, or a later stop
-        that cancels cuts the wait short (histories from before that rule keep waiting)."""
+        that cancels cuts the wait short (a patched marker: the module docstring)."""
         if workflow.patched("a-cancelling-stop-cuts-the-grace"):
             await self._wait_for(
                 lambda: not self._book.inflight() or self._state.stop_cancels_inflight, grace
@@ -544,6 +572,7 @@ class TrainingWorkflow:
 
     @workflow.signal(name=ROLLOUT_FINISHED_SIGNAL)
     def rollout_finished(self, result: RolloutResult) -> None:
+        """One rollout's report (rollouts of revisions before 3)."""
         self._book.record(result)
 
     @workflow.signal(name=ROLLOUTS_FINISHED_SIGNAL)
@@ -619,7 +648,7 @@ def _knob_update(update: KnobUpdate | dict[str, Any]) -> KnobUpdate:
     try:
         return KnobUpdate.model_validate(update)
     except ValidationError as err:
-        _refuse(f"invalid knob update: {validation_text(err)}")
+        _refuse(f"invalid knob update: {one_line(err.errors())}")
 
 
 def _refuse(why: str) -> NoReturn:

@@ -1,0 +1,48 @@
+"""The one decorator that makes an activity heartbeat while it runs (`heartbeats_throughout`):
+Temporal still reads the activity's signature through it, and it heartbeats, without details,
+at the cadence of the activity's heartbeat timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from datetime import timedelta
+
+from temporalio import activity
+from temporalio.testing import ActivityEnvironment
+
+from darl.activities.heartbeats import heartbeats_throughout
+
+
+@activity.defn(name="slow")
+@heartbeats_throughout(5.0)
+async def slow(seconds: float) -> str:
+    """Sleeps, heartbeating nothing itself."""
+    await asyncio.sleep(seconds)
+    return "done"
+
+
+def test_the_activity_keeps_its_name_signature_and_doc() -> None:
+    definition = activity._Definition.must_from_callable(slow)
+    assert definition.name == "slow"
+    assert definition.arg_types == [float] and definition.ret_type is str
+    assert slow.__doc__ == "Sleeps, heartbeating nothing itself."
+
+
+async def test_it_heartbeats_while_the_activity_runs() -> None:
+    env = ActivityEnvironment()
+    # Three heartbeats per heartbeat timeout: every 0.2 s here.
+    env.info = dataclasses.replace(env.info, heartbeat_timeout=timedelta(seconds=0.6))
+    beats: list[tuple[object, ...]] = []
+    env.on_heartbeat = lambda *details: beats.append(details)
+    assert await env.run(slow, 0.7) == "done"
+    assert 1 <= len(beats) <= 4
+    assert all(details == () for details in beats)
+
+
+async def test_a_quick_activity_sends_no_heartbeat() -> None:
+    env = ActivityEnvironment()
+    beats: list[tuple[object, ...]] = []
+    env.on_heartbeat = lambda *details: beats.append(details)
+    assert await env.run(slow, 0.0) == "done"
+    assert beats == []
