@@ -244,7 +244,7 @@ def report(
 
     for metric, labels, label in (
         ("darl_gateway_upstream_seconds", "", "waiting on the upstream"),
-        ("darl_gateway_capture_seconds", '{phase="store"}', "trajectory store write"),
+        ("darl_gateway_store_write_seconds", "", "trajectory store write"),
     ):
         count = delta(f"{metric}_count{labels}")
         mean = delta(f"{metric}_sum{labels}") / count * 1000 if count else float("nan")

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from fastapi import Request
 
-from darl.gateway.errors import GatewayError, forbidden, unauthorized
+from darl.gateway.errors import ForbiddenError, UnauthorizedError, UnknownRolloutError
 from darl.workflows.contracts import ROLLOUT_ID_PATTERN
 from darl.workflows.rollout_token import TokenClaims, TokenError, verify_token
 
@@ -38,28 +38,28 @@ def presented_key(request: Request) -> str | None:
 
 def check_rollout_id(rollout_id: str) -> None:
     if not _ROLLOUT_ID.match(rollout_id):
-        raise GatewayError(404, f"unknown rollout {rollout_id[:80]!r}", code="unknown_rollout")
+        raise UnknownRolloutError(f"unknown rollout {rollout_id[:80]!r}")
 
 
 def rollout_claims(request: Request, rollout_id: str, secret: bytes) -> TokenClaims:
     check_rollout_id(rollout_id)
     token = presented_key(request)
     if token is None:
-        raise unauthorized(
+        raise UnauthorizedError(
             "missing rollout token (send it as 'Authorization: Bearer <token>' or 'x-api-key')"
         )
     try:
         claims = verify_token(secret, token, time.time())
     except TokenError as err:
-        raise unauthorized(err.reason) from err
+        raise UnauthorizedError(err.reason) from err
     if claims.rollout_id != rollout_id:
-        raise forbidden("this token belongs to another rollout")
+        raise ForbiddenError("this token belongs to another rollout")
     return claims
 
 
 def require_admin(request: Request, admin_key: str) -> None:
     key = presented_key(request)
     if key is None:
-        raise unauthorized("missing admin key")
+        raise UnauthorizedError("missing admin key")
     if not hmac.compare_digest(key.encode(), admin_key.encode()):
-        raise forbidden("not an admin key")
+        raise ForbiddenError("not an admin key")

@@ -1,32 +1,211 @@
-"""Gateway errors: each a status code and an OpenAI-style JSON body saying what is wrong."""
+"""The gateway's errors: a tree of classes, each with its status and code as class attributes,
+answered as a JSON body saying what is wrong (OpenAI's shape, or Anthropic's on its routes).
+Code branches on the class (`isinstance`), never on the code string.
+
+    GatewayError                                  (a darl.workflows.errors.DarlError)
+    ├── StoreUnavailableError                     the store cannot be used (store/base.py)
+    ├── StoreUrlError                             a store URL DARL cannot open (store/url.py)
+    ├── CaptureError                              an answer lacks token ids (chat/capture.py)
+    └── APIError                            500   server_error
+        ├── BadRequestError                 400   bad_request
+        │   ├── InvalidJSONError                  invalid_json
+        │   ├── UnsupportedError                  unsupported
+        │   ├── InvalidReplayError                invalid_replay
+        │   ├── PreviousResponseNotFoundError     previous_response_not_found
+        │   ├── PreviousResponseNotStoredError    previous_response_not_stored
+        │   ├── InvalidResultError                invalid_result
+        │   └── InvalidEventError                 invalid_event
+        ├── UnauthorizedError               401   invalid_token
+        ├── ForbiddenError                  403   forbidden
+        ├── UnknownRolloutError             404   unknown_rollout
+        ├── RolloutFinishedError            409   rollout_finished      (no failed call)
+        ├── BodyTooLargeError               413   body_too_large
+        ├── GatewayPausedError              429   gateway_paused        (no failed call)
+        │   └── PauseOutlastedError         503   gateway_paused
+        ├── GatewayRestartingError          503   gateway_restarting
+        ├── TemporalUnavailableError        503   temporal_unavailable
+        └── UpstreamError                   502   upstream_error
+            ├── UpstreamUnreachableError          upstream_unreachable
+            ├── UpstreamTimeoutError        504   upstream_timeout
+            ├── UpstreamUnversionedError          upstream_unversioned
+            ├── UpstreamVersionUnreadableError    upstream_version_unreadable
+            └── UpstreamStaleError          503   upstream_stale
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from darl.workflows.errors import DarlError, one_line
 
-class GatewayError(Exception):
+
+class GatewayError(DarlError):
+    """Anything the gateway raises on purpose."""
+
+
+class APIError(GatewayError):
+    """A request refused or failed: answered with `status` and a body in the caller's protocol
+    (OpenAI's `{"error": {message, type, code}}`, or Anthropic's on its routes). The class
+    says which failure it is; `status`, `type` and `code` are its class attributes, and an
+    instance may carry another status (an upstream's own 4xx) or headers (`Retry-After`)."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str = "server_error"
+    default_headers: ClassVar[dict[str, str]] = {}
+
     def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
+        self, message: str, *, status: int | None = None, headers: dict[str, str] | None = None
     ) -> None:
         super().__init__(message)
-        self.status = status
         self.message = message
-        self.type = type
-        self.code = code
-        self.headers = headers or {}
+        if status is not None:
+            self.status = status
+        self.headers = {**self.default_headers, **(headers or {})}
+
+
+class BadRequestError(APIError):
+    status = 400
+    type = "invalid_request_error"
+    code = "bad_request"
+
+
+class InvalidJSONError(BadRequestError):
+    code = "invalid_json"
+
+
+class UnsupportedError(BadRequestError):
+    """A feature of the agent's protocol that DARL would otherwise silently drop."""
+
+    code = "unsupported"
+
+
+class InvalidReplayError(BadRequestError):
+    code = "invalid_replay"
+
+
+class PreviousResponseNotFoundError(BadRequestError):
+    code = "previous_response_not_found"
+
+
+class PreviousResponseNotStoredError(BadRequestError):
+    code = "previous_response_not_stored"
+
+
+class InvalidResultError(BadRequestError):
+    code = "invalid_result"
+
+
+class InvalidEventError(BadRequestError):
+    code = "invalid_event"
+
+
+class UnauthorizedError(APIError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_token"
+    default_headers = {"WWW-Authenticate": "Bearer"}
+
+
+class ForbiddenError(APIError):
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
+
+
+class UnknownRolloutError(APIError):
+    status = 404
+    type = "invalid_request_error"
+    code = "unknown_rollout"
+
+
+class RolloutFinishedError(APIError):
+    """The attempt has ended: its agent is gone and nobody reads more of its record, so the
+    refusal is no failed call."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "rollout_finished"
+
+
+class BodyTooLargeError(APIError):
+    status = 413
+    type = "invalid_request_error"
+    code = "body_too_large"
+
+
+class GatewayPausedError(APIError):
+    """Paused for a weight sync (flow control: the agent is told when to retry), so the
+    refusal is no failed call."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "gateway_paused"
+
+
+class PauseOutlastedError(GatewayPausedError):
+    """A call held by a pause for longer than it may wait."""
+
+    status = 503
+    type = "server_error"
+
+
+class GatewayRestartingError(APIError):
+    status = 503
+    code = "gateway_restarting"
+
+
+class TemporalUnavailableError(APIError):
+    status = 503
+    code = "temporal_unavailable"
+    default_headers = {"Retry-After": "1"}
+
+
+class UpstreamError(APIError):
+    """The policy server failed the call (or answered something DARL cannot record)."""
+
+    status = 502
+    code = "upstream_error"
+
+
+class UpstreamUnreachableError(UpstreamError):
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeoutError(UpstreamError):
+    status = 504
+    code = "upstream_timeout"
+
+
+class UpstreamUnversionedError(UpstreamError):
+    """The policy server does not say which weights it serves at all: a DARL reference
+    server or a vLLM in dev mode is needed (a set-up error, not a passing one)."""
+
+    code = "upstream_unversioned"
+
+
+class UpstreamVersionUnreadableError(UpstreamError):
+    """Asking a versioned policy server which weights it serves failed this time."""
+
+    code = "upstream_version_unreadable"
+
+
+class UpstreamStaleError(UpstreamError):
+    """The policy server serves weights behind the run's and did not catch up in time."""
+
+    status = 503
+    code = "upstream_stale"
+    default_headers = {"Retry-After": "5"}
+
+
+# Refusals that are no failed call of the attempt.
+NOT_FAILURES = (RolloutFinishedError, GatewayPausedError)
 
 
 def error_body(message: str, type: str, code: str | None = None) -> dict[str, Any]:
@@ -70,30 +249,12 @@ def shaped_error(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def bad_request(message: str, code: str = "bad_request") -> GatewayError:
-    return GatewayError(400, message, code=code)
-
-
-def unauthorized(message: str) -> GatewayError:
-    return GatewayError(
-        401,
-        message,
-        type="authentication_error",
-        code="invalid_token",
-        headers={"WWW-Authenticate": "Bearer"},
-    )
-
-
-def forbidden(message: str) -> GatewayError:
-    return GatewayError(403, message, type="permission_error", code="forbidden")
-
-
 def describe_errors(errors: Sequence[Any]) -> str:
     """Pydantic's validation errors as one line: `messages: Field required; n: ...`."""
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in errors)
+    return one_line(errors, whole="body")
 
 
-async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+async def _api_error(request: Request, exc: APIError) -> JSONResponse:
     return shaped_error(request.url.path, exc.status, exc.message, exc.type, exc.code, exc.headers)
 
 
@@ -111,6 +272,6 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(app: Any) -> None:
-    app.add_exception_handler(GatewayError, _gateway_error)
+    app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -13,7 +13,8 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "darl_gateway_requests",
-            "Agent requests by route and answered status.",
+            "Requests by route (the protocol, or result, events, models, admin, metrics, health) "
+            "and status.",
             ["route", "status"],
             registry=self.registry,
         )
@@ -23,11 +24,11 @@ class GatewayMetrics:
             buckets=_SLOW,
             registry=self.registry,
         )
-        self.capture_seconds = Histogram(
-            "darl_gateway_capture_seconds",
-            "Time spent recording a call: 'store' (the trajectory store write; the Temporal signal "
-            "is batched off the answer path, see darl_gateway_delivery_signals).",
-            ["phase"],
+        self.store_write_seconds = Histogram(
+            "darl_gateway_store_write_seconds",
+            "Time spent writing a call's record to the trajectory store, on the answer path "
+            "(its event reaches the workflow batched, off that path: "
+            "darl_gateway_delivery_signals).",
             buckets=_FAST,
             registry=self.registry,
         )
@@ -38,8 +39,9 @@ class GatewayMetrics:
         )
         self.captured_calls = Counter(
             "darl_gateway_captured_calls",
-            "Model calls recorded and signalled.",
-            ["endpoint", "streamed"],
+            "Model calls recorded, by the protocol the agent spoke (chat.completions, "
+            "completions, responses, messages) and whether it streamed.",
+            ["protocol", "streamed"],
             registry=self.registry,
         )
         self.failed_calls = Counter(

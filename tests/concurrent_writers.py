@@ -9,7 +9,9 @@ import multiprocessing.synchronize
 from dataclasses import replace
 from pathlib import Path
 
-from darl.gateway.store import CallRecord, DirectoryTrajectoryStore, TrajectoryStore
+from darl.gateway.store.base import TrajectoryStore
+from darl.gateway.store.directory import DirectoryTrajectoryStore
+from darl.gateway.store.record import CallRecord
 from tests.unit.test_trajectory_store import conversation
 
 WRITERS = 2

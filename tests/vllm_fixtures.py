@@ -21,7 +21,7 @@ import torch
 from temporalio.client import Client
 
 from darl.deploy.processes import ManagedProcess
-from darl.gateway.store import CallRecord
+from darl.gateway.store.record import CallRecord
 from darl.serving.tiny_model import MODEL_PRESETS, create_model_dir, load_model_dir
 from darl.serving.vllm_server import vllm_python
 from darl.trainer.reference_backend import ReferenceBackend

@@ -10,7 +10,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from darl.gateway.store import CallRecord
+from darl.gateway.store.record import CallRecord
 from darl.workflows.training_messages import TrainStepRequest
 
 

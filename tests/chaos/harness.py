@@ -39,7 +39,8 @@ from temporalio.service import RPCError
 
 from darl.deploy.devstack import connect_when_ready, register_search_attributes
 from darl.deploy.temporal_connection import DATA_CONVERTER
-from darl.gateway.store import CallRecord, DirectoryTrajectoryStore
+from darl.gateway.store.directory import DirectoryTrajectoryStore
+from darl.gateway.store.record import CallRecord
 from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import LocalAgentSpec, RolloutResult
 from darl.workflows.names import ROLLOUT_WORKFLOW, TRAIN_STEP

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from darl.gateway.store import CallRecord
+from darl.gateway.store.record import CallRecord
 from darl.workflows.training_messages import TrainGroup, TrainMember, TrainStepRequest
 from tests.chaos.checks import (
     ChaosReport,

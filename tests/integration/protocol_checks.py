@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from darl.gateway.store import CallRecord
+from darl.gateway.store.record import CallRecord
 from darl.trainer.aggregation import (
     AggregationCounters,
     AggregationSettings,

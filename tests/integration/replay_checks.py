@@ -17,7 +17,7 @@ from typing import Any
 
 from temporalio.client import WorkflowHandle
 
-from darl.gateway.call_record import CallRecord
+from darl.gateway.store.record import CallRecord
 from darl.trainer.aggregation import (
     AggregationCounters,
     AggregationSettings,

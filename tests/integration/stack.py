@@ -20,8 +20,8 @@ from temporalio.client import Client, WorkflowHandle
 
 from darl.activities.runners.local import stop_leftover_agents
 from darl.deploy.processes import ManagedProcess
-from darl.gateway.store import TrajectoryStore
-from darl.gateway.store_url import open_store
+from darl.gateway.store.base import TrajectoryStore
+from darl.gateway.store.url import open_store
 from darl.workflows.contracts import (
     LocalAgentSpec,
     RewardSpec,

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 
-from darl.gateway.store import CallRecord
+from darl.gateway.store.record import CallRecord
 from darl.workflows.contracts import LocalAgentSpec, RewardSpec, RolloutSpec, RolloutTimeouts
 from darl.workflows.rollout_status import RolloutStatus
 from tests.integration.protocol_checks import (
@@ -351,3 +352,42 @@ async def test_images_reach_the_policy_which_refuses_them(stack: Stack) -> None:
     failed = await stack.store().failed_calls(rollout, 1)
     assert [(f.status, f.protocol) for f in failed] == [(400, "messages"), (400, "responses")]
     assert records_of(stack, rollout) == []
+
+
+CAPTURED = "darl_gateway_captured_calls_total"
+
+
+def counter(metrics: str, series: str) -> float:
+    """A Prometheus counter's value from the text exposition (0 when it has no such series)."""
+    for line in metrics.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+async def test_metrics_name_the_protocol_the_agent_spoke(stack: Stack) -> None:
+    rollout = await stack.start_idle_rollout("protocol-metrics")
+    series = {
+        "responses route": 'darl_gateway_requests_total{route="responses",status="200"}',
+        "messages route": 'darl_gateway_requests_total{route="messages",status="200"}',
+        "responses calls": CAPTURED + '{protocol="responses",streamed="false"}',
+        "messages calls": CAPTURED + '{protocol="messages",streamed="false"}',
+        "other route": 'darl_gateway_requests_total{route="other",status="200"}',
+    }
+    async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=30) as http:
+        before = (await http.get("/metrics")).text
+        await openai_client(stack, rollout).responses.create(
+            model="any", input="What is 2 + 3?", max_output_tokens=4
+        )
+        await anthropic_client(stack, rollout).messages.create(
+            model="any", max_tokens=4, messages=[{"role": "user", "content": "Hi"}]
+        )
+        after = (await http.get("/metrics")).text
+    grew = {name: counter(after, s) - counter(before, s) for name, s in series.items()}
+    assert grew == {
+        "responses route": 1,
+        "messages route": 1,
+        "responses calls": 1,
+        "messages calls": 1,
+        "other route": 0,
+    }

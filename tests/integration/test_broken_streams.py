@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from darl.deploy.temporal_connection import TemporalSettings, connect
-from darl.gateway.app import GatewaySettings, create_app
-from darl.gateway.store import DirectoryTrajectoryStore
+from darl.gateway.app import create_app
+from darl.gateway.state import GatewaySettings
+from darl.gateway.store.directory import DirectoryTrajectoryStore
 from tests.integration.stack import TOKEN_SECRET, Stack
 from tests.serving import served
 

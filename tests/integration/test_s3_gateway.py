@@ -13,7 +13,7 @@ import boto3
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from darl.gateway.store_url import open_store
+from darl.gateway.store.url import open_store
 from darl.viewer.trajectory import load_trajectory
 from darl.workflows.rollout_status import RolloutStatus
 from tests.integration.stack import Stack

@@ -31,8 +31,9 @@ from temporalio.worker import Worker
 
 from darl.activities.worker import RolloutWorkerSettings, build_worker
 from darl.deploy.temporal_connection import TemporalSettings, connect
-from darl.gateway.app import GatewaySettings, create_app
-from darl.gateway.store import DirectoryTrajectoryStore
+from darl.gateway.app import create_app
+from darl.gateway.state import GatewaySettings
+from darl.gateway.store.directory import DirectoryTrajectoryStore
 from darl.serving.policy_app import create_policy_app
 from darl.serving.policy_server import PolicyServer
 from darl.serving.tiny_model import create_model_dir

@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 from temporalio.testing import WorkflowEnvironment
 
-from darl.gateway.store import CallRecord, DirectoryTrajectoryStore
+from darl.gateway.store.directory import DirectoryTrajectoryStore
+from darl.gateway.store.record import CallRecord
 from darl.viewer.app import Viewer, ViewerSettings, create_viewer_app
 from darl.viewer.temporal_view import TemporalView
 

@@ -18,7 +18,7 @@ import openai
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from darl.gateway.store import CallRecord
+from darl.gateway.store.record import CallRecord
 from darl.workflows.rollout_status import RolloutStatus
 from tests.integration.test_rollouts_e2e import example_spec
 from tests.vllm_fixtures import VllmStack, running_vllm_stack
@@ -279,7 +279,7 @@ async def test_tool_calls_through_vllm(vllm_stack: VllmStack, stream: bool) -> N
     call is what vLLM answers when asked directly. The token is a `val` one, so the gateway
     forces temperature 0.7, and a seed (vLLM's extension, sent as `extra_body`) makes the
     sampled call repeatable. (vLLM re-renders a forced call with other whitespace than it
-    generated, so its prompts do not extend each other: see README.)"""
+    generated, so its prompts do not extend each other: see docs/limitations.md.)"""
     rollout_id = await vllm_stack.start_idle_rollout("vllm-tools")
     token = vllm_stack.token(rollout_id, mode="val")
     base = f"{vllm_stack.gateway_url}/rollouts/{rollout_id}"

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from darl.gateway.store import CallRecord
+from darl.gateway.store.record import CallRecord
 from darl.trainer.aggregation import AggregationSettings, RolloutSample, aggregate
 from darl.trainer.backend import StepOverrides
 from darl.trainer.policy_control import (

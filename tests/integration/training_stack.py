@@ -18,7 +18,7 @@ from temporalio.service import RPCError
 
 from darl.deploy.config_file import load_config
 from darl.examples.digits.task import make_tasks
-from darl.gateway.store import DirectoryTrajectoryStore
+from darl.gateway.store.directory import DirectoryTrajectoryStore
 from darl.trainer.reference_backend import ReferenceTrainerSettings
 from darl.trainer.run_files import read_metrics
 from darl.workflows.names import TRAINING_WORKFLOW

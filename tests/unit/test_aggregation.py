@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from verl.trainer.ppo import core_algos
 from verl.workers.config.actor import FSDPActorConfig
 
-from darl.gateway.store import CallRecord, DirectoryTrajectoryStore
+from darl.gateway.store.directory import DirectoryTrajectoryStore
+from darl.gateway.store.record import CallRecord
 from darl.trainer.aggregation import (
     AggregationCounters,
     AggregationSettings,

@@ -15,10 +15,11 @@ import httpx
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 
-from darl.gateway.app import GatewaySettings, create_app
+from darl.gateway.app import create_app
 from darl.gateway.auth import presented_key_from_headers
-from darl.gateway.proxy import ProxySettings
-from darl.gateway.store import DirectoryTrajectoryStore
+from darl.gateway.calls.proxy import ProxySettings
+from darl.gateway.state import GatewaySettings
+from darl.gateway.store.directory import DirectoryTrajectoryStore
 from darl.workflows.contracts import AgentReport
 from darl.workflows.names import AGENT_RESULT_SIGNAL
 from darl.workflows.rollout_token import TokenClaims, mint_token

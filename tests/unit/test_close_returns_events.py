@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from darl.gateway.delivery import EventDelivery, event_of
+from darl.gateway.calls.delivery import EventDelivery, event_of
 from darl.gateway.metrics import GatewayMetrics
-from darl.gateway.store import CallRecord, DirectoryTrajectoryStore
+from darl.gateway.store.directory import DirectoryTrajectoryStore
+from darl.gateway.store.record import CallRecord
 from darl.workflows.contracts import ModelCallEvent
 
 ROLLOUT = "close-r1"

@@ -8,14 +8,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from darl.gateway.journal import (
-    OUTAGE_MARGIN_SECONDS,
-    OUTAGES_FILE,
-    AdminState,
-    GatewayJournal,
-    Outage,
-)
-from darl.gateway.store import DirectoryTrajectoryStore
+from darl.gateway.journal.base import OUTAGE_MARGIN_SECONDS, AdminState, GatewayJournal, Outage
+from darl.gateway.journal.directory import OUTAGES_FILE
+from darl.gateway.store.directory import DirectoryTrajectoryStore
 
 
 def test_admin_state_is_loaded_back_whole_by_a_new_journal(tmp_path: Path) -> None:

@@ -14,10 +14,10 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from darl.gateway.journal import SILENT_AFTER_SECONDS, GatewayJournal
-from darl.gateway.rollouts import RolloutRegistry
-from darl.gateway.store import DirectoryTrajectoryStore
-from darl.gateway.traffic import UpstreamPool
+from darl.gateway.calls.rollouts import RolloutRegistry
+from darl.gateway.calls.traffic import UpstreamPool
+from darl.gateway.journal.base import SILENT_AFTER_SECONDS, GatewayJournal
+from darl.gateway.store.directory import DirectoryTrajectoryStore
 from darl.trainer.gateway_replicas import GatewayReplicas
 from darl.trainer.policy_control import WeightSyncError
 from darl.workflows.contracts import ModelCallEvent

@@ -13,10 +13,12 @@ import httpx2
 import openai
 import pytest
 
-from darl.gateway.capture import StreamAssembler
-from darl.gateway.messages_api import MessagesRequest, MessagesTranslation
-from darl.gateway.responses_api import ResponsesRequest, ResponsesTranslation
-from darl.gateway.translation import Translation
+from darl.gateway.protocols.chat.capture import StreamAssembler
+from darl.gateway.protocols.messages.protocol import MessagesRequest
+from darl.gateway.protocols.messages.translation import MessagesTranslation
+from darl.gateway.protocols.responses.protocol import ResponsesRequest
+from darl.gateway.protocols.responses.translation import ResponsesTranslation
+from darl.gateway.protocols.translation import Translation
 
 CALL_ID = "0123456789abcdef0123456789abcdef"
 ADD = {"type": "object", "properties": {"a": {"type": "integer"}}}
@@ -113,6 +115,14 @@ def openai_reading(body: bytes) -> openai.OpenAI:
     )
 
 
+def final_message(body: bytes) -> Any:
+    """The Message the `anthropic` SDK's stream accumulator assembles from the events."""
+    with anthropic_reading(body).messages.stream(
+        model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+    ) as events:
+        return events.get_final_message()
+
+
 def anthropic_reading(body: bytes) -> anthropic.Anthropic:
     def reply(_request: Any) -> httpx2.Response:
         return httpx2.Response(200, content=body, headers={"content-type": "text/event-stream"})
@@ -164,10 +174,7 @@ def test_a_messages_stream_assembles_to_the_whole_answer(case: str) -> None:
     deltas, finish, stop = CASES[case]
     translation = messages_with_a_tool()
     body, answer = translated(translation, chat_chunks(deltas, finish, stop))
-    with anthropic_reading(body).messages.stream(
-        model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
-    ) as events:
-        final = events.get_final_message()
+    final = final_message(body)
     whole = translation.answer(answer, CALL_ID)
 
     got = [b.model_dump(mode="json") for b in final.content]
@@ -230,3 +237,83 @@ def test_text_after_a_tool_call_is_not_streamed() -> None:
     ) as events:
         message = events.get_final_message()
     assert [b.type for b in message.content] == ["tool_use", "tool_use"]
+
+
+def arguments_delta(index: int, arguments: str) -> dict[str, Any]:
+    return {"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}
+
+
+TWO_CALLS: dict[str, list[dict[str, Any]]] = {
+    # One after the other, each in pieces, as vLLM's parsers stream them.
+    "in turn": [
+        call_delta(0, "call_a", '{"a": '),
+        arguments_delta(0, "1}"),
+        call_delta(1, "call_b", '{"a": '),
+        arguments_delta(1, "2}"),
+    ],
+    # The first call's arguments go on after the second call began.
+    "interleaved": [
+        call_delta(0, "call_a", '{"a": '),
+        call_delta(1, "call_b", '{"a": 2'),
+        arguments_delta(0, "1}"),
+        arguments_delta(1, "}"),
+    ],
+}
+
+
+@pytest.mark.parametrize("case", list(TWO_CALLS))
+def test_a_messages_stream_with_two_tool_calls_gives_both_whole(case: str) -> None:
+    """Anthropic's blocks take no delta once stopped: neither call's arguments are lost, in
+    turn or interleaved, and the agent assembles the recorded answer."""
+    translation = messages_with_a_tool()
+    body, answer = translated(translation, chat_chunks(TWO_CALLS[case], "tool_calls", None))
+    final = final_message(body)
+    whole = translation.answer(answer, CALL_ID)
+    got = [b.model_dump(mode="json") for b in final.content]
+    assert without_none(got) == without_none(whole["content"])
+    assert [(b["id"], b["input"]) for b in got] == [("call_a", {"a": 1}), ("call_b", {"a": 2})]
+    stopped = [
+        json.loads(line[6:]) for line in body.decode().splitlines() if '"content_block_' in line
+    ]
+    for i, event in enumerate(stopped):
+        if event["type"] == "content_block_delta":
+            # A delta goes to the block last started and not yet stopped.
+            opened = [e for e in stopped[:i] if e["type"] == "content_block_start"][-1]["index"]
+            closed = {e["index"] for e in stopped[:i] if e["type"] == "content_block_stop"}
+            assert event["index"] == opened and opened not in closed
+
+
+def test_a_messages_stream_sends_a_call_it_never_showed() -> None:
+    """A tool call the chat stream never showed (a parser that names it only at the end) still
+    reaches the agent, whole, from the recorded answer."""
+    translation = messages_with_a_tool()
+    stream = translation.streaming(CALL_ID)
+    chunks = chat_chunks([{"content": "Let me add."}], "tool_calls", None)
+    events = [e for chunk in chunks for e in stream.chunk(chunk)]
+    recorded = {
+        "id": "c",
+        "model": "tiny",
+        "prompt_token_ids": [1, 2, 3],
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "token_ids": [10],
+                "message": {
+                    "role": "assistant",
+                    "content": "Let me add.",
+                    "tool_calls": [
+                        {
+                            "id": "call_z",
+                            "type": "function",
+                            "function": {"name": "add", "arguments": '{"a": 3}'},
+                        }
+                    ],
+                },
+            }
+        ],
+    }
+    final = final_message(b"".join([*events, *stream.done(recorded)]))
+    got = [b.model_dump(mode="json") for b in final.content]
+    assert without_none(got) == without_none(translation.answer(recorded, CALL_ID)["content"])
+    assert [b.type for b in final.content] == ["text", "tool_use"]

@@ -11,12 +11,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from darl.gateway.call_record import CallRecord
-from darl.gateway.capture import StreamAssembler, answer_chunks
-from darl.gateway.delivery import EventDelivery
-from darl.gateway.errors import GatewayError
-from darl.gateway.metrics import GatewayMetrics
-from darl.gateway.replay import (
+from darl.gateway.calls.delivery import EventDelivery
+from darl.gateway.calls.replay import (
     ReplayBook,
     ReplaySession,
     canonical_form,
@@ -24,10 +20,14 @@ from darl.gateway.replay import (
     offered_calls,
     replay_outcome,
 )
-from darl.gateway.replayer import Replayer
-from darl.gateway.rollouts import RolloutRegistry
-from darl.gateway.store import DirectoryTrajectoryStore
-from darl.gateway.store_codec import Tail, decode_record, encode_record
+from darl.gateway.calls.replayer import Replayer
+from darl.gateway.calls.rollouts import RolloutRegistry
+from darl.gateway.errors import GatewayError
+from darl.gateway.metrics import GatewayMetrics
+from darl.gateway.protocols.chat.capture import StreamAssembler, answer_chunks
+from darl.gateway.store.codec import Tail, decode_record, encode_record
+from darl.gateway.store.directory import DirectoryTrajectoryStore
+from darl.gateway.store.record import CallRecord
 from darl.workflows.contracts import ReplaySpec
 from darl.workflows.replay_normalizers import Normalizer
 from darl.workflows.rollout_token import ReplayClaim, TokenClaims, mint_token, verify_token

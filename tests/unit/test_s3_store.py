@@ -18,11 +18,13 @@ from typer.testing import CliRunner
 
 from darl.deploy.cli import app
 from darl.deploy.store_options import open_checked_store, store_location
-from darl.gateway.journal import AdminState, GatewayJournal, Outage
-from darl.gateway.s3_journal import S3Journal
-from darl.gateway.s3_store import S3TrajectoryStore
-from darl.gateway.store import CallRecord, DirectoryTrajectoryStore, FailedCall, TrajectoryStore
-from darl.gateway.store_url import StoreUrlError, journal_storage, open_store, parse_store_url
+from darl.gateway.journal.base import AdminState, GatewayJournal, Outage
+from darl.gateway.journal.s3 import S3Journal
+from darl.gateway.store.base import TrajectoryStore
+from darl.gateway.store.directory import DirectoryTrajectoryStore
+from darl.gateway.store.record import CallRecord, FailedCall
+from darl.gateway.store.s3 import S3TrajectoryStore
+from darl.gateway.store.url import StoreUrlError, journal_storage, open_store, parse_store_url
 from tests.concurrent_writers import (
     CALLS_EACH,
     WRITERS,

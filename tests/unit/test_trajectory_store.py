@@ -16,8 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from darl.gateway.s3_store import S3TrajectoryStore
-from darl.gateway.store import CallRecord, DirectoryTrajectoryStore, TrajectoryStore
+from darl.gateway.store.base import TrajectoryStore
+from darl.gateway.store.directory import DirectoryTrajectoryStore
+from darl.gateway.store.record import CallRecord
+from darl.gateway.store.s3 import S3TrajectoryStore
 
 token_lists = st.lists(st.integers(0, 200), max_size=12)
 

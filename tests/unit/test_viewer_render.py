@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from darl.gateway.call_record import CallRecord
+from darl.gateway.store.record import CallRecord
 from darl.serving.tiny_model import MODEL_PRESETS, create_model_dir
 from darl.viewer.charts import CURVES, LEFT, chart
 from darl.viewer.render import ids_text

@@ -1,0 +1,646 @@
+"""The capture pipeline of one model call (docs/architecture.md, rule 1): check the rollout,
+force what training needs (token ids, logprobs, model, temperature), forward to the rollout's
+policy server, write the full record to the trajectory store, queue its small event for the
+workflow (see `delivery`), and only then answer the agent. A streamed answer reaches the agent
+as it comes, except its final chunk, which is held back until the call is recorded.
+
+The version recorded on a call is the one the policy server proved for the weights that
+answered (see `versions`, rule 8); an answer from weights behind the run's version is
+neither recorded nor answered: the call waits for the server to catch up and is sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import aiohttp
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from darl.gateway.calls.delivery import EventDelivery, event_of
+from darl.gateway.calls.forwarding import Forwarder, UpstreamReply
+from darl.gateway.calls.replay import ReplayBook
+from darl.gateway.calls.replayer import Replayer
+from darl.gateway.calls.rollouts import RolloutRegistry, attempt_closed
+from darl.gateway.calls.traffic import Admission, PauseGate, UpstreamPool
+from darl.gateway.calls.versions import UpstreamVersions, version_in
+from darl.gateway.defaults import CALL_DEADLINE_SECONDS, TRAIN_TEMPERATURE, VAL_TEMPERATURE
+from darl.gateway.errors import (
+    NOT_FAILURES,
+    APIError,
+    BadRequestError,
+    RolloutFinishedError,
+    UpstreamError,
+    UpstreamUnreachableError,
+    UpstreamVersionUnreadableError,
+    error_body,
+)
+from darl.gateway.metrics import GatewayMetrics
+from darl.gateway.protocols.chat.capture import (
+    CaptureError,
+    StreamAssembler,
+    require_token_ids,
+    split_sse,
+    sse_data,
+)
+from darl.gateway.protocols.chat.protocol import (
+    CHAT,
+    TEMPLATE_FIELDS,
+    UPSTREAM_PATHS,
+    Endpoint,
+    validate_body,
+)
+from darl.gateway.protocols.translation import (
+    StreamTranslation,
+    Translation,
+    protocol_of,
+    upstream_error_message,
+)
+from darl.gateway.store.base import TrajectoryStore
+from darl.gateway.store.record import CallRecord, FailedCall
+from darl.workflows.rollout_token import TokenClaims
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CLIENT_CLOSED = 499
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    model: str | None = None
+    train_temperature: float | None = TRAIN_TEMPERATURE
+    val_temperature: float | None = VAL_TEMPERATURE
+    call_deadline_seconds: float = CALL_DEADLINE_SECONDS
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and the upstream call inside) if the agent goes away."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        raise _ClientGone
+    return task.result()
+
+
+@dataclass
+class ModelCall:
+    """One agent call on its way through the gateway."""
+
+    request: Request
+    endpoint: Endpoint
+    claims: TokenClaims
+    forwarded: dict[str, Any]
+    upstream: str
+    deadline: float
+    started: float = field(default_factory=time.monotonic)
+    call_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    admission: Admission | None = None
+    retries: int = 0
+    # The policy version the policy server proved for the weights that answered.
+    served_version: int | None = None
+    # The agent's protocol when it is not the endpoint's own (the Responses or Messages API).
+    translation: Translation | None = None
+    # Recorded, as answered or as failed: an agent that leaves after that leaves nothing to say.
+    settled: bool = False
+
+    @property
+    def protocol(self) -> str:
+        return protocol_of(self.endpoint, self.translation)
+
+    @property
+    def url(self) -> str:
+        return self.upstream + UPSTREAM_PATHS[self.endpoint]
+
+    def time_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def admitted(self) -> Admission:
+        if self.admission is None:
+            raise RuntimeError("the call was never admitted")
+        return self.admission
+
+    def proven_version(self) -> int:
+        """The version to record: only ever the one the policy server proved (a call whose
+        answer came without one is never recorded; see `_behind`)."""
+        if self.served_version is None:
+            raise RuntimeError("recording a call whose weights' version is unknown")
+        return self.served_version
+
+    def headers(self) -> dict[str, str]:
+        version = self.served_version
+        return {
+            "X-Darl-Call-Id": self.call_id,
+            "X-Darl-Policy-Version": str(
+                self.admitted().policy_version if version is None else version
+            ),
+        }
+
+
+class ModelCallProxy:
+    def __init__(
+        self,
+        *,
+        settings: ProxySettings,
+        pool: UpstreamPool,
+        gate: PauseGate,
+        forwarder: Forwarder,
+        store: TrajectoryStore,
+        registry: RolloutRegistry,
+        delivery: EventDelivery,
+        metrics: GatewayMetrics,
+        versions: UpstreamVersions,
+        replays: ReplayBook,
+        stale_wait_seconds: float,
+    ) -> None:
+        self.settings = settings
+        self.versions = versions
+        self.stale_wait_seconds = stale_wait_seconds
+        self.delivery = delivery
+        self.pool = pool
+        self.gate = gate
+        self.forwarder = forwarder
+        self.store = store
+        self.registry = registry
+        self.metrics = metrics
+        self._models: dict[str, str] = {}
+        self.replayer = Replayer(replays, store, registry, delivery, metrics, self.prompt_ids)
+
+    async def handle(
+        self,
+        request: Request,
+        endpoint: Endpoint,
+        claims: TokenClaims,
+        body: dict[str, Any],
+        spoken: type[Translation] | None = None,
+    ) -> Response:
+        """One agent call: `body` as the endpoint's own, or in the protocol `spoken`, which
+        translates it into a chat call. A call that fails is recorded as failed (status,
+        error, latency, retries) before the agent hears of it. An attempt that resumes by
+        replay gets the recorded answer to a request the record holds (rule 10)."""
+        started = time.monotonic()
+        call: ModelCall | None = None
+        protocol = protocol_of(endpoint, spoken)
+        try:
+            # A finished attempt takes nothing, not even a failed call.
+            await self.registry.check_open(claims.rollout_id, claims.attempt)
+            translation = await spoken.of(body, claims, self.store) if spoken else None
+            if translation is not None:
+                body = translation.chat
+            stream = validate_body(endpoint, body)
+            if claims.replay is not None:
+                # The model is the record's: no policy server is asked to name it.
+                forced = self.force(body, endpoint, claims.mode, model="")
+                replayed = await self.replayer.answer(endpoint, claims, forced, translation, stream)
+                if replayed is not None:
+                    return replayed
+            upstream = self.pool.pick(claims.rollout_id)
+            call = ModelCall(
+                request=request,
+                endpoint=endpoint,
+                claims=claims,
+                forwarded=self.force(body, endpoint, claims.mode, await self.model_for(upstream)),
+                upstream=upstream,
+                deadline=time.monotonic() + self.settings.call_deadline_seconds,
+                translation=translation,
+            )
+            return await (self._streamed(call) if stream else self._whole(call))
+        except _ClientGone:
+            log.info("agent of %s went away; upstream call cancelled", claims.rollout_id)
+            await self._failed(
+                claims, protocol, call, started, CLIENT_CLOSED, "the agent went away"
+            )
+            return Response(status_code=CLIENT_CLOSED)
+        except APIError as err:
+            if not isinstance(err, NOT_FAILURES):
+                await self._failed(claims, protocol, call, started, err.status, err.message)
+            raise
+
+    def force(
+        self, body: dict[str, Any], endpoint: Endpoint, mode: str, model: str
+    ) -> dict[str, Any]:
+        forced = dict(body)
+        forced["model"] = model
+        forced["return_token_ids"] = True
+        temperature = (
+            self.settings.train_temperature if mode == "train" else self.settings.val_temperature
+        )
+        if temperature is not None:
+            forced["temperature"] = temperature
+        if endpoint == CHAT:
+            forced["logprobs"] = True
+        else:
+            forced["logprobs"] = max(int(body.get("logprobs") or 0), 0)
+        return forced
+
+    async def model_for(self, upstream: str) -> str:
+        """The configured model name, else the first model the upstream lists."""
+        if self.settings.model:
+            return self.settings.model
+        if upstream not in self._models:
+            try:
+                listing = await self.forwarder.get_json(f"{upstream}/v1/models")
+                self._models[upstream] = listing["data"][0]["id"]
+            except (
+                aiohttp.ClientError,
+                TimeoutError,
+                KeyError,
+                IndexError,
+                TypeError,
+                ValueError,
+            ) as err:
+                raise UpstreamUnreachableError(
+                    f"cannot list the models of policy server {upstream}: {err!r}"
+                ) from err
+        return self._models[upstream]
+
+    async def count_prompt_tokens(self, claims: TokenClaims, chat: dict[str, Any]) -> int:
+        """The prompt tokens of a chat request as the rollout's policy server renders it."""
+        return len(await self.prompt_ids(claims, CHAT, chat))
+
+    async def prompt_ids(
+        self, claims: TokenClaims, endpoint: Endpoint, request: dict[str, Any]
+    ) -> list[int]:
+        """The prompt's token ids of a chat or text completion request as the rollout's policy
+        server renders it (its `/tokenize`, vLLM's shape); nothing is generated or recorded."""
+        upstream = self.pool.pick(claims.rollout_id)
+        body: dict[str, Any] = {"model": await self.model_for(upstream)}
+        if endpoint == CHAT:
+            body.update(messages=request["messages"], add_generation_prompt=True)
+            # What else renders the prompt, as the chat request had it (vLLM's names).
+            for key in TEMPLATE_FIELDS:
+                if request.get(key) is not None:
+                    body[key] = request[key]
+        elif isinstance(request["prompt"], list):
+            return list(request["prompt"])
+        else:
+            body["prompt"] = request["prompt"]
+        deadline = time.monotonic() + min(60.0, self.settings.call_deadline_seconds)
+        reply = await self.forwarder.send(f"{upstream}/tokenize", body, deadline, stream=False)
+        if reply.status != 200:
+            status = reply.status if reply.status < 500 else 502
+            raise UpstreamError(upstream_error_message(reply.body), status=status)
+        try:
+            return [int(t) for t in reply.json()["tokens"]]
+        except (ValueError, KeyError, TypeError) as err:
+            raise UpstreamError(f"policy server {upstream} cannot count tokens") from err
+
+    async def models(self) -> list[str]:
+        return sorted({await self.model_for(u) for u in self.pool.urls})
+
+    # --- whole answers -------------------------------------------------------------------
+
+    async def _whole(self, call: ModelCall) -> Response:
+        while True:
+            await self._until_upstream_current(call)
+            async with self.gate.admitted(call.upstream, call.time_left()) as call.admission:
+                reply = await self._send(call, stream=False)
+                arrived = time.monotonic()
+                if reply.status == 200:
+                    call.served_version = version_in(reply.headers)
+                    if call.served_version is None:
+                        call.served_version = await self._version_after(call, arrived)
+            if reply.status != 200 or not self._behind(call):
+                break
+        latency_ms = self._upstream_done(call)
+        if reply.status != 200:
+            return await self._refused(call, reply.status, reply.body, reply.content_type)
+        try:
+            data = reply.json()
+        except ValueError as err:
+            raise UpstreamError(f"policy server {call.upstream} answered non-JSON") from err
+        # Once the policy server has answered, recording finishes even if the agent leaves,
+        # so the store and the workflow never disagree.
+        await asyncio.shield(self._record(call, data, latency_ms, streamed=False))
+        if call.translation is not None:
+            answer = call.translation.answer(data, call.call_id)
+            return Response(
+                json.dumps(answer), media_type="application/json", headers=call.headers()
+            )
+        # The agent gets the policy server's bytes as they came.
+        return Response(reply.body, media_type="application/json", headers=call.headers())
+
+    async def _refused(
+        self, call: ModelCall, status: int, body: bytes, content_type: str
+    ) -> Response:
+        """The policy server's error answer (after retries): recorded as a failed call, and
+        passed on to the agent, in its protocol's shape."""
+        message = upstream_error_message(body)
+        await self._failed(call.claims, call.protocol, call, call.started, status, message)
+        if call.translation is None:
+            return Response(body, status, media_type=content_type)
+        code = (UpstreamError if status >= 500 else BadRequestError).code
+        shaped = call.translation.error_body(status, message, code)
+        return Response(json.dumps(shaped), status, media_type="application/json")
+
+    async def _failed(
+        self,
+        claims: TokenClaims,
+        protocol: str,
+        call: ModelCall | None,
+        started: float,
+        status: int,
+        error: str,
+    ) -> None:
+        """Remember a call that got no answer, so a user sees why; never trained on."""
+        if call is not None:
+            call.settled = True
+        await self.store.record_failed_call(
+            FailedCall(
+                call_id=call.call_id if call is not None else uuid.uuid4().hex,
+                rollout_id=claims.rollout_id,
+                attempt=claims.attempt,
+                protocol=protocol,
+                status=status,
+                error=error[:4000],
+                latency_ms=(time.monotonic() - started) * 1000,
+                retry_count=call.retries if call is not None else 0,
+                upstream=call.upstream if call is not None else None,
+                created_at=time.time(),
+            )
+        )
+        self.metrics.failed_calls.labels(str(status)).inc()
+
+    # --- streamed answers ----------------------------------------------------------------
+
+    async def _streamed(self, call: ModelCall) -> Response:
+        while True:
+            await self._until_upstream_current(call)
+            stack = AsyncExitStack()
+            try:
+                call.admission = await stack.enter_async_context(
+                    self.gate.admitted(call.upstream, call.time_left())
+                )
+                reply = await self._send(call, stream=True)
+                stack.push_async_callback(reply.aclose)
+                if reply.status != 200:
+                    content = await reply.read()
+                    await stack.aclose()
+                    self._upstream_done(call)
+                    return await self._refused(call, reply.status, content, reply.content_type)
+                # A server that says at the start that its weights are behind: nothing has
+                # reached the agent yet, so the call waits and goes again.
+                call.served_version = version_in(reply.headers)
+                if call.served_version is not None and self._behind(call):
+                    await stack.aclose()
+                    continue
+            except BaseException:
+                await stack.aclose()
+                raise
+            break
+        # The relay closes the stack when it ends; the background task covers an agent that
+        # left before the first byte, when the relay never started.
+        return StreamingResponse(
+            self._relay(call, stack, reply),
+            media_type="text/event-stream",
+            headers=call.headers(),
+            background=BackgroundTask(stack.aclose),
+        )
+
+    async def _relay(
+        self, call: ModelCall, stack: AsyncExitStack, reply: UpstreamReply
+    ) -> AsyncIterator[bytes]:
+        """The stream to the agent; an agent that hangs up before the call is recorded leaves
+        a failed call (499), as one that hangs up on a whole answer does."""
+        events = self._relay_events(call, stack, reply)
+        try:
+            async for event in events:
+                yield event
+        except (GeneratorExit, asyncio.CancelledError):
+            if not call.settled:
+                gone = "the agent went away mid-stream"
+                failed = self._failed(
+                    call.claims, call.protocol, call, call.started, CLIENT_CLOSED, gone
+                )
+                await asyncio.shield(failed)
+            raise
+        finally:
+            await events.aclose()
+
+    async def _relay_events(
+        self, call: ModelCall, stack: AsyncExitStack, reply: UpstreamReply
+    ) -> AsyncGenerator[bytes, None]:
+        """Relay the SSE events as they come, except the one that ends the answer and what
+        follows it: those wait until the call is recorded."""
+        assembler = StreamAssembler(call.endpoint)
+        translated = call.translation.streaming(call.call_id) if call.translation else None
+        held: list[tuple[bytes, dict[str, Any] | None]] = []
+        failure: str | None = None
+        async with stack:
+            buffer = bytearray()
+            try:
+                async for raw in reply.chunks():
+                    buffer += raw
+                    for event in split_sse(buffer):
+                        data = sse_data(event)
+                        chunk: dict[str, Any] | None = None
+                        if data is not None and data != "[DONE]":
+                            try:
+                                chunk = json.loads(data)
+                                ends = assembler.add(chunk)
+                            except (CaptureError, ValueError) as err:
+                                failure = str(err)
+                                break
+                            if ends:
+                                held.append((event, chunk))
+                                continue
+                        if held:
+                            held.append((event, chunk))
+                        else:
+                            for out in _relayed(translated, event, chunk):
+                                yield out
+                    if failure is not None:
+                        break
+            except (aiohttp.ClientError, TimeoutError) as err:
+                failure = f"the policy server's stream broke: {err!r}"
+        latency_ms = self._upstream_done(call)
+        if failure is None and not assembler.finished:
+            failure = "the policy server's stream ended before the answer did"
+        if failure is None:
+            # The weights may have changed under a long stream (an `inflight: keep` sync):
+            # what they were at its end is what finished it.
+            try:
+                call.served_version = await self._version_after(
+                    call, time.monotonic(), watch_client=False
+                )
+            except APIError as err:
+                failure = err.message
+            else:
+                if self._behind(call):
+                    failure = (
+                        f"the policy server's weights (version {call.served_version}) are "
+                        f"behind the run's ({call.admitted().policy_version})"
+                    )
+        if failure is not None:
+            # The agent gets an error, never the end of an answer that was not recorded.
+            log.warning("stream of %s not recorded: %s", call.claims.rollout_id, failure)
+            await self.note_incident(call.claims, f"stream not recorded: {failure}")
+            await self._failed(call.claims, call.protocol, call, call.started, 502, failure)
+            yield _stream_error(translated, f"call not recorded: {failure}", UpstreamError.code)
+            return
+        response = assembler.response()
+        try:
+            await asyncio.shield(self._record(call, response, latency_ms, streamed=True))
+        except APIError as err:
+            if err.status >= 500:
+                await self.note_incident(call.claims, f"stream not recorded: {err.message}")
+            if not isinstance(err, RolloutFinishedError):
+                await self._failed(
+                    call.claims, call.protocol, call, call.started, err.status, err.message
+                )
+            yield _stream_error(translated, err.message, err.code)
+            return
+        for event, chunk in held:
+            for out in _relayed(translated, event, chunk):
+                yield out
+        if translated is not None:
+            for out in translated.done(response):
+                yield out
+
+    async def _send(self, call: ModelCall, stream: bool) -> UpstreamReply:
+        reply = await unless_disconnected(
+            call.request,
+            self.forwarder.send(
+                call.url,
+                call.forwarded,
+                call.deadline,
+                stream,
+                headers={"X-Darl-Call-Id": call.call_id},
+            ),
+        )
+        call.retries = reply.retries
+        return reply
+
+    # --- which weights answered ----------------------------------------------------------
+
+    async def _version_after(
+        self, call: ModelCall, arrived: float, watch_client: bool = True
+    ) -> int | None:
+        """The version the upstream reports when asked after the answer arrived. With
+        `watch_client`, an agent that goes away ends the wait (not inside a streaming
+        response, which watches the agent itself)."""
+        probe = self.versions.version_after(call.upstream, arrived)
+        try:
+            return await (unless_disconnected(call.request, probe) if watch_client else probe)
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise UpstreamVersionUnreadableError(
+                f"cannot read the policy version of policy server {call.upstream}: {err!r}"
+            ) from err
+
+    def _behind(self, call: ModelCall) -> bool:
+        """Whether the answer came from weights older than the version the call was admitted
+        under (a policy server that restarted on older weights): it must not be recorded."""
+        return self.versions.note(
+            call.upstream, call.served_version, call.admitted().policy_version
+        )
+
+    async def _until_upstream_current(self, call: ModelCall) -> None:
+        if call.upstream in self.versions.stale:
+            seconds = max(0.0, min(self.stale_wait_seconds, call.time_left()))
+            await unless_disconnected(
+                call.request,
+                self.versions.wait_until_current(call.upstream, self.gate.policy_version, seconds),
+            )
+
+    async def note_incident(self, claims: TokenClaims, error: str) -> None:
+        """DARL failed this attempt's agent (a 5xx answer or a broken stream): remember it
+        durably, so the attempt's failure is not blamed on the agent (rule 7)."""
+        log.warning("rollout %s attempt %d: %s", claims.rollout_id, claims.attempt, error)
+        await self.store.record_incident(claims.rollout_id, claims.attempt, error)
+
+    def _upstream_done(self, call: ModelCall) -> float:
+        """Milliseconds from admission to the policy server's full answer (retries included)."""
+        latency = time.monotonic() - call.started
+        self.metrics.upstream_seconds.observe(latency)
+        self.metrics.upstream_retries.inc(call.retries)
+        return latency * 1000
+
+    # --- recording -----------------------------------------------------------------------
+
+    async def _record(
+        self, call: ModelCall, response: dict[str, Any], latency_ms: float, streamed: bool
+    ) -> None:
+        claims, admission = call.claims, call.admitted()
+        try:
+            prompt_ids = require_token_ids(call.endpoint, response)
+        except (CaptureError, KeyError, TypeError) as err:
+            raise UpstreamError(
+                f"policy server answer cannot be captured ({err}); DARL needs a vLLM-compatible "
+                "server that honours return_token_ids"
+            ) from err
+        if await self.registry.ended(claims.rollout_id, claims.attempt):
+            # The attempt ended while this call was at the policy server (closed through this
+            # replica or another): its agent is gone.
+            raise attempt_closed(claims.rollout_id, claims.attempt)
+        started = time.monotonic()
+        stored = await self.store.append(
+            CallRecord(
+                call_id=call.call_id,
+                rollout_id=claims.rollout_id,
+                attempt=claims.attempt,
+                sequence=-1,
+                endpoint=call.endpoint,
+                upstream=admission.upstream,
+                policy_version=call.proven_version(),
+                created_at=time.time(),
+                latency_ms=latency_ms,
+                retry_count=call.retries,
+                streamed=streamed,
+                request=call.forwarded,
+                response=response,
+                prompt_token_ids=prompt_ids,
+                protocol=call.protocol,
+                exchange=call.translation.exchange if call.translation else {},
+            )
+        )
+        call.settled = True
+        if claims.replay is not None:
+            # The agent is about to see an answer the record never gave: its replay is over.
+            self.replayer.book.went_live(claims.rollout_id, claims.attempt)
+        self.metrics.store_write_seconds.observe(time.monotonic() - started)
+        self.delivery.enqueue(event_of(stored, self.store.ref(stored)))
+        self.metrics.captured_calls.labels(call.protocol, str(streamed).lower()).inc()
+
+
+def _relayed(
+    translated: StreamTranslation | None, event: bytes, chunk: dict[str, Any] | None
+) -> list[bytes]:
+    """What the agent gets of one upstream event: the event itself, or its translation."""
+    if translated is None:
+        return [event]
+    return translated.chunk(chunk) if chunk is not None else []
+
+
+def _stream_error(translated: StreamTranslation | None, message: str, code: str) -> bytes:
+    if translated is not None:
+        return translated.error(message, code)
+    body = error_body(message, "server_error", code)
+    return f"data: {json.dumps(body)}\n\n".encode()

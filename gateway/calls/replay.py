@@ -1,0 +1,254 @@
+"""Replay (docs/architecture.md, rule 10): an attempt that resumes after an infrastructure
+failure is handed the calls an earlier attempt recorded, the way Temporal hands a workflow its
+history. Each request the new agent sends whose canonical form equals a recorded call's is
+answered from that record (see `replayer`); the first that equals none goes to the policy.
+
+The canonical form is the chat (or text completion) request the gateway forwards, whatever
+protocol the agent spoke, less what never changes an answer (the model name DARL forces,
+whether it streams), with key order and JSON spacing gone. A recorded call is used at most
+once, and concurrent requests each take the first unused call of their own form, so agents
+that issue calls in parallel replay too. Once a live answer has reached the agent, it has seen
+what the recorded run never did: nothing more is replayed.
+
+The record offered is the lineage the workflow names (`ReplayClaim.sources`): the calls of
+the last attempt of which the workflow knew a call, and, when that attempt was lost before its
+own replay was over (it has no live call), the calls it had yet to reproduce of the attempt it
+replayed, and so on. A `ReplaySession` is rebuilt from the store on its first use by a process (this
+attempt's records say which offered calls are used and whether a live call was answered), so
+a restarted gateway or another replica carries on where the last one was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from darl.gateway.errors import InvalidReplayError
+from darl.gateway.store.base import TrajectoryStore
+from darl.gateway.store.record import CallRecord
+from darl.workflows.contracts import ReplayOutcome
+from darl.workflows.replay_normalizers import Normalizer
+from darl.workflows.rollout_token import ReplayClaim, TokenClaims
+
+log = logging.getLogger(__name__)
+
+# Request fields that never change what the policy answers: the model DARL names itself, and
+# whether the answer is streamed (a recorded answer is served either way).
+NOT_COMPARED = frozenset({"model", "stream", "stream_options"})
+
+
+def _normalized_content(content: Any, normalizer: Normalizer) -> Any:
+    if isinstance(content, str):
+        return normalizer.apply(content)
+    if isinstance(content, list):
+        return [
+            {**part, "text": normalizer.apply(part["text"])}
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+            else part
+            for part in content
+        ]
+    return content
+
+
+def canonical_form(
+    protocol: str, endpoint: str, forwarded: dict[str, Any], normalizer: Normalizer | None = None
+) -> str:
+    """The digest two requests share exactly when a recorded answer to one answers the other:
+    protocol, endpoint, messages or prompt, tools, tool choice and every sampling field, with
+    the normalizer's spans blanked in message text."""
+    body = {k: v for k, v in forwarded.items() if k not in NOT_COMPARED}
+    if normalizer:
+        if isinstance(body.get("messages"), list):
+            body["messages"] = [
+                {**m, "content": _normalized_content(m.get("content"), normalizer)}
+                if isinstance(m, dict)
+                else m
+                for m in body["messages"]
+            ]
+        if isinstance(body.get("prompt"), str):
+            body["prompt"] = normalizer.apply(body["prompt"])
+    text = json.dumps(
+        [protocol, endpoint, body], sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A recorded call offered to the replay: the record (its request reduced to the model
+    that answered), its canonical form under the rollout's normalizer, and without it."""
+
+    record: CallRecord
+    form: str
+    strict: str
+
+
+@dataclass(frozen=True)
+class Match:
+    recorded: Recorded
+    # The request equals the record only with the normalizer's spans blanked.
+    normalized: bool
+
+
+def check_lineage(sources: Sequence[int], attempt: int) -> None:
+    """Raise a 400 unless `sources` are distinct earlier attempts, newest first."""
+    if (
+        not sources
+        or list(sources) != sorted(set(sources), reverse=True)
+        or sources[-1] < 1
+        or sources[0] >= attempt
+    ):
+        raise InvalidReplayError(f"attempt {attempt} cannot replay attempts {list(sources)}")
+
+
+async def offered_calls(
+    store: TrajectoryStore, rollout_id: str, sources: Sequence[int]
+) -> list[CallRecord]:
+    """The recorded calls an attempt that replays `sources` (newest first) is offered, in
+    order: the newest source's; then, while the source read last has no live call (it was
+    lost before its replay was over), the calls of the one before that it had yet to
+    reproduce. A call reproduced by a newer record is offered as that record only."""
+    offered: list[CallRecord] = []
+    reproduced: set[str] = set()
+    for attempt in sources:
+        records = await store.read(rollout_id, attempt)
+        offered += [r for r in records if r.call_id not in reproduced]
+        reproduced |= {r.replayed_from for r in records if r.replayed_from is not None}
+        if any(r.replayed_from is None for r in records):
+            break
+    return offered
+
+
+class ReplaySession:
+    """The record one attempt replays, and what it has used of it."""
+
+    def __init__(
+        self,
+        claim: ReplayClaim,
+        source: list[CallRecord],
+        done: list[CallRecord],
+    ) -> None:
+        self.normalizer = Normalizer(claim.normalize, claim.patterns)
+        used = {r.replayed_from for r in done if r.replayed_from is not None}
+        self._unused: dict[str, deque[Recorded]] = {}
+        for record in source:
+            if record.call_id in used:
+                continue
+            strict = canonical_form(record.protocol, record.endpoint, record.request)
+            form = (
+                canonical_form(record.protocol, record.endpoint, record.request, self.normalizer)
+                if self.normalizer
+                else strict
+            )
+            slim = replace(record, request={"model": record.request.get("model")})
+            self._unused.setdefault(form, deque()).append(Recorded(slim, form, strict))
+        self.left = sum(len(q) for q in self._unused.values())
+        # A live answer reached the agent: it is past what the record can answer.
+        self.live = any(r.replayed_from is None for r in done)
+        self.diverged = False
+
+    def take(self, protocol: str, endpoint: str, forwarded: dict[str, Any]) -> Match | None:
+        """The first unused recorded call this request equals, now taken; None when the
+        replay is over or nothing recorded equals it (the call goes live)."""
+        if self.live or not self.left:
+            return None
+        strict = canonical_form(protocol, endpoint, forwarded)
+        form = (
+            canonical_form(protocol, endpoint, forwarded, self.normalizer)
+            if self.normalizer
+            else strict
+        )
+        queue = self._unused.get(form)
+        if not queue:
+            self.diverged = True
+            return None
+        # Under a normalizer, a recorded call equal to the request strictly goes first.
+        chosen = next((r for r in queue if r.strict == strict), queue[0])
+        queue.remove(chosen)
+        self.left -= 1
+        return Match(chosen, normalized=chosen.strict != strict)
+
+    def give_back(self, match: Match) -> None:
+        """A taken call that could not be recorded: the agent may ask again."""
+        self._unused.setdefault(match.recorded.form, deque()).appendleft(match.recorded)
+        self.left += 1
+
+    def went_live(self) -> None:
+        self.live = True
+
+
+class ReplayBook:
+    """The replay sessions of the attempts this gateway serves, rebuilt from the store when
+    not held (a restart, an eviction, another replica's attempt); at most `bound` held."""
+
+    def __init__(self, store: TrajectoryStore, bound: int = 1024) -> None:
+        self._store = store
+        self._bound = bound
+        self._sessions: OrderedDict[tuple[str, int], ReplaySession] = OrderedDict()
+        self._loading: dict[tuple[str, int], asyncio.Lock] = {}
+
+    async def session(self, claims: TokenClaims) -> ReplaySession:
+        claim = claims.replay
+        if claim is None:
+            raise InvalidReplayError("the attempt does not replay")
+        check_lineage(claim.sources, claims.attempt)
+        key = (claims.rollout_id, claims.attempt)
+        held = self._sessions.get(key)
+        if held is not None:
+            self._sessions.move_to_end(key)
+            return held
+        lock = self._loading.setdefault(key, asyncio.Lock())
+        async with lock:
+            held = self._sessions.get(key)
+            if held is None:
+                source = await offered_calls(self._store, claims.rollout_id, claim.sources)
+                done = await self._store.read(claims.rollout_id, claims.attempt)
+                held = ReplaySession(claim, source, done)
+                self._sessions[key] = held
+                while len(self._sessions) > self._bound:
+                    self._sessions.popitem(last=False)
+                log.info(
+                    "%s attempt %d replays %d call(s) of attempt(s) %s",
+                    claims.rollout_id,
+                    claims.attempt,
+                    held.left,
+                    list(claim.sources),
+                )
+        self._loading.pop(key, None)
+        return held
+
+    def went_live(self, rollout_id: str, attempt: int) -> None:
+        """A live call of the attempt is recorded and about to be answered."""
+        held = self._sessions.get((rollout_id, attempt))
+        if held is not None:
+            held.went_live()
+
+    def forget(self, rollout_id: str, attempt: int) -> None:
+        self._sessions.pop((rollout_id, attempt), None)
+
+
+async def replay_outcome(
+    store: TrajectoryStore, rollout_id: str, sources: Sequence[int], records: list[CallRecord]
+) -> ReplayOutcome:
+    """What an attempt whose calls are `records` made of the record of `sources`, read from
+    the store (so whichever replica closes the attempt can say it)."""
+    source = await offered_calls(store, rollout_id, sources)
+    used = {r.replayed_from for r in records if r.replayed_from is not None}
+    replayed = [r for r in records if r.replayed_from is not None]
+    diverged_at = None
+    if any(r.call_id not in used for r in source):
+        live = [r.sequence for r in records if r.replayed_from is None]
+        diverged_at = min(live) if live else len(records)
+    return ReplayOutcome(
+        sources=list(sources),
+        recorded=len(source),
+        replayed=len(replayed),
+        normalized=sum(1 for r in replayed if r.replay_normalized),
+        diverged_at=diverged_at,
+    )

@@ -1,0 +1,196 @@
+"""Serving a replayed call (rule 10, see `replay`): the recorded answer, in the protocol the
+agent speaks, whole or as a stream, recorded first as a call of the new attempt (rule 1) with
+its original version, tokens and logprobs and the call it reproduces. No policy server is
+asked: a replayed call is served while the gateway is paused for a weight sync and never
+counts against an upstream's load.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi.responses import Response, StreamingResponse
+
+from darl.gateway.calls.delivery import EventDelivery, event_of
+from darl.gateway.calls.replay import Match, ReplayBook
+from darl.gateway.calls.rollouts import RolloutRegistry, attempt_closed
+from darl.gateway.metrics import GatewayMetrics
+from darl.gateway.protocols.chat.capture import answer_chunks, usage_of, with_prompt_token_ids
+from darl.gateway.protocols.chat.protocol import Endpoint
+from darl.gateway.protocols.translation import Translation
+from darl.gateway.store.base import TrajectoryStore
+from darl.gateway.store.record import CallRecord
+from darl.workflows.rollout_token import TokenClaims
+
+log = logging.getLogger(__name__)
+
+# The prompt's token ids of a request, as the rollout's policy server renders it.
+Tokenize = Callable[[TokenClaims, Endpoint, dict[str, Any]], Awaitable[list[int]]]
+
+
+class Replayer:
+    def __init__(
+        self,
+        book: ReplayBook,
+        store: TrajectoryStore,
+        registry: RolloutRegistry,
+        delivery: EventDelivery,
+        metrics: GatewayMetrics,
+        tokenize: Tokenize,
+    ) -> None:
+        self.book = book
+        self._store = store
+        self._registry = registry
+        self._delivery = delivery
+        self._metrics = metrics
+        self._tokenize = tokenize
+
+    async def answer(
+        self,
+        endpoint: Endpoint,
+        claims: TokenClaims,
+        forwarded: dict[str, Any],
+        translation: Translation | None,
+        stream: bool,
+    ) -> Response | None:
+        """The recorded answer to this request of a replaying attempt, recorded as its call;
+        None when the record holds no answer to it (the call goes live)."""
+        started = time.monotonic()
+        session = await self.book.session(claims)
+        protocol = translation.protocol if translation is not None else endpoint
+        diverged_before = session.diverged
+        match = session.take(protocol, endpoint, forwarded)
+        if match is None:
+            if session.diverged and not diverged_before:
+                self._metrics.replay_divergences.inc()
+                log.info(
+                    "%s attempt %d: a request the record does not hold, %d recorded call(s) "
+                    "left: the replay ends here",
+                    claims.rollout_id,
+                    claims.attempt,
+                    session.left,
+                )
+            return None
+        try:
+            record = await self._replayed_call(
+                endpoint, claims, translation, forwarded, match, stream, started
+            )
+        except BaseException:
+            # Nothing was written: the agent may ask again and get this call.
+            session.give_back(match)
+            raise
+        # Once the append is under way the call counts as used, whatever happens: a record
+        # that may exist is never offered a second time (the agent's retry goes live).
+        stored = await self._store.append(record)
+        self._delivery.enqueue(event_of(stored, self._store.ref(stored)))
+        self._metrics.replayed_calls.labels(str(match.normalized).lower()).inc()
+        answered_as = str(stored.exchange.get("answered_as") or stored.call_id)
+        headers = {
+            "X-Darl-Call-Id": stored.call_id,
+            "X-Darl-Policy-Version": str(stored.policy_version),
+            "X-Darl-Replayed-From": match.recorded.record.call_id,
+        }
+        if stream:
+            include_usage = bool((forwarded.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(
+                _events(endpoint, stored.response, translation, answered_as, include_usage),
+                media_type="text/event-stream",
+                headers=headers,
+            )
+        if translation is not None:
+            body = translation.answer(stored.response, answered_as)
+        else:
+            body = {**stored.response, "usage": usage_of(endpoint, stored.response)}
+        return Response(json.dumps(body), media_type="application/json", headers=headers)
+
+    async def _replayed_call(
+        self,
+        endpoint: Endpoint,
+        claims: TokenClaims,
+        translation: Translation | None,
+        forwarded: dict[str, Any],
+        match: Match,
+        stream: bool,
+        started: float,
+    ) -> CallRecord:
+        """The replayed call as the attempt's trajectory will hold it, recorded before the agent
+        hears of it (rule 1). Under a normalizer the prompt is the one the agent sent now,
+        tokenized by the rollout's policy server (no generation); the answer is the recorded
+        one. Raises 409 when the attempt has ended."""
+        original = match.recorded.record
+        response, prompt_ids = original.response, original.prompt_token_ids
+        if match.normalized:
+            prompt_ids = await self._tokenize(claims, endpoint, forwarded)
+            response = _with_prompt(endpoint, response, prompt_ids)
+        if await self._registry.ended(claims.rollout_id, claims.attempt):
+            raise attempt_closed(claims.rollout_id, claims.attempt)
+        exchange: dict[str, Any] = {}
+        if translation is not None:
+            # This request's own (what a later `previous_response_id` reads of it), and the
+            # ids the answer is built from: the first run's, so the agent gets the answer it
+            # got then.
+            exchange = {
+                **translation.exchange,
+                "answered_as": original.exchange.get("answered_as", original.call_id),
+            }
+        return CallRecord(
+            call_id=uuid.uuid4().hex,
+            rollout_id=claims.rollout_id,
+            attempt=claims.attempt,
+            sequence=-1,
+            endpoint=endpoint,
+            upstream=original.upstream,
+            policy_version=original.policy_version,
+            created_at=time.time(),
+            # The gateway's own time: no policy server was asked.
+            latency_ms=(time.monotonic() - started) * 1000,
+            retry_count=0,
+            streamed=stream,
+            request={**forwarded, "model": original.request.get("model")},
+            response=response,
+            prompt_token_ids=prompt_ids,
+            protocol=translation.protocol if translation is not None else endpoint,
+            exchange=exchange,
+            replayed_from=original.call_id,
+            replay_normalized=match.normalized,
+        )
+
+
+def _with_prompt(endpoint: Endpoint, response: dict[str, Any], ids: list[int]) -> dict[str, Any]:
+    """The recorded answer with the prompt the agent sent now: its ids and its usage."""
+    updated = with_prompt_token_ids(endpoint, response, ids)
+    if response.get("usage"):
+        completion = int(response["usage"].get("completion_tokens") or 0)
+        updated["usage"] = {
+            **response["usage"],
+            "prompt_tokens": len(ids),
+            "total_tokens": len(ids) + completion,
+        }
+    return updated
+
+
+async def _events(
+    endpoint: Endpoint,
+    response: dict[str, Any],
+    translation: Translation | None,
+    answered_as: str,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    """The recorded answer as the stream of the agent's protocol."""
+    chunks = answer_chunks(endpoint, response, include_usage)
+    if translation is None:
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+        return
+    translated = translation.streaming(answered_as)
+    for chunk in chunks:
+        for event in translated.chunk(chunk):
+            yield event
+    for event in translated.done(response):
+        yield event

@@ -1,0 +1,172 @@
+"""The gateway's view of rollouts in Temporal: is a rollout attempt still open, and the signals
+that put its model calls and the agent's report into its workflow.
+
+A call for a rollout the gateway has not seen asks Temporal once (describe); the worker tells
+the gateway when an attempt's agent ended (see `delivery`), which the store remembers for a
+gateway that starts later and for the other replicas sharing the store; a signal that finds
+the workflow closed marks the rollout closed. So a closed rollout's calls are refused before
+any policy server is called, by whichever replica they reach: the store's closed mark is
+looked at again on every call (a stat on the directory store, ~7 us), or once per
+`closed_recheck_seconds` where looking costs a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Any
+
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+
+from darl.gateway.errors import (
+    APIError,
+    RolloutFinishedError,
+    TemporalUnavailableError,
+    UnknownRolloutError,
+)
+from darl.gateway.store.base import TrajectoryStore
+from darl.workflows.contracts import AgentReport, ModelCallEvent, rollout_workflow_id
+from darl.workflows.names import AGENT_RESULT_SIGNAL, MODEL_CALLS_SIGNAL
+
+log = logging.getLogger(__name__)
+
+
+def rollout_closed(rollout_id: str) -> APIError:
+    return RolloutFinishedError(f"rollout {rollout_id} has finished; it takes no more calls")
+
+
+def attempt_closed(rollout_id: str, attempt: int) -> APIError:
+    return RolloutFinishedError(
+        f"attempt {attempt} of rollout {rollout_id} has ended; it takes no more calls"
+    )
+
+
+def unknown_rollout(rollout_id: str) -> APIError:
+    return UnknownRolloutError(f"unknown rollout {rollout_id}")
+
+
+def temporal_unavailable(err: RPCError) -> APIError:
+    return TemporalUnavailableError(
+        f"could not record the call in Temporal ({err.status.name}); retry"
+    )
+
+
+class _Bounded(OrderedDict[Hashable, Any]):
+    """An insertion-ordered dict that forgets its oldest entries past `limit`."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def put(self, key: Hashable, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
+
+
+class RolloutRegistry:
+    def __init__(
+        self,
+        client: Client,
+        store: TrajectoryStore,
+        remembered: int = 100_000,
+        closed_recheck_seconds: float = 0.0,
+    ) -> None:
+        self._client = client
+        self._store = store
+        self._open: _Bounded = _Bounded(remembered)
+        self._closed: _Bounded = _Bounded(remembered)
+        # Attempts whose closed mark in the store was looked at and not found, and when
+        # (monotonic): another replica (or an earlier gateway) may close them at any time.
+        self._unmarked: _Bounded = _Bounded(remembered)
+        # Attempts closed through another process (a replica): it handed their events over.
+        self._closed_elsewhere: _Bounded = _Bounded(remembered)
+        self._recheck = closed_recheck_seconds
+
+    async def check_open(self, rollout_id: str, attempt: int) -> None:
+        """Raise 404/409 unless the rollout's workflow runs and this attempt has not ended."""
+        if await self.ended(rollout_id, attempt):
+            raise attempt_closed(rollout_id, attempt)
+        if rollout_id in self._open:
+            return
+        handle = self._client.get_workflow_handle(rollout_workflow_id(rollout_id))
+        try:
+            description = await handle.describe()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise unknown_rollout(rollout_id) from err
+            raise temporal_unavailable(err) from err
+        if description.status != WorkflowExecutionStatus.RUNNING:
+            self._closed.put(rollout_id, True)
+            raise rollout_closed(rollout_id)
+        self._open.put(rollout_id, True)
+
+    def close_attempt(self, rollout_id: str, attempt: int) -> None:
+        """The attempt was closed through this process (it hands over the attempt's events)."""
+        self._closed.put((rollout_id, attempt), True)
+        self._unmarked.pop((rollout_id, attempt), None)
+        self._closed_elsewhere.pop((rollout_id, attempt), None)
+
+    def is_closed(self, rollout_id: str, attempt: int) -> bool:
+        """Whether this process knows the attempt ended (no look at the store)."""
+        return self._closed.get(rollout_id) is True or (rollout_id, attempt) in self._closed
+
+    async def ended(self, rollout_id: str, attempt: int) -> bool:
+        """Whether the attempt ended, closed through this process or any other sharing the
+        store (a replica, or a gateway before a restart)."""
+        if self.is_closed(rollout_id, attempt):
+            return True
+        key = (rollout_id, attempt)
+        looked = self._unmarked.get(key)
+        if looked is not None and time.monotonic() - looked < self._recheck:
+            return False
+        if await self._store.is_closed(rollout_id, attempt):
+            self._closed.put(key, True)
+            self._unmarked.pop(key, None)
+            self._closed_elsewhere.put(key, True)
+            return True
+        self._unmarked.put(key, time.monotonic())
+        return False
+
+    async def _handed_over(self, rollout_id: str, attempt: int) -> bool:
+        """Whether another process closed the attempt: its close read the attempt's events
+        from the store and handed them to the workflow, which may have finished since."""
+        key = (rollout_id, attempt)
+        if key in self._closed_elsewhere:
+            return True
+        return key not in self._closed and await self.ended(rollout_id, attempt)
+
+    async def signal_calls(self, rollout_id: str, events: list[ModelCallEvent]) -> None:
+        """Signal the events to the workflow, unless another replica closed their attempt in
+        the meantime: its close delivered them, and a late signal would only wake a workflow
+        that has scored (a signal that arrives as a workflow completes makes Temporal run its
+        last task again)."""
+        attempts = {event.attempt for event in events}
+        if all([await self._handed_over(rollout_id, attempt) for attempt in attempts]):
+            log.info(
+                "%d call event(s) of %s: its attempt was closed by another replica, which "
+                "delivered them",
+                len(events),
+                rollout_id,
+            )
+            return
+        await self._signal(rollout_id, MODEL_CALLS_SIGNAL, events)
+
+    async def signal_report(self, rollout_id: str, report: AgentReport) -> None:
+        await self._signal(rollout_id, AGENT_RESULT_SIGNAL, report)
+
+    async def _signal(self, rollout_id: str, name: str, payload: object) -> None:
+        handle = self._client.get_workflow_handle(rollout_workflow_id(rollout_id))
+        try:
+            await handle.signal(name, payload)
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                self._open.pop(rollout_id, None)
+                self._closed.put(rollout_id, True)
+                raise rollout_closed(rollout_id) from err
+            log.warning("signal %s to %s failed: %s", name, rollout_id, err)
+            raise temporal_unavailable(err) from err

@@ -1,0 +1,2 @@
+"""OpenAI chat completions and completions: the requests the gateway checks (`protocol.py`) and
+what it reads from the answers and their streams (`capture.py`)."""

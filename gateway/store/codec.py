@@ -1,0 +1,216 @@
+"""How every trajectory store backend writes a call: one JSON object per call whose prompt is
+the delta against the previous call of the attempt (its prompt plus its answer), whose chat
+messages are the delta against the previous request's, and the tail cache that remembers,
+per attempt, what the next delta is taken against and which sequence comes next."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from darl.gateway.protocols.chat.capture import with_prompt_token_ids
+from darl.gateway.protocols.chat.protocol import CHAT, Endpoint
+from darl.gateway.store.record import CallRecord
+
+FORMAT_VERSION = 1
+
+
+def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class Tail:
+    """What the next delta is taken against: the previous call of the attempt."""
+
+    next_sequence: int = 0
+    loaded: bool = False
+    # How much of the stored attempt this tail has read (the directory store: bytes of the
+    # file), so a writer sees when another process appended since.
+    position: int = 0
+    # Appends holding or waiting for the lock: a tail in use is never evicted, or a fresh one
+    # would reload the attempt without the record being written and reuse its sequence.
+    users: int = 0
+    context_ids: list[int] = field(default_factory=list)
+    messages: list[Any] = field(default_factory=list)
+    prompt_text: str = ""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def advance(self, record: CallRecord) -> None:
+        self.next_sequence = record.sequence + 1
+        self.context_ids = record.prompt_token_ids + record.completion_token_ids()
+        self.messages = list(record.request.get("messages") or [])
+        prompt = record.request.get("prompt")
+        self.prompt_text = prompt if isinstance(prompt, str) else ""
+
+    def reset(self) -> None:
+        """Forget everything read: the next load starts at the attempt's first call."""
+        self.next_sequence = 0
+        self.position = 0
+        self.context_ids = []
+        self.messages = []
+        self.prompt_text = ""
+
+
+class TailCache:
+    """The tails of the attempts being written, least recently used evicted past `bound`."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self._tails: OrderedDict[tuple[str, int], Tail] = OrderedDict()
+
+    @asynccontextmanager
+    async def hold(self, rollout_id: str, attempt: int) -> AsyncIterator[Tail]:
+        """The attempt's tail, locked against this process's other appends to it."""
+        tail = self._get((rollout_id, attempt))
+        tail.users += 1
+        try:
+            async with tail.lock:
+                yield tail
+        finally:
+            tail.users -= 1
+
+    def forget(self, rollout_id: str, attempt: int) -> None:
+        tail = self._tails.get((rollout_id, attempt))
+        if tail is not None and tail.users == 0:
+            del self._tails[(rollout_id, attempt)]
+
+    def __len__(self) -> int:
+        return len(self._tails)
+
+    def _get(self, key: tuple[str, int]) -> Tail:
+        tail = self._tails.get(key)
+        if tail is not None:
+            self._tails.move_to_end(key)
+            return tail
+        tail = self._tails[key] = Tail()
+        for old in list(self._tails):  # least recently used first
+            if len(self._tails) <= self.bound:
+                break
+            if old != key and self._tails[old].users == 0:
+                del self._tails[old]
+        return tail
+
+
+def encode_record(record: CallRecord, tail: Tail) -> dict[str, Any]:
+    """The stored form of `record`, the call after `tail`."""
+    base = common_prefix(tail.context_ids, record.prompt_token_ids)
+    request = dict(record.request)
+    messages = request.pop("messages", None)
+    prompt = request.pop("prompt", None)
+    line: dict[str, Any] = {
+        "v": FORMAT_VERSION,
+        "call_id": record.call_id,
+        "rollout_id": record.rollout_id,
+        "attempt": record.attempt,
+        "seq": record.sequence,
+        "endpoint": record.endpoint,
+        "upstream": record.upstream,
+        "policy_version": record.policy_version,
+        "created_at": record.created_at,
+        "latency_ms": record.latency_ms,
+        "retry_count": record.retry_count,
+        "streamed": record.streamed,
+        "prompt_ids": {"base": base, "ids": record.prompt_token_ids[base:]},
+        "request": request,
+        "response": _without_prompt_ids(record.endpoint, record.response),
+    }
+    if record.protocol != record.endpoint:
+        line["protocol"] = record.protocol
+    if record.exchange:
+        line["exchange"] = record.exchange
+    if record.replayed_from is not None:
+        line["replayed_from"] = record.replayed_from
+    if record.replay_normalized:
+        line["replay_normalized"] = True
+    if messages is not None:
+        kept = common_prefix(tail.messages, messages)
+        line["messages"] = {"base": kept, "items": messages[kept:]}
+    if isinstance(prompt, str):
+        kept = common_prefix(tail.prompt_text, prompt)
+        line["prompt_text"] = {"base": kept, "text": prompt[kept:]}
+    elif prompt is not None:
+        line["prompt"] = prompt
+    return line
+
+
+def encode_line(record: CallRecord, tail: Tail) -> bytes:
+    """`encode_record` as one compact JSON line."""
+    return (json.dumps(encode_record(record, tail), separators=(",", ":")) + "\n").encode()
+
+
+def decode_record(line: dict[str, Any], tail: Tail) -> CallRecord:
+    """The call stored as `line`, the call after `tail` (which the caller then advances)."""
+    if line.get("v") != FORMAT_VERSION:
+        raise ValueError(f"unknown trajectory record version {line.get('v')!r}")
+    delta = line["prompt_ids"]
+    prompt_ids = tail.context_ids[: delta["base"]] + delta["ids"]
+    request = dict(line["request"])
+    if "messages" in line:
+        m = line["messages"]
+        request["messages"] = tail.messages[: m["base"]] + m["items"]
+    if "prompt_text" in line:
+        p = line["prompt_text"]
+        request["prompt"] = tail.prompt_text[: p["base"]] + p["text"]
+    elif "prompt" in line:
+        request["prompt"] = line["prompt"]
+    endpoint = line["endpoint"]
+    return CallRecord(
+        call_id=line["call_id"],
+        rollout_id=line["rollout_id"],
+        attempt=line["attempt"],
+        sequence=line["seq"],
+        endpoint=endpoint,
+        upstream=line["upstream"],
+        policy_version=line["policy_version"],
+        created_at=line["created_at"],
+        latency_ms=line["latency_ms"],
+        retry_count=line["retry_count"],
+        streamed=line["streamed"],
+        request=request,
+        response=with_prompt_token_ids(endpoint, line["response"], prompt_ids),
+        prompt_token_ids=prompt_ids,
+        protocol=line.get("protocol", endpoint),
+        exchange=line.get("exchange") or {},
+        replayed_from=line.get("replayed_from"),
+        replay_normalized=bool(line.get("replay_normalized", False)),
+    )
+
+
+def decode_into(tail: Tail, line: dict[str, Any]) -> CallRecord:
+    """Decode the call after `tail` and advance the tail past it."""
+    record = decode_record(line, tail)
+    tail.advance(record)
+    return record
+
+
+def select_calls(
+    records: list[CallRecord], rollout_id: str, call_ids: list[str] | None
+) -> list[CallRecord]:
+    """`TrajectoryStore.read`'s `call_ids` filter: exactly those calls, in order, or KeyError."""
+    if call_ids is None:
+        return records
+    by_id = {r.call_id: r for r in records}
+    missing = [c for c in call_ids if c not in by_id]
+    if missing:
+        raise KeyError(f"store has no record of calls {missing[:5]} of {rollout_id}")
+    return sorted((by_id[c] for c in call_ids), key=lambda r: (r.attempt, r.sequence))
+
+
+def _without_prompt_ids(endpoint: Endpoint, response: dict[str, Any]) -> dict[str, Any]:
+    if endpoint == CHAT:
+        return {k: v for k, v in response.items() if k != "prompt_token_ids"}
+    choices = [
+        {k: v for k, v in choice.items() if k != "prompt_token_ids"}
+        for choice in response.get("choices") or []
+    ]
+    return {**response, "choices": choices}
