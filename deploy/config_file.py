@@ -19,11 +19,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from darl.deploy.cli_support import one_line, validation_line
+from darl.deploy.errors import DeployError, single_line
+from darl.workflows import errors
 from darl.workflows.training_config import TrainingConfig
 
 
-class ConfigFileError(ValueError):
+class ConfigFileError(DeployError, ValueError):
     """A config file that cannot be read or is not a TrainingConfig; the message is one line."""
 
 
@@ -52,7 +53,7 @@ def load_config(
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as err:
-        raise ConfigFileError(f"{path}: {one_line(str(err))}") from err
+        raise ConfigFileError(f"{path}: {single_line(str(err))}") from err
     if not isinstance(data, dict):
         raise ConfigFileError(f"{path}: expected a mapping of config keys")
     resolve_paths(data, path.resolve().parent, home)
@@ -65,7 +66,7 @@ def load_config(
     try:
         return TrainingConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigFileError(f"{path}: {validation_line(err)}") from err
+        raise ConfigFileError(f"{path}: {errors.one_line(err.errors())}") from err
 
 
 def resolve_paths(data: dict[str, Any], base: Path, home: Path | None) -> None:
@@ -119,7 +120,7 @@ def apply_override(data: dict[str, Any], override: str) -> None:
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError as err:
-            raise ConfigFileError(f"--set {key}: {one_line(str(err))}") from err
+            raise ConfigFileError(f"--set {key}: {single_line(str(err))}") from err
     *parents, leaf = key.split(".")
     node = data
     for i, part in enumerate(parents):

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from darl.deploy.errors import DeployError
+
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
@@ -27,7 +29,7 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-class ProcessFailedError(RuntimeError):
+class ProcessFailedError(DeployError, RuntimeError):
     """A component exited, or never became ready; the message carries its log tail."""
 
 

@@ -25,8 +25,8 @@ STACK_FILE = "stack.json"
 # was started in.
 HOME_DIR = ".darl"
 # The endpoints `darl dev` serves with its default ports, as examples/digits/train.yaml (and
-# the README's configs) write them: a config naming these means "the dev stack", wherever
-# its flags moved it.
+# the configs in docs/training.md) write them: a config naming these means "the dev stack",
+# wherever its flags moved it.
 DEFAULT_GATEWAY_URL = "http://127.0.0.1:8100"
 DEFAULT_POLICY_URL = "http://127.0.0.1:8200"
 DEFAULT_AGENT_SERVICE_URL = "http://127.0.0.1:8300"

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from darl.gateway.store import TrajectoryStore
-    from darl.gateway.store_url import StoreLocation
+    from darl.gateway.store.base import TrajectoryStore
+    from darl.gateway.store.url import StoreLocation
 
 StoreUrl = Annotated[
     str | None,
@@ -28,7 +28,7 @@ StoreUrl = Annotated[
 
 def store_location(store_url: str | None, store_dir: Path) -> StoreLocation:
     """The store `--store-url` names, else the directory `--store-dir`."""
-    from darl.gateway.store_url import StoreLocation, StoreUrlError, parse_store_url
+    from darl.gateway.store.url import StoreLocation, StoreUrlError, parse_store_url
 
     if store_url is None:
         return StoreLocation(directory=store_dir)
@@ -41,8 +41,8 @@ def store_location(store_url: str | None, store_dir: Path) -> StoreLocation:
 def open_checked_store(location: StoreLocation, fsync: bool = False) -> TrajectoryStore:
     """The store, once it answered (a bucket that exists, credentials it takes); else a
     one-line error and exit status 2."""
-    from darl.gateway.store import StoreUnavailable
-    from darl.gateway.store_url import open_store
+    from darl.gateway.store.base import StoreUnavailableError
+    from darl.gateway.store.url import open_store
 
     store = open_store(location, fsync=fsync)
 
@@ -54,7 +54,7 @@ def open_checked_store(location: StoreLocation, fsync: bool = False) -> Trajecto
 
     try:
         asyncio.run(check())
-    except StoreUnavailable as err:
+    except StoreUnavailableError as err:
         typer.echo(f"error: the trajectory store {location}: {err}", err=True)
         raise typer.Exit(2) from err
     return store

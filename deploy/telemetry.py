@@ -17,9 +17,11 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from temporalio.contrib.opentelemetry import ReplaySafeTracerProvider, create_tracer_provider
 
+from darl.deploy.errors import DeployError
 
-class TelemetryConfigError(ValueError):
-    pass
+
+class TelemetryConfigError(DeployError, ValueError):
+    """An OTEL_TRACES_EXPORTER that names no exporter DARL has."""
 
 
 def _exporters() -> list[SpanExporter]:
@@ -55,8 +57,9 @@ def configure_tracing(service_name: str) -> ReplaySafeTracerProvider | None:
 
 
 def flush_tracing(timeout_seconds: float = 5.0) -> None:
-    """Export the spans still queued. Components leave with os._exit (see cli_support), which
-    skips the provider's own shutdown: without this a stopping gateway drops its last spans."""
+    """Export the spans still queued. Components leave with os._exit (see
+    deploy/cli/support.py), which skips the provider's own shutdown: without this a stopping
+    gateway drops its last spans."""
     provider = trace.get_tracer_provider()
     if isinstance(provider, ReplaySafeTracerProvider):
         provider.force_flush(timeout_millis=int(timeout_seconds * 1000))

@@ -13,6 +13,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import TLSConfig
 
+from darl.deploy.errors import DeployError
 from darl.deploy.temporal_tracing import tracing_plugin
 
 DATA_CONVERTER = pydantic_data_converter
@@ -53,7 +54,7 @@ class TemporalSettings:
         return self.api_key is not None
 
 
-class TemporalUnreachableError(Exception):
+class TemporalUnreachableError(DeployError):
     """No Temporal server answered at `address` (`reason`: the SDK's own words)."""
 
     def __init__(self, address: str, reason: str) -> None:

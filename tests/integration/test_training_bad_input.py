@@ -21,7 +21,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.testing import WorkflowEnvironment
 
-from darl.deploy.cli_support import failure_text
+from darl.deploy.cli.support import failure_text
 from darl.workflows.training_config import TrainingConfig, training_workflow_id
 from tests.integration.stack import Stack
 from tests.integration.training_stack import (

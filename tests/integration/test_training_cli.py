@@ -1,6 +1,6 @@
-"""The README's training commands, run as a user runs them: the temporal CLI (start, query,
-signal, update) and the darl CLI (train --follow, status, pause, resume, stop, plot) against a
-real stack."""
+"""The training commands of docs/training.md, run as a user runs them: the temporal CLI
+(start, query, signal, update) and the darl CLI (train --follow, status, pause, resume, stop,
+plot) against a real stack."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def wait_until_status(stack: Stack, workflow_id: str, check, timeout: float = 90
     raise AssertionError(f"{workflow_id} never got there: {status}")
 
 
-def test_the_readme_training_commands(training_stack: Stack):
+def test_the_documented_training_commands(training_stack: Stack):
     stack = training_stack
     run_id = f"cli-{uuid.uuid4().hex[:8]}"
     workflow_id = f"train/{run_id}"

@@ -20,8 +20,9 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
-from darl.deploy import training_cli
-from darl.deploy.cli_support import failure_text
+from darl.deploy.cli import app
+from darl.deploy.cli import training as training_cli
+from darl.deploy.cli.support import failure_text
 from darl.deploy.config_file import ConfigFileError, load_config
 from darl.deploy.demo import DEMO_CONFIG, demo_config, report
 from darl.deploy.devstack import DevPorts, DevStack
@@ -50,8 +51,6 @@ MOVED = DevPorts(
 
 
 def cli() -> typer.Typer:
-    app = typer.Typer()
-    training_cli.register(app)
     return app
 
 

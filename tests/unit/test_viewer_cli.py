@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from darl.deploy.cli.viewer import DEFAULT_UI_URL, viewer_settings
 from darl.deploy.devstack import DevPorts, DevStack
 from darl.deploy.stack_file import StackEndpoints, write_stack_file
-from darl.deploy.viewer_cli import DEFAULT_UI_URL, viewer_settings
 
 
 def flag(argv: list[str], name: str) -> str:

@@ -1,5 +1,6 @@
-"""What the `darl` commands share: logging, secrets, running a long-lived component until
-SIGINT/SIGTERM, running a Temporal worker, and leaving a short client command cleanly."""
+"""What the `darl` commands share: the Typer app they register on, their common options,
+logging, secrets, running a long-lived component until SIGINT/SIGTERM, running a Temporal
+worker, and leaving a short client command cleanly."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ from typing import Annotated, Any
 import httpx
 import typer
 import uvloop
-from pydantic import ValidationError
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
-from darl.deploy.devstack import SECRETS_FILE
+from darl.deploy.devstack import SECRETS_FILE, DevPorts
+from darl.deploy.errors import DeployError, single_line
 from darl.deploy.serving import write_ready_file
 from darl.deploy.stack_file import HOME_DIR, STACK_FILE, FoundStack, find_stack
 from darl.deploy.telemetry import flush_tracing
@@ -33,10 +34,20 @@ from darl.deploy.temporal_connection import (
     quiet_sdk_logs,
 )
 
+app = typer.Typer(no_args_is_help=True, help="DARL: durable agentic RL on Temporal.")
+
 # The Temporal options every command takes, read from the temporal CLI's own variables.
 TemporalAddress = Annotated[str, typer.Option(envvar="TEMPORAL_ADDRESS")]
 Namespace = Annotated[str, typer.Option(envvar="TEMPORAL_NAMESPACE")]
 Home = Annotated[Path, typer.Option(envvar="DARL_HOME", help="DARL's state directory.")]
+# The options of a long-lived component.
+ReadyFile = Annotated[
+    Path | None, typer.Option(help="Write the bound address here once serving (JSON).")
+]
+Host = Annotated[str, typer.Option(help="Interface to bind; loopback unless you mean it.")]
+# The Temporal Web UI a link points at when neither --ui-url nor a running `darl dev` says:
+# the dev stack's, on its default port.
+DEFAULT_UI_URL = f"http://127.0.0.1:{DevPorts().ui}"
 # For commands that look at a stack rather than serve in one (deploy/stack_file.py,
 # find_stack): its home when given, else found from here.
 StackHome = Annotated[
@@ -163,22 +174,13 @@ def run_worker(
     run_until_signalled(main)
 
 
-class CliError(Exception):
+class CliError(DeployError):
     """What a client command prints as its one-line error, leaving with `exit_code` (1, or
     e.g. 2 for "nothing knows that id")."""
 
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-def one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def validation_line(err: ValidationError) -> str:
-    """Pydantic's errors as one line: `dataset.path: Field required; group_size: ...`."""
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in err.errors())
 
 
 def failure_text(err: BaseException) -> str:
@@ -191,7 +193,7 @@ def failure_text(err: BaseException) -> str:
         if message and not any(message in part for part in parts):
             parts.append(message)
         cause = cause.__cause__
-    return one_line(": ".join(parts))
+    return single_line(": ".join(parts))
 
 
 async def run_failure(handle: WorkflowHandle) -> str | None:

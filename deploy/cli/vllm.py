@@ -1,6 +1,5 @@
 """`darl vllm-server`: a real vLLM policy server behind DARL's launcher, which changes its
-weights by restarting it on a checkpoint directory (what vLLM's CPU build needs). Registered
-on the `darl` app by deploy/cli.py."""
+weights by restarting it on a checkpoint directory (what vLLM's CPU build needs)."""
 
 from __future__ import annotations
 
@@ -11,12 +10,11 @@ from typing import Annotated
 
 import typer
 
-from darl.deploy.cli_support import run_until_signalled, setup_logging
+from darl.deploy.cli.support import Host, app, run_until_signalled, setup_logging
 from darl.deploy.serving import serve_app
 
-Host = Annotated[str, typer.Option(help="Interface to bind; loopback unless you mean it.")]
 
-
+@app.command("vllm-server")
 def vllm_server(
     model_dir: Annotated[
         Path, typer.Option(help="An HF model directory, e.g. a checkpoint's step-NNNNNN.")
@@ -132,7 +130,3 @@ def vllm_server(
             await asyncio.to_thread(server.stop)
 
     run_until_signalled(main)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("vllm-server")(vllm_server)

@@ -1,33 +1,27 @@
-"""The `darl` command line: the embedded dev stack, each component on its own, and rollouts."""
+"""The components of a deployment, each a long-lived process of its own: the reference policy
+server, the gateway and the rollout worker."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
-import signal
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from darl.deploy.cli_support import (
-    CliError,
+from darl.deploy.cli.support import (
     Home,
+    Host,
     Namespace,
-    StackAddress,
-    StackHome,
+    ReadyFile,
     TemporalAddress,
-    one_line,
-    run_client,
+    app,
     run_until_signalled,
     run_worker,
     secret,
     setup_logging,
-    use_stack,
-    validation_line,
 )
-from darl.deploy.devstack import DevPorts, DevStack
 from darl.deploy.serving import serve_app
 from darl.deploy.store_options import StoreUrl, open_checked_store, store_location
 from darl.deploy.telemetry import configure_tracing
@@ -37,14 +31,8 @@ from darl.deploy.temporal_connection import (
     TemporalSettings,
     connect,
 )
-from darl.workflows.names import ROLLOUT_TASK_QUEUE, ROLLOUT_WORKFLOW
-
-app = typer.Typer(no_args_is_help=True, help="DARL: durable agentic RL on Temporal.")
-
-ReadyFile = Annotated[
-    Path | None, typer.Option(help="Write the bound address here once serving (JSON).")
-]
-Host = Annotated[str, typer.Option(help="Interface to bind; loopback unless you mean it.")]
+from darl.gateway import defaults
+from darl.workflows.names import ROLLOUT_TASK_QUEUE
 
 
 @app.command("policy-server")
@@ -118,13 +106,13 @@ def gateway(
     store_dir: Path = Path(".darl/trajectories"),
     store_url: StoreUrl = None,
     store_fsync: Annotated[bool, typer.Option(help="fsync every record.")] = False,
-    train_temperature: float = 1.0,
-    val_temperature: float = 0.7,
-    max_body_bytes: int = 8 * 1024 * 1024,
-    call_deadline_seconds: float = 600.0,
+    train_temperature: float = defaults.TRAIN_TEMPERATURE,
+    val_temperature: float = defaults.VAL_TEMPERATURE,
+    max_body_bytes: int = defaults.MAX_BODY_BYTES,
+    call_deadline_seconds: float = defaults.CALL_DEADLINE_SECONDS,
     signal_interval: Annotated[
         float, typer.Option(help="Seconds between a rollout's batched call signals.")
-    ] = 1.0,
+    ] = defaults.SIGNAL_INTERVAL_SECONDS,
     journal_dir: Annotated[
         Path | None,
         typer.Option(
@@ -134,10 +122,10 @@ def gateway(
     ] = None,
     instance: Annotated[
         str, typer.Option(help="This gateway's name among those sharing the journal.")
-    ] = "gateway",
+    ] = defaults.INSTANCE,
     stale_wait_seconds: Annotated[
         float, typer.Option(help="How long a call waits for a policy server behind the run.")
-    ] = 120.0,
+    ] = defaults.STALE_WAIT_SECONDS,
     shutdown_grace_seconds: Annotated[
         float, typer.Option(help="On SIGTERM, how long calls in flight may take to finish.")
     ] = 30.0,
@@ -157,9 +145,10 @@ def gateway(
 ) -> None:
     """Run the capturing OpenAI-compatible gateway."""
     setup_logging()
-    from darl.gateway.app import Gateway, GatewaySettings, create_app, unwrap
-    from darl.gateway.proxy import ProxySettings
-    from darl.gateway.store_url import journal_storage
+    from darl.gateway.app import create_app, unwrap
+    from darl.gateway.calls.proxy import ProxySettings
+    from darl.gateway.state import Gateway, GatewaySettings
+    from darl.gateway.store.url import journal_storage
 
     location = store_location(store_url, store_dir)
     store = open_checked_store(location, fsync=store_fsync)
@@ -260,170 +249,3 @@ def worker(
         settings.task_queue,
         ready_file,
     )
-
-
-DEFAULT_PORTS = DevPorts()
-
-
-@app.command()
-def dev(
-    home: Home = Path(".darl"),
-    temporal_port: int = DEFAULT_PORTS.temporal,
-    ui_port: int = DEFAULT_PORTS.ui,
-    gateway_port: int = DEFAULT_PORTS.gateway,
-    policy_port: int = DEFAULT_PORTS.policy,
-    agent_port: int = DEFAULT_PORTS.agent_service,
-    viewer_port: int = DEFAULT_PORTS.viewer,
-    ui: Annotated[bool, typer.Option(help="Serve the Temporal Web UI.")] = True,
-    model: Annotated[str, typer.Option(help="Policy model preset: tiny or digits.")] = "tiny",
-    agent_service: Annotated[
-        str | None, typer.Option(help="Also host this module:app agent HTTP service.")
-    ] = None,
-) -> None:
-    """Start the embedded stack and keep it up until Ctrl-C."""
-    setup_logging()
-    stack = DevStack(
-        home,
-        DevPorts(temporal_port, ui_port, gateway_port, policy_port, agent_port, viewer_port),
-        ui=ui,
-        model=model,
-        agent_service=agent_service,
-    )
-    stopped = False
-
-    def on_signal(signum: int, _: object) -> None:
-        nonlocal stopped
-        stopped = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    stack.start()
-    try:
-        typer.echo(f"Temporal      {stack.temporal.address} (namespace default)")
-        if stack.ui_url:
-            typer.echo(f"Web UI        {stack.ui_url}")
-        typer.echo(f"Gateway       {stack.gateway_url}")
-        typer.echo(f"Policy server {stack.policy_url} (model {stack.model_dir})")
-        if agent_service:
-            typer.echo(f"Agent service {stack.agent_service_url}")
-        typer.echo(f"Viewer        {stack.viewer_url}")
-        typer.echo(f"Logs          {stack.home / 'logs'}")
-        typer.echo(
-            "darl commands find this stack from anywhere (the last `darl dev` started); "
-            "for the temporal CLI:"
-        )
-        typer.echo(f"  export TEMPORAL_ADDRESS={stack.temporal.address}")
-        typer.echo("Ctrl-C stops everything.")
-        while not stopped:
-            signal.pause()
-    finally:
-        typer.echo("stopping the stack...")
-        stack.stop()
-
-
-@app.command()
-def demo(
-    home: Home = Path(".darl"),
-    steps: Annotated[int | None, typer.Option(help="Override the demo's step count.")] = None,
-    temporal_port: int = DEFAULT_PORTS.temporal,
-    ui_port: int = DEFAULT_PORTS.ui,
-    gateway_port: int = DEFAULT_PORTS.gateway,
-    policy_port: int = DEFAULT_PORTS.policy,
-    agent_port: int = DEFAULT_PORTS.agent_service,
-    viewer_port: int = DEFAULT_PORTS.viewer,
-) -> None:
-    """Start the stack, train the tiny digits model with RL while you watch, stop."""
-    setup_logging()
-    logging.getLogger().setLevel(logging.WARNING)
-    from darl.deploy.demo import AGENT_SERVICE, run_demo
-
-    stack = DevStack(
-        home,
-        DevPorts(temporal_port, ui_port, gateway_port, policy_port, agent_port, viewer_port),
-        model="digits",
-        agent_service=AGENT_SERVICE,
-    )
-    raise typer.Exit(run_demo(stack, steps))
-
-
-@app.command()
-def rollout(
-    spec_file: Annotated[Path, typer.Argument(help="A RolloutSpec as JSON.")],
-    wait: bool = True,
-    task_queue: Annotated[
-        str, typer.Option(help="The rollout workers' task queue.")
-    ] = ROLLOUT_TASK_QUEUE,
-    temporal_address: StackAddress = None,
-    namespace: Namespace = DEFAULT_NAMESPACE,
-    home: StackHome = None,
-) -> None:
-    """Start a RolloutWorkflow (idempotent: its id comes from the rollout id, and a rollout
-    that already ran is not run again: its result is shown)."""
-    from pydantic import ValidationError
-    from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-    from temporalio.exceptions import WorkflowAlreadyStartedError
-
-    from darl.workflows import search_attributes as sa
-    from darl.workflows.contracts import (
-        RolloutResult,
-        RolloutSpec,
-        rollout_workflow_id,
-    )
-    from darl.workflows.rollout_status import RolloutStatus
-
-    try:
-        spec = RolloutSpec.model_validate_json(spec_file.read_text())
-    except OSError as err:
-        typer.echo(f"error: {spec_file}: {err.strerror or err}", err=True)
-        raise typer.Exit(2) from None
-    except ValidationError as err:
-        typer.echo(f"error: {spec_file} is not a RolloutSpec: {validation_line(err)}", err=True)
-        raise typer.Exit(2) from None
-
-    address = use_stack(home, temporal_address)[1]
-
-    async def main() -> None:
-        client = await connect(TemporalSettings.from_env(address, namespace))
-        workflow_id = rollout_workflow_id(spec.rollout_id)
-        try:
-            handle = await client.start_workflow(
-                ROLLOUT_WORKFLOW,
-                spec,
-                id=workflow_id,
-                task_queue=task_queue,
-                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                result_type=RolloutResult,
-                static_summary=sa.rollout_summary(spec),
-            )
-            typer.echo(f"started {handle.id}")
-        except WorkflowAlreadyStartedError:
-            # One rollout id, one result: the one it already has.
-            handle = client.get_workflow_handle(workflow_id, result_type=RolloutResult)
-            typer.echo(f"{workflow_id} already ran; its result:")
-            wait_for_it = True
-        else:
-            wait_for_it = wait
-        if wait_for_it:
-            result = await handle.result()
-            typer.echo(result.model_dump_json(indent=2))
-            if result.status != RolloutStatus.SUCCEEDED:
-                why = one_line(result.error or "no error said")
-                raise CliError(f"{workflow_id} ended {result.status.value}: {why}")
-
-    run_client(main)
-
-
-def main() -> None:
-    from darl.deploy.training_cli import register
-    from darl.deploy.viewer_cli import register as register_viewer
-    from darl.deploy.vllm_cli import register as register_vllm
-
-    register(app)
-    register_vllm(app)
-    register_viewer(app)
-    app()
-
-
-if __name__ == "__main__":
-    main()

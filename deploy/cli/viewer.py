@@ -1,5 +1,5 @@
 """`darl viewer` (the read-only web app over runs, rollouts and their trajectories) and `darl
-trajectory ROLLOUT` (one rollout's calls in the terminal). Registered by deploy/cli.py."""
+trajectory ROLLOUT` (one rollout's calls in the terminal)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from darl.deploy.cli_support import (
+from darl.deploy.cli.support import (
+    DEFAULT_UI_URL,
     CliError,
+    Host,
     Namespace,
+    ReadyFile,
     StackAddress,
     StackHome,
+    app,
     run_client,
     run_until_signalled,
     setup_logging,
@@ -47,14 +51,12 @@ StoreDir = Annotated[
     Path | None,
     typer.Option(help="The gateway's trajectory store (default: <home>/trajectories)."),
 ]
-DEFAULT_UI_URL = "http://127.0.0.1:8233"
 NOT_FOUND_EXIT = 2
 
 
+@app.command()
 def viewer(
-    host: Annotated[str, typer.Option(help="Interface to bind; loopback unless you mean it.")] = (
-        "127.0.0.1"
-    ),
+    host: Host = "127.0.0.1",
     port: int = 8400,
     temporal_address: StackAddress = None,
     namespace: Namespace = DEFAULT_NAMESPACE,
@@ -78,9 +80,7 @@ def viewer(
         ),
     ] = None,
     home: StackHome = None,
-    ready_file: Annotated[
-        Path | None, typer.Option(help="Write the bound address here once serving (JSON).")
-    ] = None,
+    ready_file: ReadyFile = None,
 ) -> None:
     """Serve the trajectory viewer: runs, curves, rollouts, calls and tokens (read-only)."""
     setup_logging()
@@ -146,6 +146,7 @@ def viewer_settings(
     )
 
 
+@app.command()
 def trajectory(
     rollout_id: Annotated[str, typer.Argument(help="The rollout id (workflow rollout/<id>).")],
     attempt: Annotated[
@@ -294,8 +295,3 @@ def _print(
             console.print(table)
     for failed in found.failed_calls:
         console.print(f"failed call: {failed.summary()}", markup=False, highlight=False)
-
-
-def register(app: typer.Typer) -> None:
-    app.command()(viewer)
-    app.command()(trajectory)

@@ -1,5 +1,5 @@
 """`darl train CONFIG`, `darl status|pause|resume|stop|plot RUN`, the trainer worker and the
-agent service host. Registered on the `darl` app by deploy/cli.py."""
+agent service host."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
-from darl.deploy.cli_support import (
+from darl.deploy.cli.support import (
+    DEFAULT_UI_URL,
     CliError,
     Namespace,
     StackAddress,
     StackHome,
     TemporalAddress,
+    app,
     run_client,
     run_failure,
     run_until_signalled,
@@ -62,7 +64,6 @@ if TYPE_CHECKING:
     from temporalio.client import WorkflowHandle
 
 Run = Annotated[str, typer.Argument(help="The run id (its workflow is train/<run id>).")]
-DEFAULT_UI_URL = "http://127.0.0.1:8233"
 FINISH_TIMEOUT_SECONDS = 600.0
 
 
@@ -71,6 +72,7 @@ async def _handle(run_id: str, address: str, namespace: str):
     return client.get_workflow_handle(training_workflow_id(run_id))
 
 
+@app.command()
 def train(
     config_file: Annotated[Path, typer.Argument(help="TrainingConfig as YAML or JSON.")],
     run_id: Annotated[str | None, typer.Option(help="Override the config's run_id.")] = None,
@@ -196,6 +198,7 @@ def _runs_dir() -> Path:
     return Path(os.environ.get("DARL_RUNS_DIR", ".darl/runs"))
 
 
+@app.command()
 def status(
     run: Run,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -234,6 +237,7 @@ def _signal(run: str, name: str, address: str, namespace: str, arg: object = Non
     run_client(main)
 
 
+@app.command()
 def pause(
     run: Run,
     temporal_address: StackAddress = None,
@@ -244,6 +248,7 @@ def pause(
     _signal(run, PAUSE_SIGNAL, use_stack(home, temporal_address)[1], namespace)
 
 
+@app.command()
 def resume(
     run: Run,
     temporal_address: StackAddress = None,
@@ -254,6 +259,7 @@ def resume(
     _signal(run, RESUME_SIGNAL, use_stack(home, temporal_address)[1], namespace)
 
 
+@app.command()
 def stop(
     run: Run,
     finish: Annotated[
@@ -285,6 +291,7 @@ def stop(
     _signal(run, STOP_SIGNAL, use_stack(home, temporal_address)[1], namespace, payload)
 
 
+@app.command()
 def plot(
     run: Run,
     runs_dir: Annotated[Path, typer.Option(envvar="DARL_RUNS_DIR")] = Path(".darl/runs"),
@@ -298,6 +305,7 @@ def plot(
     typer.echo(str(path))
 
 
+@app.command("agent-service")
 def agent_service(
     target: Annotated[str, typer.Argument(help="module:attribute of an ASGI app.")],
     host: str = "127.0.0.1",
@@ -329,6 +337,7 @@ def agent_service(
     run_until_signalled(main)
 
 
+@app.command("trainer-worker")
 def trainer_worker(
     store_dir: Annotated[Path, typer.Option(help="The gateway's trajectory store.")] = Path(
         ".darl/trajectories"
@@ -367,14 +376,3 @@ def trainer_worker(
         settings.task_queue,
         ready_file,
     )
-
-
-def register(app: typer.Typer) -> None:
-    app.command()(train)
-    app.command()(status)
-    app.command()(pause)
-    app.command()(resume)
-    app.command()(stop)
-    app.command()(plot)
-    app.command("agent-service")(agent_service)
-    app.command("trainer-worker")(trainer_worker)
