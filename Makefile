@@ -10,7 +10,10 @@ VLLM_VENV := .venv-vllm
 VLLM_VERSION := 0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_VERSION)
 
-.PHONY: demo test lint typecheck format bench bench-replicas bench-training bench-replay chaos dev vllm clean
+# Quiets the banner about MkDocs 2.0 that mkdocs-material prints on every build.
+export NO_MKDOCS_2_WARNING := 1
+
+.PHONY: demo test lint typecheck docs format bench bench-replicas bench-training bench-replay chaos dev vllm clean link-tree
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +60,7 @@ test: $(STAMP) $(VLLM_STAMP) $(CHROMIUM_STAMP) $(HAPROXY_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MAKE) typecheck
+	$(BIN)/mkdocs build --strict
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
@@ -81,18 +85,26 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(MAKE) typecheck
 
-# mypy finds modules by path, not through the editable install's import hook, so it reads the
-# folders through a tree of links named as they install (darl.workflows -> workflows, ...).
+# mypy and mkdocstrings find modules by path, not through the editable install's import hook,
+# so they read the folders through a tree of links named as they install (darl.workflows ->
+# workflows, ...); mkdocs.yml names the tree too.
 TYPECHECK_TREE := .darl/typecheck
 PACKAGES := workflows activities gateway serving trainer deploy viewer examples
-typecheck: $(STAMP)
+link-tree:
 	mkdir -p $(TYPECHECK_TREE)/darl
 	for p in $(PACKAGES); do ln -sfn ../../../$$p $(TYPECHECK_TREE)/darl/$$p; done
+
+typecheck: $(STAMP) link-tree
 	MYPYPATH=$(TYPECHECK_TREE) $(BIN)/mypy $(foreach p,$(filter-out examples,$(PACKAGES)),-p darl.$(p))
+
+# The documentation site (mkdocs.yml, docs/) into site/. --strict: a broken link, a missing
+# page or a missing include fails the build (make test runs it too).
+docs: $(STAMP) link-tree
+	$(BIN)/mkdocs build --strict
 
 format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .darl
+	rm -rf $(VENV) $(VLLM_VENV) .darl site

@@ -94,9 +94,9 @@ async def test_agent_lightning_agents_run_unchanged(stack: Stack) -> None:
     assert result.calls == 1
 
 
-def test_the_readme_rollout_starts_with_the_temporal_cli(stack: Stack) -> None:
+def test_the_documented_rollout_starts_with_the_temporal_cli(stack: Stack) -> None:
     """`temporal workflow start --type RolloutWorkflow --input-file examples/...` as the README
-    shows it (with the test's own task queue)."""
+    and docs/getting-started.md show it (with the test's own task queue)."""
     rollout_id = f"cli-{uuid.uuid4().hex[:8]}"
     text = (ROOT / "examples/arithmetic/rollout.json").read_text()
     spec_file = stack.root / "rollout.json"

@@ -368,12 +368,8 @@ def test_the_trainer_gets_a_gpu_unless_the_cpu_component_takes_it_away():
 
 def _darl_commands() -> dict[str, Any]:
     from darl.deploy.cli import app
-    from darl.deploy.training_cli import register
 
-    full = typer.Typer()
-    full.registered_commands = list(app.registered_commands)
-    register(full)
-    return typer.main.get_command(full).commands
+    return typer.main.get_command(app).commands
 
 
 @pytest.mark.parametrize("where", list(BUILT))
@@ -452,6 +448,42 @@ def test_the_gateway_writes_the_store_the_trainer_reads():
     # Checkpoints travel by path: the policy server sees the runs volume where the trainer does.
     assert trainer_mounts["darl-runs"] == ("/data/runs", False)
     assert _mounts(objects, "darl-policy-server")["darl-runs"][0] == "/data/runs"
+
+
+def test_the_viewer_reads_what_the_gateway_writes_and_is_reached_by_port_forward():
+    # The base: the gateway's S3 store, the runs volume read-only, Temporal as every component.
+    objects = BUILT["base"]
+    viewer, gateway = container(objects, "darl-viewer"), container(objects, "darl-gateway")
+    assert viewer["args"][0] == "viewer"
+    assert flags(viewer)["store-url"] == flags(gateway)["store-url"]
+    assert "store-dir" not in flags(viewer)
+    assert viewer["envFrom"] == gateway["envFrom"]
+    assert _mounts(objects, "darl-viewer") == {"darl-runs": ("/data/runs", True)}
+    assert flags(viewer)["runs-dir"] == "/data/runs"
+    assert flags(viewer)["host"] == "0.0.0.0"
+    port = int(flags(viewer)["port"])
+    assert viewer["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    # Only inside the cluster (kubectl port-forward): a ClusterIP Service, nothing exposed.
+    service = find(objects, "Service", "darl-viewer")["spec"]
+    assert service["type"] == "ClusterIP"
+    assert service["ports"] == [
+        {"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}
+    ]
+    deployment = find(objects, "Deployment", "darl-viewer")
+    assert service["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    for where, built in BUILT.items():
+        assert not [o for o in built if o["kind"] == "Ingress"], where
+        exposed = [o for o in built if o["kind"] == "Service" and o["spec"].get("type")]
+        assert {o["spec"]["type"] for o in exposed} <= {"ClusterIP"}, where
+    # The directory-store component (the example): the store's volume, read-only.
+    objects = BUILT["examples/arithmetic"]
+    viewer = container(objects, "darl-viewer")
+    assert flags(viewer)["store-dir"] == flags(container(objects, "darl-gateway"))["store-dir"]
+    assert "store-url" not in flags(viewer)
+    assert _mounts(objects, "darl-viewer") == {
+        "darl-trajectories": ("/data/trajectories", True),
+        "darl-runs": ("/data/runs", True),
+    }
 
 
 @pytest.mark.parametrize("where", ["base", "examples/arithmetic"])
@@ -566,6 +598,6 @@ def test_the_dev_temporal_is_what_darl_settings_point_at():
 
 
 def test_the_temporal_guide_creates_every_search_attribute():
-    guide = (K8S / "temporal.md").read_text()
+    guide = (REPO / "docs" / "kubernetes-temporal.md").read_text()
     for name, kind in _search_attribute_types().items():
         assert f"--name {name} --type {kind}" in guide, name
