@@ -189,8 +189,8 @@ class ReplaySpec(Contract):
 #             batches into one `rollouts_finished` signal       trainer_reports.py
 #
 # The starter says the revision: DARL's trainer starts CURRENT_REVISION (training_groups.py);
-# `darl rollout` and the temporal CLI start whatever the spec file says (the rollout files
-# under examples/ say 3). The field's default is 1, what a spec without it meant to the
+# `darl rollout` starts what the spec file says, CURRENT_REVISION if it says none; the
+# temporal CLI starts what the file says (the rollout files under examples/ say 3). The field's default is 1, what a spec without it meant to the
 # releases before, so their histories replay as 1 (tests/workflow/histories). A field rather
 # than `workflow.patched`, whose marker and TemporalChangeVersion upsert would cost every
 # rollout two history events; the TrainingWorkflow, one per run, uses `workflow.patched`, and

@@ -19,7 +19,17 @@ from darl.deploy.cli.support import (
 from darl.deploy.errors import single_line
 from darl.deploy.temporal_connection import DEFAULT_NAMESPACE, TemporalSettings, connect
 from darl.workflows import errors
+from darl.workflows.contracts import CURRENT_REVISION, RolloutSpec
 from darl.workflows.names import ROLLOUT_TASK_QUEUE, ROLLOUT_WORKFLOW
+
+
+def with_current_revision(spec: RolloutSpec) -> RolloutSpec:
+    """The spec as `darl rollout` starts it: at the current revision when the file says none
+    (the field's default, 1, is what a spec meant to the releases before; a user starting a
+    rollout today means today's command sequence)."""
+    if "revision" in spec.model_fields_set:
+        return spec
+    return spec.model_copy(update={"revision": CURRENT_REVISION})
 
 
 @app.command()
@@ -40,11 +50,7 @@ def rollout(
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
     from darl.workflows import search_attributes as sa
-    from darl.workflows.contracts import (
-        RolloutResult,
-        RolloutSpec,
-        rollout_workflow_id,
-    )
+    from darl.workflows.contracts import RolloutResult, rollout_workflow_id
     from darl.workflows.rollout_status import RolloutStatus
 
     try:
@@ -58,6 +64,7 @@ def rollout(
         )
         raise typer.Exit(2) from None
 
+    spec = with_current_revision(spec)
     address = use_stack(home, temporal_address)[1]
 
     async def main() -> None:
