@@ -190,11 +190,12 @@ class ReplaySpec(Contract):
 #
 # The starter says the revision: DARL's trainer starts CURRENT_REVISION (training_groups.py);
 # `darl rollout` starts what the spec file says, CURRENT_REVISION if it says none; the
-# temporal CLI starts what the file says (the rollout files under examples/ say 3). The field's default is 1, what a spec without it meant to the
-# releases before, so their histories replay as 1 (tests/workflow/histories). A field rather
-# than `workflow.patched`, whose marker and TemporalChangeVersion upsert would cost every
-# rollout two history events; the TrainingWorkflow, one per run, uses `workflow.patched`, and
-# its markers are listed in its module docstring (training_workflow.py).
+# temporal CLI starts what the file says (the rollout files under examples/ say 3). The
+# field's default is 1, what a spec without it meant to the releases before, so their
+# histories replay as 1 (tests/workflow/histories). A field rather than `workflow.patched`,
+# whose marker and TemporalChangeVersion upsert would cost every rollout two history events;
+# the TrainingWorkflow, one per run, uses `workflow.patched`, and its markers are listed in
+# its module docstring (training_workflow.py).
 ONE_ACTIVITY_REVISION = 2
 LOCAL_REPORT_REVISION = 3
 CURRENT_REVISION = LOCAL_REPORT_REVISION
