@@ -58,6 +58,9 @@ def test_the_wheel_installs_every_folder_under_darl_and_nothing_else(tmp_path: P
     for folder in FOLDERS:
         sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / folder).rglob("*.py")}
         sources = {s for s in sources if "__pycache__" not in s}
+        # The coding-agent tasks' repositories are data that must not be installed
+        # (pyproject.toml's package-data says why).
+        sources = {s for s in sources if not s.startswith("examples/swe/repos/")}
         assert {f"darl/{s}" for s in sources} <= set(names), folder
     # What the demo and the examples read at run time.
     for data in [
@@ -67,5 +70,7 @@ def test_the_wheel_installs_every_folder_under_darl_and_nothing_else(tmp_path: P
         "viewer/static/viewer.js",
     ]:
         assert f"darl/{data}" in names
+    assert not [n for n in names if n.startswith("darl/examples/swe/repos/")]
+    assert "darl/examples/swe/tasks.jsonl" not in names
     entry_points = zipfile.ZipFile(wheel).read("darl-0.1.0.dist-info/entry_points.txt").decode()
     assert "darl = darl.deploy.cli:main" in entry_points
