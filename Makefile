@@ -13,7 +13,14 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_VERSION)
 # Quiets the banner about MkDocs 2.0 that mkdocs-material prints on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: demo test lint typecheck docs format bench bench-replicas bench-training bench-replay chaos dev vllm clean link-tree
+# mini-swe-agent, a real SWE harness from PyPI run unchanged as a DARL agent, in a venv of its
+# own: it brings litellm, textual and datasets, which DARL itself does not need.
+SWE_VENV := .venv-swe
+MINI_SWE_AGENT_VERSION := 2.4.6
+SWE_STAMP := $(SWE_VENV)/.installed-$(MINI_SWE_AGENT_VERSION)
+BWRAP_STAMP := $(VENV)/.bubblewrap
+
+.PHONY: demo test lint typecheck docs format bench bench-replicas bench-training bench-replay bench-swe chaos dev vllm swe clean link-tree
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +43,14 @@ $(VLLM_STAMP):
 
 vllm: $(VLLM_STAMP)
 
+$(SWE_STAMP):
+	$(PYTHON) -m venv $(SWE_VENV)
+	$(SWE_VENV)/bin/pip install --quiet --upgrade pip
+	$(SWE_VENV)/bin/pip install --quiet mini-swe-agent==$(MINI_SWE_AGENT_VERSION) litellm==1.110.2
+	touch $(SWE_STAMP)
+
+swe: $(SWE_STAMP) $(BWRAP_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/darl demo
 
@@ -56,7 +71,13 @@ $(HAPROXY_STAMP): $(STAMP)
 	command -v haproxy >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y haproxy || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y haproxy)
 	touch $(HAPROXY_STAMP)
 
-test: $(STAMP) $(VLLM_STAMP) $(CHROMIUM_STAMP) $(HAPROXY_STAMP)
+# Coding agents run in Debian's bubblewrap, one sandbox per attempt; installed here once, as
+# root, if the machine lacks it.
+$(BWRAP_STAMP): $(STAMP)
+	command -v bwrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y bubblewrap || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y bubblewrap)
+	touch $(BWRAP_STAMP)
+
+test: $(STAMP) $(VLLM_STAMP) $(CHROMIUM_STAMP) $(HAPROXY_STAMP) $(SWE_STAMP) $(BWRAP_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MAKE) typecheck
@@ -75,6 +96,10 @@ bench-training: $(STAMP)
 # Replay (rule 10): an agent killed at call 30 of 40, resumed by replay against restarted.
 bench-replay: $(STAMP)
 	$(BIN)/python -m bench.replay_bench
+
+# Coding-agent rollouts: sandbox set-up, agent and grading times, store bytes per call.
+bench-swe: $(STAMP) $(SWE_STAMP) $(BWRAP_STAMP)
+	$(BIN)/python -m bench.swe_bench
 
 # The full chaos matrix: a training run per kill, each checked from outside DARL, as a table.
 chaos: $(STAMP)
@@ -107,4 +132,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .darl site
+	rm -rf $(VENV) $(VLLM_VENV) $(SWE_VENV) .darl site

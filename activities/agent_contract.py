@@ -115,6 +115,9 @@ class ContractIssuer:
         )
         gateway = self.gateway_url.rstrip("/")
         rollout = spec.rollout_id
+        # The agent sees the task without the grader's hidden fields (the hidden tests, the
+        # gold patch): in DARL_TASK and in what env_map reads.
+        task = spec.agent_task()
         token = mint_token(
             self.token_secret,
             TokenClaims(
@@ -141,7 +144,7 @@ class ContractIssuer:
             "DARL_ATTEMPT": str(attempt),
             "DARL_RUN_ID": spec.run_id,
             "DARL_GROUP_ID": spec.group_id,
-            "DARL_TASK": json.dumps(spec.task),
+            "DARL_TASK": json.dumps(task),
             "DARL_MODE": spec.mode.value,
             "DARL_RESULT_URL": result_url,
             "AGL_OPENAI_BASE_URL": agl_base,
@@ -151,7 +154,7 @@ class ContractIssuer:
             # does not follow OPENAI_BASE_URL): that would hand the rollout token to a third
             # party. Traces of a rollout are DARL's (TRACEPARENT).
             "OPENAI_AGENTS_DISABLE_TRACING": "1",
-            **env_map_values(spec.task, env_map),
+            **env_map_values(task, env_map),
         }
         if traceparent:
             env["TRACEPARENT"] = traceparent

@@ -26,6 +26,8 @@ from darl.activities.errors import agent_spec_error, reward_spec_error
 from darl.activities.gateway_notifier import CLOSE_GIVE_UP_SECONDS, GatewayNotifier
 from darl.activities.heartbeats import heartbeating
 from darl.activities.runners.base import AgentRunner, agent_heartbeat_interval
+from darl.activities.sandbox import GradingError, SandboxSpecError
+from darl.activities.sandbox.grading import check_grader
 from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
@@ -84,11 +86,13 @@ async def earlier_executions(client: Client) -> list[WorkflowExecution]:
 
 
 def _check_reward(spec: RolloutSpec) -> None:
-    """Bad input fails fast (rule 9): a reward that cannot score the task is found before the
-    agent runs, not after it."""
+    """Bad input fails fast (rule 9): a reward that cannot score the task (or a grader that
+    cannot grade it here) is found before the agent runs, not after it."""
     try:
         rewards.check(spec.reward, spec.task)
-    except rewards.RewardFunctionError as err:
+        if spec.reward.grader is not None:
+            check_grader(spec)
+    except (rewards.RewardFunctionError, SandboxSpecError, TaskPathError) as err:
         raise reward_spec_error(f"the reward cannot work: {err}") from None
 
 
@@ -189,7 +193,30 @@ class RolloutActivities:
             if err.non_retryable:
                 await self._close_quietly(request.spec.rollout_id, request.attempt)
             raise
-        return await self._closed(request, agent_exit)
+        agent_exit = await self._closed(request, agent_exit)
+        if request.one_activity and request.spec.reward.grader is not None:
+            agent_exit = await self._graded(runner, request, agent_exit)
+        return agent_exit
+
+    async def _graded(
+        self, runner: AgentRunner, request: AwaitRequest, agent_exit: AgentExit
+    ) -> AgentExit:
+        """The grader's verdict on an attempt whose agent finished (RewardSpec.grader): DARL
+        runs it here, on the machine that holds the attempt's sandbox, after the agent and
+        its close. A grading that cannot be done (its test patch does not apply, say) is
+        said in `grade_error`; anything else fails the try, and the retry grades again from
+        the same workspace."""
+        if agent_exit.exit_code != 0 or agent_exit.timed_out:
+            return agent_exit
+        try:
+            grade = await runner.grade(request, activity.heartbeat)
+        except SandboxSpecError as err:
+            # Bad input no retry can fix (checked at launch too, rule 9).
+            raise reward_spec_error(f"the grader cannot work: {err}") from None
+        except GradingError as err:
+            log.warning("grading %s/%d failed: %s", request.spec.rollout_id, request.attempt, err)
+            return agent_exit.model_copy(update={"grade_error": str(err)})
+        return agent_exit.model_copy(update={"grade": grade})
 
     async def _closed(self, request: AwaitRequest, agent_exit: AgentExit) -> AgentExit:
         """The agent has ended: close its attempt at the gateway (heartbeating: a slow
@@ -209,7 +236,9 @@ class RolloutActivities:
                 request.attempt,
                 CLOSE_GIVE_UP_SECONDS,
                 started_at=request.handle.started_at,
-                return_events_up_to=RETURNED_EVENTS_CAP if request.one_activity else 0,
+                # Every revision's workflow takes the events of its result as it takes a
+                # signal, dropping the ones it has by call id without counting them.
+                return_events_up_to=RETURNED_EVENTS_CAP,
                 replay_from=request.replay_from,
             )
             closed = await heartbeating(closing, interval)

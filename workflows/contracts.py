@@ -52,10 +52,45 @@ class RolloutMode(StrEnum):
     VAL = "val"
 
 
+class SandboxSpec(Contract):
+    """A fresh workspace per attempt, isolated, for agents that change files (coding agents).
+
+    The workspace is the task's repository at its commit: `repo` and `commit` name task
+    fields (`input.<path>`, as `env_map` does; SWE-bench's `repo` and `base_commit` by
+    default), and `<repos_dir>/<repo with "/" as "__">` is a git repository holding that
+    commit (SWE-smith's mirror naming). Each attempt gets its own copy, the agent's working
+    directory, seen by the agent at `workdir`; its git directory stays outside, so the agent
+    cannot rewrite what it started from. `isolation` `bubblewrap` runs the agent (and a
+    grader's tests) in Debian's `bwrap`: nothing writable but the workspace and a private
+    `/tmp`, nothing readable but the system directories and `read_only`, no network but the
+    gateway. `none` runs it in the workspace without isolation (for machines without
+    bubblewrap; the agent can then reach anything the worker can). A relative `repos_dir` or
+    `read_only` path is the worker's working directory's; `{prefix}` (the worker's Python
+    environment) and `{cwd}` work in them as in `command` and `env`.
+    """
+
+    repos_dir: str
+    repo: str = "input.repo"
+    commit: str = "input.base_commit"
+    workdir: str = "/testbed"
+    isolation: Literal["bubblewrap", "none"] = "bubblewrap"
+    # Paths the agent sees read-only, at the same place, besides the system directories
+    # (/usr, /etc, ...): its harness's virtual environment, its own code.
+    read_only: list[str] = Field(default_factory=list)
+
+    @field_validator("repo", "commit")
+    @classmethod
+    def _task_path(cls, value: str) -> str:
+        if not value.startswith("input."):
+            raise ValueError(f"{value!r} must name a task field as 'input.<path>'")
+        return value
+
+
 class LocalAgentSpec(Contract):
     """An agent run as a local process in its own process group.
 
-    `command` is an argv list; the literal `{python}` in it is replaced by the worker's Python.
+    `command` is an argv list; in it and in `env` values, `{python}` is the worker's Python,
+    `{prefix}` its environment (`sys.prefix`) and `{cwd}` the directory the worker runs in.
     `entrypoint` (`module:Class` or `module.Class`) runs an Agent Lightning style agent:
     `Class().run()`, awaited if it is a coroutine. Exactly one of the two is given.
     `env_map` sets variables as Agent Lightning does: `"input"` is the task (as JSON unless it
@@ -69,6 +104,8 @@ class LocalAgentSpec(Contract):
     env: dict[str, str] = Field(default_factory=dict)
     env_map: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
+    # A fresh, isolated workspace per attempt (the agent's working directory; `cwd` unset).
+    sandbox: SandboxSpec | None = None
 
     @model_validator(mode="after")
     def _one_way_to_start(self) -> LocalAgentSpec:
@@ -76,6 +113,8 @@ class LocalAgentSpec(Contract):
             raise ValueError("give exactly one of 'command' and 'entrypoint'")
         if self.command is not None and not self.command:
             raise ValueError("'command' must not be empty")
+        if self.sandbox is not None and self.cwd is not None:
+            raise ValueError("a sandboxed agent runs in its workspace: leave 'cwd' unset")
         return self
 
 
@@ -99,7 +138,9 @@ class KubernetesAgentSpec(Contract):
     make a one-container Job. DARL fills in the name, labels, the agent contract in the
     environment (the token from a Secret owned by the Job) and enforces what makes an attempt
     durable and contained: `backoffLimit: 0`, `restartPolicy: Never`, the rollout timeout as
-    `activeDeadlineSeconds`, no service account token, non-root.
+    `activeDeadlineSeconds`, no service account token, non-root (a template that asks for
+    root, `runAsUser: 0`, runs only in the worker's sandbox namespace under its RuntimeClass,
+    and is refused without one).
     """
 
     kind: Literal["kubernetes"] = "kubernetes"
@@ -121,6 +162,35 @@ AgentSpec = Annotated[
 ]
 
 
+class GraderSpec(Contract):
+    """A reward DARL computes itself after the agent exits, by running a command in a copy
+    of the attempt's sandbox (its workspace as the agent left it), so the agent can neither
+    report nor fake it: a report from the agent never overrides a grade.
+
+    `swe_tests` grades a SWE-bench/SWE-smith task: it restores every file the agent changed
+    that the tests read (test files, conftest.py, pytest and packaging configuration),
+    removes what the agent added that pytest or Python would load (conftest.py, plugins,
+    sitecustomize, .pth files, caches), applies the task's hidden `test_patch`, and runs
+    its `FAIL_TO_PASS` and `PASS_TO_PASS` tests with pytest. `command` runs `command` (an
+    argv list, `env_map` as an agent's) and grades 1 when it exits 0. Either way the reward
+    is 1 when everything passes and otherwise `partial_credit` times the share of tests that
+    passed (0 for a failed `command`). `hidden_fields` are task fields the agent never sees
+    (its DARL_TASK, task file, `env_map` and the Agent Lightning rollout route).
+    """
+
+    kind: Literal["swe_tests", "command"] = "swe_tests"
+    command: list[str] | None = None
+    env_map: dict[str, str] = Field(default_factory=dict)
+    partial_credit: float = Field(default=0.0, ge=0.0, le=1.0)
+    hidden_fields: list[str] = Field(default_factory=lambda: ["patch", "test_patch"])
+
+    @model_validator(mode="after")
+    def _command_for_command(self) -> GraderSpec:
+        if (self.kind == "command") != bool(self.command):
+            raise ValueError("a 'command' grader needs a non-empty 'command'; only it takes one")
+        return self
+
+
 class RewardSpec(Contract):
     """Where the reward comes from.
 
@@ -128,12 +198,20 @@ class RewardSpec(Contract):
     Otherwise `exact_match`, `numeric_match` or `module:function`, called with the task, the
     agent's answer and a `TrajectorySummary`; the reference answer is `task[answer_key]` (the
     built-ins need an object task; a function of your own takes any task).
+    `grader` is a reward DARL computes in the attempt's sandbox after the agent (GraderSpec).
     `missing_reward` is used when the agent succeeds without a reward; None makes that a failure.
     """
 
     function: str | None = None
     answer_key: str = "answer"
     missing_reward: float | None = None
+    grader: GraderSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RewardSpec:
+        if self.grader is not None and self.function is not None:
+            raise ValueError("give a reward 'function' or a 'grader', not both")
+        return self
 
 
 class RolloutTimeouts(Contract):
@@ -170,20 +248,34 @@ class ReplaySpec(Contract):
         return value
 
 
+def check_grader_agent(agent: AgentSpec, reward: RewardSpec) -> None:
+    """Raise ValueError unless the reward's grader, if any, can reach the agent's sandbox."""
+    if reward.grader is None:
+        return
+    if not isinstance(agent, LocalAgentSpec) or agent.sandbox is None:
+        raise ValueError(
+            "a reward 'grader' runs in the attempt's sandbox: give a local agent a "
+            "'sandbox' (grading a Kubernetes or HTTP agent is not supported yet)"
+        )
+
+
 # `RolloutSpec.revision` is the command sequence a RolloutWorkflow runs; a history replays only
 # under the sequence that recorded it. This table is the one place that says what each is:
 #
 #   revision  what the workflow does                           what branches on it
 #   1         a deadline timer beside await_agent (whose own    -
 #             deadline is RUNNER_DEADLINE_GRACE later), RUNNING
-#             upserted, the close's call events signalled,
-#             compute_reward an activity of its own, the
-#             report a `rollout_finished` signal-external
+#             upserted, compute_reward an activity of its
+#             own, the report a `rollout_finished`
+#             signal-external
 #   2         an attempt is one activity: no timer (the runner  RolloutWorkflow._one_activity:
-#             ends the agent at the rollout timeout), the       _await_agent, _transition;
-#             close's call events and a function reward come    AwaitRequest.one_activity:
-#             back in await_agent's result, RUNNING left to     RolloutActivities._closed,
-#             the status query on a first attempt               runners.base.agent_deadline
+#             ends the agent at the rollout timeout), a         _await_agent, _transition;
+#             function reward or a grade comes back in          AwaitRequest.one_activity:
+#             await_agent's result, RUNNING left to the status  RolloutActivities._closed,
+#             query on a first attempt                          _graded, agent_deadline
+#
+# In every revision the close's call events come back in await_agent's result (up to
+# RETURNED_EVENTS_CAP; more are signalled).
 #   3         the report to `report_to` is a local activity     RolloutWorkflow._local_report:
 #             in the last workflow task, which the worker       _report; activities/
 #             batches into one `rollouts_finished` signal       trainer_reports.py
@@ -223,6 +315,32 @@ class RolloutSpec(Contract):
     # the episode over.
     resume: Literal["replay", "restart"] = "replay"
     replay: ReplaySpec = Field(default_factory=ReplaySpec)
+
+    @model_validator(mode="after")
+    def _grader_has_a_sandbox(self) -> RolloutSpec:
+        grader = self.reward.grader
+        if grader is None:
+            return self
+        check_grader_agent(self.agent, self.reward)
+        if self.revision < ONE_ACTIVITY_REVISION:
+            raise ValueError(
+                f"a reward 'grader' needs revision {ONE_ACTIVITY_REVISION} or later (the "
+                f'attempt\'s await_agent grades it); say "revision": {CURRENT_REVISION}'
+            )
+        if not isinstance(self.task, dict):
+            raise ValueError("a reward 'grader' needs an object task (a SWE-bench instance)")
+        if grader.kind == "swe_tests":
+            for name in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+                if name not in self.task:
+                    raise ValueError(f"a 'swe_tests' grader needs the task field {name!r}")
+        return self
+
+    def agent_task(self) -> JsonValue:
+        """The task as the agent sees it: without the grader's hidden fields."""
+        grader = self.reward.grader
+        if grader is None or not isinstance(self.task, dict):
+            return self.task
+        return {k: v for k, v in self.task.items() if k not in grader.hidden_fields}
 
 
 class AgentReport(Contract):
@@ -348,6 +466,8 @@ class RolloutResult(Contract):
     # where its replay ended early, if it did (ReplayOutcome.diverged_at).
     replayed_calls: int = 0
     replay_diverged_at: int | None = None
+    # The grader's verdict, when the reward came from one (RewardSpec.grader).
+    grade: GradeReport | None = None
 
 
 class RolloutReport(Contract):
@@ -419,6 +539,28 @@ class AgentScore(Contract):
     error: str | None = None
 
 
+class GradeReport(Contract):
+    """What a grader (GraderSpec) found in an attempt's workspace: kept with the rollout and
+    shown in the viewer."""
+
+    reward: float
+    tests: int = 0
+    passed: int = 0
+    # The tests that should pass and did not (the first few), and what the grader had to
+    # restore or remove before running them: the agent's edits to tests and configuration.
+    failed_tests: list[str] = Field(default_factory=list)
+    restored: list[str] = Field(default_factory=list)
+    removed: list[str] = Field(default_factory=list)
+    exit_code: int | None = None
+    timed_out: bool = False
+    seconds: float = 0.0
+    # The agent's change to its workspace (a unified diff, cut at a size), and the end of
+    # the grading log.
+    diff: str = ""
+    diff_truncated: bool = False
+    log_tail: str = ""
+
+
 class AgentExit(Contract):
     """How an attempt's agent ended. `exit_code` 0 means it finished its work."""
 
@@ -441,6 +583,9 @@ class AgentExit(Contract):
     score: AgentScore | None = None
     # What the attempt made of the record it replayed, when it was handed one.
     replay: ReplayOutcome | None = None
+    # A grader's verdict (RewardSpec.grader), or why there is none.
+    grade: GradeReport | None = None
+    grade_error: str | None = None
 
 
 class RewardRequest(Contract):

@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         AgentHandle,
         AgentReport,
         AwaitRequest,
+        GradeReport,
         HttpAgentSpec,
         LaunchRequest,
         ModelCallEvent,
@@ -163,6 +164,8 @@ class RolloutWorkflow:
         # and what the current attempt made of the record it was handed.
         self._replay_lineage: list[int] = []
         self._replay: ReplayOutcome | None = None
+        # The grader's verdict on the final attempt (RewardSpec.grader).
+        self._grade: GradeReport | None = None
 
     # --- the story ---------------------------------------------------------------------
 
@@ -355,7 +358,16 @@ class RolloutWorkflow:
             return self._agent_failed(agent_exit, self._exit_message(agent_exit))
         self._transition(RolloutStatus.SCORING)
         reward_spec = self._spec.reward
-        if reward_spec.function is None:
+        reward: float | None
+        if reward_spec.grader is not None:
+            # DARL graded the attempt in its sandbox; what the agent reported is not used.
+            self._grade = agent_exit.grade
+            if agent_exit.grade is None:
+                why = agent_exit.grade_error or "the attempt was not graded"
+                self._finish_as(RolloutStatus.FAILED_INFRA, f"grading failed: {why}")
+                return False
+            reward = agent_exit.grade.reward
+        elif reward_spec.function is None:
             reward = report.reward if report is not None else None
             if reward is None:
                 reward = reward_spec.missing_reward
@@ -525,6 +537,7 @@ class RolloutWorkflow:
         self._accepting_signals = True
         self._error = None
         self._replay = None
+        self._grade = None
         self._transition(RolloutStatus.LAUNCHING)
 
     def _transition(
@@ -624,4 +637,5 @@ class RolloutWorkflow:
             failed_call_errors=self._failed_calls[:FAILED_CALLS_SHOWN],
             replayed_calls=self._replayed_calls(),
             replay_diverged_at=self._replay.diverged_at if self._replay is not None else None,
+            grade=self._grade,
         )

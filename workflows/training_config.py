@@ -15,6 +15,7 @@ from darl.workflows.contracts import (
     Contract,
     RewardSpec,
     RolloutTimeouts,
+    check_grader_agent,
 )
 from darl.workflows.names import ROLLOUT_TASK_QUEUE
 from darl.workflows.training_state import Knobs, TrainingState
@@ -62,6 +63,11 @@ class RolloutSettings(Contract):
     timeouts: RolloutTimeouts = Field(default_factory=RolloutTimeouts)
     max_attempts: int = Field(default=3, ge=1, le=20)
     task_queue: str = ROLLOUT_TASK_QUEUE
+
+    @model_validator(mode="after")
+    def _grader_reaches_the_sandbox(self) -> RolloutSettings:
+        check_grader_agent(self.agent, self.reward)
+        return self
 
 
 class ValidationSpec(Contract):

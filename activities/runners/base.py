@@ -11,7 +11,14 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from darl.activities.agent_contract import AgentContract
-from darl.workflows.contracts import AgentExit, AgentHandle, AwaitRequest, LaunchRequest
+from darl.activities.sandbox.errors import SandboxSpecError
+from darl.workflows.contracts import (
+    AgentExit,
+    AgentHandle,
+    AwaitRequest,
+    GradeReport,
+    LaunchRequest,
+)
 from darl.workflows.heartbeats import Heartbeat, heartbeat_interval
 from darl.workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
 
@@ -61,6 +68,16 @@ class AgentRunner(ABC):
     async def stop(self, request: LaunchRequest) -> None:
         """Stop the attempt's agent knowing only the rollout and attempt (its launch was
         cancelled, so there may be no handle), and refuse any later launch of the attempt."""
+
+    async def grade(self, request: AwaitRequest, heartbeat: Heartbeat) -> GradeReport:
+        """Grade the ended attempt in its sandbox (RewardSpec.grader), calling `heartbeat`
+        meanwhile. Idempotent: a retry grades the same agent state again. Raises
+        SandboxSpecError for a grader that cannot work here, GradingError when grading could
+        not run."""
+        raise SandboxSpecError(
+            f"the {self.kind!r} runner cannot grade an attempt: a reward 'grader' needs a "
+            "local agent with a 'sandbox'"
+        )
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release what the runner holds (clients, watchers)."""

@@ -3,7 +3,10 @@
 State lives on disk under `<agents_dir>/<rollout>/attempt-<n>/` (handle, task, log, exit code),
 so a worker that replaces a crashed one re-attaches to the agent still running there. A small
 `sh` wrapper records the agent's exit status in `exit_code`, since only the parent could
-otherwise learn it.
+otherwise learn it. An agent with a `sandbox` gets the attempt's workspace there too
+(`workspace/`, its git directory `git/`) and, under bubblewrap, runs inside the sandbox's
+supervisor (`darl.activities.sandbox`), which the wrapper starts in its place; the runner also
+grades such an attempt (`grade`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from darl.activities.agent_contract import AgentContract, inherited_env
+from darl.activities.agent_contract import AgentContract, TaskPathError, inherited_env
 from darl.activities.errors import agent_lost_error, agent_spec_error, agent_stopped_error
 from darl.activities.runners.base import (
     LOG_TAIL_BYTES,
@@ -30,10 +33,16 @@ from darl.activities.runners.base import (
     agent_deadline,
     agent_heartbeat_interval,
 )
+from darl.activities.sandbox import grading
+from darl.activities.sandbox.agent import AgentStart, prepare_agent
+from darl.activities.sandbox.errors import SandboxSpecError
+from darl.activities.sandbox.supervise import FAILED_FILE
+from darl.activities.worker_paths import expand, expand_env, expand_sandbox
 from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
     AwaitRequest,
+    GradeReport,
     LaunchRequest,
     LocalAgentSpec,
 )
@@ -75,6 +84,16 @@ def _log_tail(attempt_dir: Path) -> str:
             return f.read().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return ""
+
+
+def _check_sandbox_started(attempt_dir: Path) -> None:
+    """An agent whose sandbox could not be made never ran: the sandbox, not the agent, failed."""
+    failed = attempt_dir / FAILED_FILE
+    if failed.exists():
+        raise agent_spec_error(
+            f"the agent's sandbox did not start ({failed.read_text()}): "
+            f"{_log_tail(attempt_dir)[-500:]}"
+        )
 
 
 def _is_our_leader(pid: int, create_time: float) -> bool:
@@ -154,27 +173,24 @@ class LocalProcessRunner(AgentRunner):
             if (attempt_dir / EXIT_FILE).exists():
                 # ... and the agent has finished since: its exit code is its result.
                 return self._save_handle(request, attempt_dir, None, time.time())
+        start = await self._prepare(request, agent, contract, attempt_dir)
         marker.touch()
-
-        env = inherited_env() | contract.env | agent.env
-        env[AGENT_KEY_ENV] = agent_key
-        env["DARL_TASK_FILE"] = str(attempt_dir / TASK_FILE)
-        (attempt_dir / TASK_FILE).write_text(json.dumps(spec.task))
-        argv = self._argv(agent, env)
+        env = start.env | {AGENT_KEY_ENV: agent_key}
+        wrapper = ["/bin/sh", "-c", _WRAPPER, "darl-agent", str(attempt_dir / EXIT_FILE)]
         with (attempt_dir / LOG_FILE).open("ab") as log_file:
             try:
                 proc = await asyncio.to_thread(
                     subprocess.Popen,
-                    ["/bin/sh", "-c", _WRAPPER, "darl-agent", str(attempt_dir / EXIT_FILE), *argv],
+                    [*wrapper, *start.argv],
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                     env=env,
-                    cwd=agent.cwd,
+                    cwd=start.cwd,
                     start_new_session=True,
                 )
             except OSError as err:
-                raise agent_spec_error(f"cannot start agent {argv!r}: {err}") from err
+                raise agent_spec_error(f"cannot start agent {start.argv!r}: {err}") from err
         self._children[proc.pid] = proc
         create_time = psutil.Process(proc.pid).create_time()
         handle = self._save_handle(request, attempt_dir, proc.pid, create_time)
@@ -183,12 +199,54 @@ class LocalProcessRunner(AgentRunner):
             raise agent_stopped_error(f"attempt {request.attempt} of {spec.rollout_id} was stopped")
         return handle
 
+    async def _prepare(
+        self,
+        request: LaunchRequest,
+        agent: LocalAgentSpec,
+        contract: AgentContract,
+        attempt_dir: Path,
+    ) -> AgentStart:
+        """The agent's argv, environment and cwd; a sandboxed agent's workspace prepared. The
+        task file is always the agent's view of the task (the grader's hidden fields out)."""
+        spec = request.spec
+        task_file = attempt_dir / TASK_FILE
+        _write_atomic(task_file, json.dumps(spec.agent_task()))
+        worker_env = inherited_env()
+        agent_env = contract.env | expand_env(agent.env)
+        argv = self._argv(agent, worker_env | agent_env)
+        if agent.sandbox is None:
+            env = worker_env | agent_env | {"DARL_TASK_FILE": str(task_file)}
+            return AgentStart(argv, env, Path(agent.cwd) if agent.cwd else None)
+        if agent.entrypoint is not None:
+            raise agent_spec_error(
+                "a sandboxed agent runs a 'command' (the sandbox does not show DARL's code to "
+                "an 'entrypoint')"
+            )
+        try:
+            return await prepare_agent(
+                expand_sandbox(agent.sandbox),
+                spec.task,
+                attempt_dir,
+                argv,
+                worker_env=worker_env,
+                agent_env=agent_env,
+                gateway_url=contract.base_url,
+                task_file=task_file,
+                timeout=spec.timeouts.launch_seconds,
+            )
+        except (SandboxSpecError, TaskPathError) as err:
+            raise agent_spec_error(str(err)) from err
+
+    async def grade(self, request: AwaitRequest, heartbeat: Heartbeat) -> GradeReport:
+        return await grading.grade(request.spec, Path(request.handle.data["dir"]), heartbeat)
+
     async def wait(
         self, request: AwaitRequest, contract: AgentContract, heartbeat: Heartbeat
     ) -> AgentExit:
         handle = request.handle
         attempt_dir = Path(handle.data["dir"])
         if handle.data["pid"] is None:  # adopted after it had already finished
+            _check_sandbox_started(attempt_dir)
             code = _read_exit_code(attempt_dir / EXIT_FILE)
             return AgentExit(exit_code=code, log_tail=_log_tail(attempt_dir))
         pid, create_time = int(handle.data["pid"]), float(handle.data["create_time"])
@@ -199,6 +257,7 @@ class LocalProcessRunner(AgentRunner):
             code = _read_exit_code(attempt_dir / EXIT_FILE)
             if code is not None:
                 await self._after_exit(pid)
+                _check_sandbox_started(attempt_dir)
                 return AgentExit(exit_code=code, log_tail=_log_tail(attempt_dir))
             if not _is_our_leader(pid, create_time):
                 # The wrapper writes the file before it exits: read once more, then it is lost.
@@ -263,7 +322,7 @@ class LocalProcessRunner(AgentRunner):
                 "darl.activities.runners.agl_entrypoint",
                 agent.entrypoint,
             ]
-        argv = [part.replace("{python}", sys.executable) for part in agent.command or []]
+        argv = [expand(part) for part in agent.command or []]
         if "/" not in argv[0] and shutil.which(argv[0], path=env.get("PATH")) is None:
             raise agent_spec_error(f"agent command {argv[0]!r} is not on PATH")
         return argv

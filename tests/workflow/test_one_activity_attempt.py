@@ -19,6 +19,7 @@ from temporalio.client import WorkflowHandle, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
+from darl.activities.runners.base import AgentRunner
 from darl.activities.runners.http import HttpAgentRunner
 from darl.activities.worker import RolloutWorkerSettings, build_worker
 from darl.deploy.temporal_connection import DATA_CONVERTER
@@ -92,7 +93,12 @@ class FakeStack:
 
 
 @asynccontextmanager
-async def worker(env: WorkflowEnvironment, tmp_path: Path, stack: FakeStack) -> AsyncIterator[str]:
+async def worker(
+    env: WorkflowEnvironment,
+    tmp_path: Path,
+    stack: FakeStack,
+    runners: dict[str, AgentRunner] | None = None,
+) -> AsyncIterator[str]:
     queue = f"q-{uuid.uuid4().hex[:8]}"
     settings = RolloutWorkerSettings(
         gateway_url="http://gateway.test",
@@ -104,7 +110,7 @@ async def worker(env: WorkflowEnvironment, tmp_path: Path, stack: FakeStack) -> 
     async with (
         httpx.AsyncClient(transport=httpx.MockTransport(stack.handle)) as http,
         build_worker(
-            env.client, settings, http, runners={"http": HttpAgentRunner(http)}
+            env.client, settings, http, runners=runners or {"http": HttpAgentRunner(http)}
         ) as rollout_worker,
         Worker(env.client, task_queue=queue + "-collector", workflows=[CollectorWorkflow]),
     ):
