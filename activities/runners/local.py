@@ -27,6 +27,7 @@ import psutil
 
 from darl.activities.agent_contract import AgentContract, TaskPathError, inherited_env
 from darl.activities.errors import agent_lost_error, agent_spec_error, agent_stopped_error
+from darl.activities.processes import file_tail, wait_for_exit
 from darl.activities.runners.base import (
     LOG_TAIL_BYTES,
     AgentRunner,
@@ -77,13 +78,7 @@ def _read_exit_code(path: Path) -> int | None:
 
 
 def _log_tail(attempt_dir: Path) -> str:
-    path = attempt_dir / LOG_FILE
-    try:
-        with path.open("rb") as f:
-            f.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
-            return f.read().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
+    return file_tail(attempt_dir / LOG_FILE, LOG_TAIL_BYTES)
 
 
 def _check_sandbox_started(attempt_dir: Path) -> None:
@@ -105,28 +100,6 @@ def _is_our_leader(pid: int, create_time: float) -> bool:
         )
     except psutil.NoSuchProcess:
         return False
-
-
-async def _wait_for_exit(pid: int, timeout: float) -> None:
-    """Return when `pid` exits or after `timeout`, without polling (a pidfd on the loop)."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    loop = asyncio.get_running_loop()
-    exited: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        if not exited.done():
-            exited.set_result(None)
-
-    loop.add_reader(pidfd, readable)
-    try:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(exited, timeout)
-    finally:
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
 
 
 def _find_adoptable(agent_key: str) -> psutil.Process | None:
@@ -274,7 +247,7 @@ class LocalProcessRunner(AgentRunner):
                 await self.kill(handle)
                 return AgentExit(exit_code=None, timed_out=True, log_tail=_log_tail(attempt_dir))
             heartbeat({"pid": pid})
-            await _wait_for_exit(pid, min(interval, deadline - now))
+            await wait_for_exit(pid, min(interval, deadline - now))
 
     async def kill(self, handle: AgentHandle) -> None:
         if handle.data["pid"] is None:
@@ -282,7 +255,7 @@ class LocalProcessRunner(AgentRunner):
         pid, create_time = int(handle.data["pid"]), float(handle.data["create_time"])
         if _is_our_leader(pid, create_time):
             self._signal_group(pid, signal.SIGTERM)
-            await _wait_for_exit(pid, self._kill_grace)
+            await wait_for_exit(pid, self._kill_grace)
         await self._after_exit(pid)
 
     async def stop(self, request: LaunchRequest) -> None:
@@ -332,7 +305,7 @@ class LocalProcessRunner(AgentRunner):
         self._signal_group(pid, signal.SIGKILL)
         proc = self._children.pop(pid, None)
         if proc is not None:
-            await _wait_for_exit(pid, self._kill_grace)
+            await wait_for_exit(pid, self._kill_grace)
             if proc.poll() is None:
                 log.warning("agent process %d did not exit after SIGKILL", pid)
 

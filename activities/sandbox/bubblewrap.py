@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from darl.activities.processes import wait_for_exit
 from darl.activities.sandbox.errors import SandboxSpecError
 from darl.activities.sandbox.supervise import BwrapLaunch
 from darl.workflows.heartbeats import Heartbeat
@@ -165,35 +166,13 @@ async def run_sandboxed(
             os.killpg(proc.pid, signal.SIGKILL)
         ran, init = await asyncio.to_thread(launch.status) if launch else (True, None)
         if init is not None:
-            await _exited(init, SANDBOX_END_SECONDS)
+            await wait_for_exit(init, SANDBOX_END_SECONDS)
     return SandboxRun(
         exit_code=None if timed_out else proc.returncode,
         timed_out=timed_out,
         started=timed_out or ran,
         seconds=time.monotonic() - began,
     )
-
-
-async def _exited(pid: int, timeout: float) -> None:
-    """Return once `pid` has exited, or after `timeout` (a pidfd on the loop, no polling)."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    loop = asyncio.get_running_loop()
-    exited: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        if not exited.done():
-            exited.set_result(None)
-
-    loop.add_reader(pidfd, readable)
-    try:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(exited, timeout)
-    finally:
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
 
 
 async def _wait_or_kill(

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from darl.activities.agent_contract import env_map_values
+from darl.activities.processes import file_tail
 from darl.activities.runners.base import agent_heartbeat_interval
 from darl.activities.sandbox import pytest_results
 from darl.activities.sandbox.agent import check_sandbox
@@ -210,7 +211,7 @@ class _Grading:
         else:
             command = [expand(p) for p in self._grader.command or []]
         run = await self._run(command)
-        log_tail = _tail(self._log)
+        log_tail = file_tail(self._log, LOG_TAIL_BYTES)
         if not run.started:
             raise GradingError(f"the grading sandbox did not start: {log_tail[-500:]}")
         report = GradeReport(
@@ -322,15 +323,6 @@ def _head(path: Path, cap: int) -> str:
     try:
         with path.open("rb") as f:
             return f.read(cap).decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
-
-
-def _tail(path: Path) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
-            return f.read().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return ""
 
