@@ -1,6 +1,6 @@
-"""The gateway's FastAPI app: `create_app` serves the agents' routes (`routes/agent.py`) and the
-admin API, health and metrics (`routes/admin.py`) over one `Gateway` (`state.py`), the state
-those routes share."""
+"""The gateway's FastAPI app: `create_app` serves the agents' routes (`routes/agent.py`, and
+Agent Lightning's in `routes/agl.py`) and the admin API, health and metrics (`routes/admin.py`)
+over one `Gateway` (`state.py`), the state those routes share."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from darl.gateway.errors import (
     install_error_handlers,
 )
 from darl.gateway.metrics import GatewayMetrics
-from darl.gateway.routes import admin, agent
+from darl.gateway.routes import admin, agent, agl
 from darl.gateway.routes.bodies import with_body_schemas
 from darl.gateway.state import Gateway, GatewaySettings
 from darl.gateway.store.base import TrajectoryStore
@@ -41,6 +41,7 @@ def _route_label(path: str) -> str:
         ("/models", "models"),
         ("/result", "result"),
         ("/events", "events"),
+        ("/api/rollouts/", "rollout"),
         ("/admin/", "admin"),
         ("/metrics", "metrics"),
         ("/healthz", "health"),
@@ -109,6 +110,7 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
     with_body_schemas(app)
 
     app.include_router(agent.router)
+    app.include_router(agl.router)
     app.include_router(admin.router)
     app.add_middleware(RequestCounter, metrics=gateway.metrics)
     FastAPIInstrumentor.instrument_app(

@@ -14,7 +14,8 @@ Code branches on the class (`isinstance`), never on the code string.
         │   ├── PreviousResponseNotFoundError     previous_response_not_found
         │   ├── PreviousResponseNotStoredError    previous_response_not_stored
         │   ├── InvalidResultError                invalid_result
-        │   └── InvalidEventError                 invalid_event
+        │   ├── InvalidEventError                 invalid_event
+        │   └── ContextLengthExceededError        context_length_exceeded
         ├── UnauthorizedError               401   invalid_token
         ├── ForbiddenError                  403   forbidden
         ├── UnknownRolloutError             404   unknown_rollout
@@ -23,6 +24,7 @@ Code branches on the class (`isinstance`), never on the code string.
         ├── GatewayPausedError              429   gateway_paused        (no failed call)
         │   └── PauseOutlastedError         503   gateway_paused
         ├── GatewayRestartingError          503   gateway_restarting
+        ├── RolloutSpecUnreadableError      500   rollout_spec_unreadable
         ├── TemporalUnavailableError        503   temporal_unavailable
         └── UpstreamError                   502   upstream_error
             ├── UpstreamUnreachableError          upstream_unreachable
@@ -51,9 +53,10 @@ class GatewayError(DarlError):
 
 class APIError(GatewayError):
     """A request refused or failed: answered with `status` and a body in the caller's protocol
-    (OpenAI's `{"error": {message, type, code}}`, or Anthropic's on its routes). The class
-    says which failure it is; `status`, `type` and `code` are its class attributes, and an
-    instance may carry another status (an upstream's own 4xx) or headers (`Retry-After`)."""
+    (OpenAI's `{"error": {message, type, param, code}}`, or Anthropic's on its routes). The
+    class says which failure it is; `status`, `type` and `code` are its class attributes, and
+    an instance may carry another status (an upstream's own 4xx), headers (`Retry-After`) or
+    the request field at fault (`param`)."""
 
     status: int = 500
     type: str = "server_error"
@@ -61,13 +64,19 @@ class APIError(GatewayError):
     default_headers: ClassVar[dict[str, str]] = {}
 
     def __init__(
-        self, message: str, *, status: int | None = None, headers: dict[str, str] | None = None
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        headers: dict[str, str] | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         if status is not None:
             self.status = status
         self.headers = {**self.default_headers, **(headers or {})}
+        self.param = param
 
 
 class BadRequestError(APIError):
@@ -104,6 +113,14 @@ class InvalidResultError(BadRequestError):
 
 class InvalidEventError(BadRequestError):
     code = "invalid_event"
+
+
+class ContextLengthExceededError(BadRequestError):
+    """The agent's prompt does not fit the policy's context (its policy server said so): the
+    agent's own doing, so a failed call but no incident, said in the words each protocol's
+    clients recognise (`protocols/overflow.py`)."""
+
+    code = "context_length_exceeded"
 
 
 class UnauthorizedError(APIError):
@@ -161,6 +178,12 @@ class GatewayRestartingError(APIError):
     code = "gateway_restarting"
 
 
+class RolloutSpecUnreadableError(APIError):
+    """A rollout's workflow started with an input that does not read as this DARL's spec."""
+
+    code = "rollout_spec_unreadable"
+
+
 class TemporalUnavailableError(APIError):
     status = 503
     code = "temporal_unavailable"
@@ -208,8 +231,10 @@ class UpstreamStaleError(UpstreamError):
 NOT_FAILURES = (RolloutFinishedError, GatewayPausedError)
 
 
-def error_body(message: str, type: str, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "code": code, "param": None}}
+def error_body(
+    message: str, type: str, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
 # Anthropic's error types by status (its API's documented set).
@@ -239,12 +264,18 @@ def speaks_anthropic(path: str) -> bool:
 
 
 def shaped_error(
-    path: str, status: int, message: str, type: str, code: str | None, headers: dict[str, str]
+    path: str,
+    status: int,
+    message: str,
+    type: str,
+    code: str | None,
+    headers: dict[str, str],
+    param: str | None = None,
 ) -> JSONResponse:
     body = (
         anthropic_error_body(status, message)
         if speaks_anthropic(path)
-        else error_body(message, type, code)
+        else error_body(message, type, code, param)
     )
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -255,7 +286,9 @@ def describe_errors(errors: Sequence[Any]) -> str:
 
 
 async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-    return shaped_error(request.url.path, exc.status, exc.message, exc.type, exc.code, exc.headers)
+    return shaped_error(
+        request.url.path, exc.status, exc.message, exc.type, exc.code, exc.headers, exc.param
+    )
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:

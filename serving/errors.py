@@ -2,6 +2,7 @@
 
 ServingError
 ├── GenerationRejectedError   a request the engine cannot serve (400)      ValueError
+│   └── ContextLengthExceededError  a prompt over the model's context (400, vLLM's words)
 ├── ToolSpecError             tools or a tool_choice it cannot serve (400) ValueError
 ├── BadRequestError           any other request answered 400               ValueError
 ├── GenerationFailedError     the engine failed on the request's batch (500) RuntimeError

@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -28,7 +28,34 @@ FinishReason = Literal["stop", "length", "abort"]
 
 
 class GenerationRejectedError(ServingError, ValueError):
-    """A request the engine cannot serve (prompt too long, bad parameters)."""
+    """A request the engine cannot serve (prompt too long, bad parameters). `param` names the
+    request field at fault and `value` its value, as vLLM's `VLLMValidationError` does: its
+    message then ends with ` (parameter=..., value=...)`, and the error body says `param`."""
+
+    def __init__(self, message: str, *, param: str | None = None, value: object = None) -> None:
+        said = [f"{k}={v}" for k, v in (("parameter", param), ("value", value)) if v is not None]
+        super().__init__(f"{message} ({', '.join(said)})" if said else message)
+        self.param = param
+
+
+class ContextLengthExceededError(GenerationRejectedError):
+    """A prompt longer than the model's context, in vLLM 0.32's words (its renderer's token
+    length check), so clients that recognise vLLM's and OpenAI's overflow recognise it.
+    vLLM tokenizes a text prompt no further than one token past the context, so it counts
+    "at least" that many; so does this (vLLM counts a prompt of token ids in full)."""
+
+    def __init__(self, prompt_tokens: int, max_model_len: int) -> None:
+        counted = min(prompt_tokens, max_model_len + 1)
+        at_least = "at least " if counted == max_model_len + 1 else ""
+        super().__init__(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains {at_least}{counted} input tokens, which exceeds this limit even "
+            "without any output tokens. Please reduce the length of the input prompt.",
+            param="input_tokens",
+            value=counted,
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_model_len = max_model_len
 
 
 @dataclass(frozen=True)
@@ -115,12 +142,19 @@ class GenerationEngine:
         self._thread.join(timeout=10)
 
     def submit(self, sequence: Sequence) -> None:
-        limit = self.max_model_len
-        if len(sequence.prompt_ids) + sequence.params.max_tokens > limit:
+        """Queue a sequence. As vLLM does, a prompt over the context is refused
+        (ContextLengthExceededError) and `max_tokens` is cut to the room the prompt leaves
+        (the answer then ends with finish_reason "length"); a prompt that fills the context
+        leaves no room for one token (GenerationRejectedError)."""
+        room = self.max_model_len - len(sequence.prompt_ids)
+        if room < 0:
+            raise ContextLengthExceededError(len(sequence.prompt_ids), self.max_model_len)
+        if room == 0:
             raise GenerationRejectedError(
-                f"prompt ({len(sequence.prompt_ids)} tokens) plus max_tokens "
-                f"({sequence.params.max_tokens}) exceeds the model's {limit} tokens"
+                "max_tokens must be at least 1, got 0.", param="max_tokens", value=0
             )
+        if sequence.params.max_tokens > room:
+            sequence.params = replace(sequence.params, max_tokens=room)
         self._pending.put(sequence)
 
     def pause(self, mode: ServerPauseMode) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedTokenizerFast
 
-from darl.serving.generation import SamplingParams, TokenStep
+from darl.serving.generation import GenerationRejectedError, SamplingParams, TokenStep
 from darl.serving.tool_calls import ToolCallStream, ToolChoice, split_tool_calls
 
 
@@ -49,6 +49,22 @@ class _Request(BaseModel):
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
 
+    def output_budget(self) -> tuple[str, int | None]:
+        """The field that bounds the completion and its value."""
+        return "max_tokens", self.max_tokens
+
+    def check_output_budget(self, max_model_len: int) -> None:
+        """Refuse a completion budget over the whole context, as vLLM does before it renders
+        the prompt (one within it is cut to the room the prompt leaves, `engine.submit`)."""
+        name, value = self.output_budget()
+        if value is not None and value > max_model_len:
+            raise GenerationRejectedError(
+                f"{name}={value} cannot be greater than max_model_len={max_model_len}. "
+                "Please request fewer output tokens.",
+                param=name,
+                value=value,
+            )
+
 
 class ChatRequest(_Request):
     messages: list[dict[str, Any]] = Field(min_length=1)
@@ -57,6 +73,11 @@ class ChatRequest(_Request):
     top_logprobs: int = Field(default=0, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+
+    def output_budget(self) -> tuple[str, int | None]:
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        return "max_tokens", self.max_tokens
 
 
 class TokenizeRequest(BaseModel):

@@ -1,7 +1,7 @@
 """The reference policy server's HTTP API, vLLM's shape: `/v1/chat/completions` (with function
 tools), `/v1/completions`, `/v1/models`, `/tokenize`, `/detokenize`; `/pause`, `/resume`,
 `/is_paused`; `/reload_weights` and `/version`; health and metrics; and an index at `/`. Errors
-answer with vLLM's error body."""
+answer with vLLM 0.32's error body, a prompt over the context in its words."""
 
 from __future__ import annotations
 
@@ -52,10 +52,12 @@ def server_of(request: Request) -> PolicyServer:
     return server
 
 
-def _error(status: int, message: str) -> JSONResponse:
+def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
+    """vLLM 0.32's error body (`ErrorResponse`): `{"error": {message, type, param, code}}`,
+    the type its exception class's name and the code the HTTP status."""
     kind = "BadRequestError" if status < 500 else "InternalServerError"
     return JSONResponse(
-        {"object": "error", "message": message, "type": kind, "param": None, "code": status},
+        {"error": {"message": message, "type": kind, "param": param, "code": status}},
         status_code=status,
     )
 
@@ -66,10 +68,12 @@ async def _invalid(_: Request, exc: Exception) -> JSONResponse:
 
 
 def _status(status: int) -> Any:
-    """An exception handler answering `status` with the exception's message."""
+    """An exception handler answering `status` with the exception's message (and the field
+    at fault, for a request the engine refused)."""
 
     async def handler(_: Request, exc: Exception) -> JSONResponse:
-        return _error(status, str(exc))
+        param = exc.param if isinstance(exc, GenerationRejectedError) else None
+        return _error(status, str(exc), param)
 
     return handler
 
@@ -93,6 +97,7 @@ class ReloadRequest(BaseModel):
 async def chat(request: Request) -> Response:
     server = server_of(request)
     req: ChatRequest = await parse(request, ChatRequest)
+    req.check_output_budget(server.engine.max_model_len)
     tools = server.tool_choice(req)
     shape = ResponseShape(
         "chat",
@@ -147,6 +152,7 @@ async def detokenize(request: Request) -> dict[str, Any]:
 async def completions(request: Request) -> Response:
     server = server_of(request)
     req: CompletionRequest = await parse(request, CompletionRequest)
+    req.check_output_budget(server.engine.max_model_len)
     shape = ResponseShape(
         "completion",
         server.model_name,

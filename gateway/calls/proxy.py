@@ -12,15 +12,14 @@ neither recorded nor answered: the call waits for the server to catch up and is 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from fastapi import Request
@@ -29,10 +28,12 @@ from starlette.background import BackgroundTask
 
 from darl.gateway.calls.delivery import EventDelivery, event_of
 from darl.gateway.calls.forwarding import Forwarder, UpstreamReply
+from darl.gateway.calls.model_call import ClientGone, ModelCall, unless_disconnected
 from darl.gateway.calls.replay import ReplayBook
 from darl.gateway.calls.replayer import Replayer
 from darl.gateway.calls.rollouts import RolloutRegistry, attempt_closed
-from darl.gateway.calls.traffic import Admission, PauseGate, UpstreamPool
+from darl.gateway.calls.traffic import PauseGate, UpstreamPool
+from darl.gateway.calls.upstream_models import UpstreamModels
 from darl.gateway.calls.versions import UpstreamVersions, version_in
 from darl.gateway.defaults import CALL_DEADLINE_SECONDS, TRAIN_TEMPERATURE, VAL_TEMPERATURE
 from darl.gateway.errors import (
@@ -41,7 +42,6 @@ from darl.gateway.errors import (
     BadRequestError,
     RolloutFinishedError,
     UpstreamError,
-    UpstreamUnreachableError,
     UpstreamVersionUnreadableError,
     error_body,
 )
@@ -53,13 +53,8 @@ from darl.gateway.protocols.chat.capture import (
     split_sse,
     sse_data,
 )
-from darl.gateway.protocols.chat.protocol import (
-    CHAT,
-    TEMPLATE_FIELDS,
-    UPSTREAM_PATHS,
-    Endpoint,
-    validate_body,
-)
+from darl.gateway.protocols.chat.protocol import CHAT, Endpoint, validate_body
+from darl.gateway.protocols.overflow import context_length_exceeded, is_context_overflow
 from darl.gateway.protocols.translation import (
     StreamTranslation,
     Translation,
@@ -67,12 +62,10 @@ from darl.gateway.protocols.translation import (
     upstream_error_message,
 )
 from darl.gateway.store.base import TrajectoryStore
-from darl.gateway.store.record import CallRecord, FailedCall
+from darl.gateway.store.record import FailedCall
 from darl.workflows.rollout_token import TokenClaims
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 CLIENT_CLOSED = 499
 
@@ -83,86 +76,6 @@ class ProxySettings:
     train_temperature: float | None = TRAIN_TEMPERATURE
     val_temperature: float | None = VAL_TEMPERATURE
     call_deadline_seconds: float = CALL_DEADLINE_SECONDS
-
-
-class _ClientGone(Exception):
-    pass
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it (and the upstream call inside) if the agent goes away."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if task.cancelled():
-        raise _ClientGone
-    return task.result()
-
-
-@dataclass
-class ModelCall:
-    """One agent call on its way through the gateway."""
-
-    request: Request
-    endpoint: Endpoint
-    claims: TokenClaims
-    forwarded: dict[str, Any]
-    upstream: str
-    deadline: float
-    started: float = field(default_factory=time.monotonic)
-    call_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    admission: Admission | None = None
-    retries: int = 0
-    # The policy version the policy server proved for the weights that answered.
-    served_version: int | None = None
-    # The agent's protocol when it is not the endpoint's own (the Responses or Messages API).
-    translation: Translation | None = None
-    # Recorded, as answered or as failed: an agent that leaves after that leaves nothing to say.
-    settled: bool = False
-
-    @property
-    def protocol(self) -> str:
-        return protocol_of(self.endpoint, self.translation)
-
-    @property
-    def url(self) -> str:
-        return self.upstream + UPSTREAM_PATHS[self.endpoint]
-
-    def time_left(self) -> float:
-        return self.deadline - time.monotonic()
-
-    def admitted(self) -> Admission:
-        if self.admission is None:
-            raise RuntimeError("the call was never admitted")
-        return self.admission
-
-    def proven_version(self) -> int:
-        """The version to record: only ever the one the policy server proved (a call whose
-        answer came without one is never recorded; see `_behind`)."""
-        if self.served_version is None:
-            raise RuntimeError("recording a call whose weights' version is unknown")
-        return self.served_version
-
-    def headers(self) -> dict[str, str]:
-        version = self.served_version
-        return {
-            "X-Darl-Call-Id": self.call_id,
-            "X-Darl-Policy-Version": str(
-                self.admitted().policy_version if version is None else version
-            ),
-        }
 
 
 class ModelCallProxy:
@@ -191,8 +104,15 @@ class ModelCallProxy:
         self.store = store
         self.registry = registry
         self.metrics = metrics
-        self._models: dict[str, str] = {}
-        self.replayer = Replayer(replays, store, registry, delivery, metrics, self.prompt_ids)
+        self.upstream_models = UpstreamModels(
+            forwarder=forwarder,
+            pool=pool,
+            model=settings.model,
+            call_deadline_seconds=settings.call_deadline_seconds,
+        )
+        self.replayer = Replayer(
+            replays, store, registry, delivery, metrics, self.upstream_models.prompt_ids
+        )
 
     async def handle(
         self,
@@ -227,13 +147,15 @@ class ModelCallProxy:
                 request=request,
                 endpoint=endpoint,
                 claims=claims,
-                forwarded=self.force(body, endpoint, claims.mode, await self.model_for(upstream)),
+                forwarded=self.force(
+                    body, endpoint, claims.mode, await self.upstream_models.model_for(upstream)
+                ),
                 upstream=upstream,
                 deadline=time.monotonic() + self.settings.call_deadline_seconds,
                 translation=translation,
             )
             return await (self._streamed(call) if stream else self._whole(call))
-        except _ClientGone:
+        except ClientGone:
             log.info("agent of %s went away; upstream call cancelled", claims.rollout_id)
             await self._failed(
                 claims, protocol, call, started, CLIENT_CLOSED, "the agent went away"
@@ -260,61 +182,6 @@ class ModelCallProxy:
         else:
             forced["logprobs"] = max(int(body.get("logprobs") or 0), 0)
         return forced
-
-    async def model_for(self, upstream: str) -> str:
-        """The configured model name, else the first model the upstream lists."""
-        if self.settings.model:
-            return self.settings.model
-        if upstream not in self._models:
-            try:
-                listing = await self.forwarder.get_json(f"{upstream}/v1/models")
-                self._models[upstream] = listing["data"][0]["id"]
-            except (
-                aiohttp.ClientError,
-                TimeoutError,
-                KeyError,
-                IndexError,
-                TypeError,
-                ValueError,
-            ) as err:
-                raise UpstreamUnreachableError(
-                    f"cannot list the models of policy server {upstream}: {err!r}"
-                ) from err
-        return self._models[upstream]
-
-    async def count_prompt_tokens(self, claims: TokenClaims, chat: dict[str, Any]) -> int:
-        """The prompt tokens of a chat request as the rollout's policy server renders it."""
-        return len(await self.prompt_ids(claims, CHAT, chat))
-
-    async def prompt_ids(
-        self, claims: TokenClaims, endpoint: Endpoint, request: dict[str, Any]
-    ) -> list[int]:
-        """The prompt's token ids of a chat or text completion request as the rollout's policy
-        server renders it (its `/tokenize`, vLLM's shape); nothing is generated or recorded."""
-        upstream = self.pool.pick(claims.rollout_id)
-        body: dict[str, Any] = {"model": await self.model_for(upstream)}
-        if endpoint == CHAT:
-            body.update(messages=request["messages"], add_generation_prompt=True)
-            # What else renders the prompt, as the chat request had it (vLLM's names).
-            for key in TEMPLATE_FIELDS:
-                if request.get(key) is not None:
-                    body[key] = request[key]
-        elif isinstance(request["prompt"], list):
-            return list(request["prompt"])
-        else:
-            body["prompt"] = request["prompt"]
-        deadline = time.monotonic() + min(60.0, self.settings.call_deadline_seconds)
-        reply = await self.forwarder.send(f"{upstream}/tokenize", body, deadline, stream=False)
-        if reply.status != 200:
-            status = reply.status if reply.status < 500 else 502
-            raise UpstreamError(upstream_error_message(reply.body), status=status)
-        try:
-            return [int(t) for t in reply.json()["tokens"]]
-        except (ValueError, KeyError, TypeError) as err:
-            raise UpstreamError(f"policy server {upstream} cannot count tokens") from err
-
-    async def models(self) -> list[str]:
-        return sorted({await self.model_for(u) for u in self.pool.urls})
 
     # --- whole answers -------------------------------------------------------------------
 
@@ -352,8 +219,12 @@ class ModelCallProxy:
         self, call: ModelCall, status: int, body: bytes, content_type: str
     ) -> Response:
         """The policy server's error answer (after retries): recorded as a failed call, and
-        passed on to the agent, in its protocol's shape."""
+        passed on to the agent, in its protocol's shape; a prompt over the context as the
+        agent's API says it (raised: `handle` records it)."""
         message = upstream_error_message(body)
+        if is_context_overflow(status, body):
+            size = await self.upstream_models.prompt_size(call)
+            raise context_length_exceeded(call.protocol, size, message)
         await self._failed(call.claims, call.protocol, call, call.started, status, message)
         if call.translation is None:
             return Response(body, status, media_type=content_type)
@@ -588,7 +459,7 @@ class ModelCallProxy:
     async def _record(
         self, call: ModelCall, response: dict[str, Any], latency_ms: float, streamed: bool
     ) -> None:
-        claims, admission = call.claims, call.admitted()
+        claims = call.claims
         try:
             prompt_ids = require_token_ids(call.endpoint, response)
         except (CaptureError, KeyError, TypeError) as err:
@@ -601,26 +472,7 @@ class ModelCallProxy:
             # replica or another): its agent is gone.
             raise attempt_closed(claims.rollout_id, claims.attempt)
         started = time.monotonic()
-        stored = await self.store.append(
-            CallRecord(
-                call_id=call.call_id,
-                rollout_id=claims.rollout_id,
-                attempt=claims.attempt,
-                sequence=-1,
-                endpoint=call.endpoint,
-                upstream=admission.upstream,
-                policy_version=call.proven_version(),
-                created_at=time.time(),
-                latency_ms=latency_ms,
-                retry_count=call.retries,
-                streamed=streamed,
-                request=call.forwarded,
-                response=response,
-                prompt_token_ids=prompt_ids,
-                protocol=call.protocol,
-                exchange=call.translation.exchange if call.translation else {},
-            )
-        )
+        stored = await self.store.append(call.record(response, prompt_ids, latency_ms, streamed))
         call.settled = True
         if claims.replay is not None:
             # The agent is about to see an answer the record never gave: its replay is over.

@@ -1,5 +1,6 @@
-"""The gateway's view of rollouts in Temporal: is a rollout attempt still open, and the signals
-that put its model calls and the agent's report into its workflow.
+"""The gateway's view of rollouts in Temporal: is a rollout attempt still open, the spec its
+workflow started with, and the signals that put its model calls and the agent's report into
+its workflow.
 
 A call for a rollout the gateway has not seen asks Temporal once (describe); the worker tells
 the gateway when an attempt's agent ended (see `delivery`), which the store remembers for a
@@ -16,19 +17,27 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Any
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from darl.gateway.errors import (
     APIError,
     RolloutFinishedError,
+    RolloutSpecUnreadableError,
     TemporalUnavailableError,
     UnknownRolloutError,
 )
 from darl.gateway.store.base import TrajectoryStore
-from darl.workflows.contracts import AgentReport, ModelCallEvent, rollout_workflow_id
+from darl.workflows.contracts import (
+    AgentReport,
+    ModelCallEvent,
+    RolloutSpec,
+    rollout_workflow_id,
+)
 from darl.workflows.names import AGENT_RESULT_SIGNAL, MODEL_CALLS_SIGNAL
 
 log = logging.getLogger(__name__)
@@ -52,6 +61,18 @@ def temporal_unavailable(err: RPCError) -> APIError:
     return TemporalUnavailableError(
         f"could not record the call in Temporal ({err.status.name}); retry"
     )
+
+
+# How many rollouts' specs a gateway keeps (a spec holds its task: a SWE instance is ~10 KB).
+SPECS_REMEMBERED = 1024
+
+
+@dataclass(frozen=True)
+class StartedRollout:
+    """A rollout as its workflow started: its spec, and when (epoch seconds)."""
+
+    spec: RolloutSpec
+    started_at: float
 
 
 class _Bounded(OrderedDict[Hashable, Any]):
@@ -86,6 +107,7 @@ class RolloutRegistry:
         # Attempts closed through another process (a replica): it handed their events over.
         self._closed_elsewhere: _Bounded = _Bounded(remembered)
         self._recheck = closed_recheck_seconds
+        self._started: _Bounded = _Bounded(SPECS_REMEMBERED)
 
     async def check_open(self, rollout_id: str, attempt: int) -> None:
         """Raise 404/409 unless the rollout's workflow runs and this attempt has not ended."""
@@ -104,6 +126,39 @@ class RolloutRegistry:
             self._closed.put(rollout_id, True)
             raise rollout_closed(rollout_id)
         self._open.put(rollout_id, True)
+
+    async def started(self, rollout_id: str) -> StartedRollout:
+        """The spec the rollout's workflow started with: the input of its history's first
+        event, decoded by the client's data converter (any revision's workflow; nothing asked
+        of the workflow itself), remembered for the last SPECS_REMEMBERED rollouts. Raises
+        404 for a rollout without a workflow, 503 when Temporal cannot be reached."""
+        known: StartedRollout | None = self._started.get(rollout_id)
+        if known is not None:
+            return known
+        workflow_id = rollout_workflow_id(rollout_id)
+        history = self._client.get_workflow_handle(workflow_id).fetch_history_events(page_size=1)
+        try:
+            first = await anext(history, None)
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise unknown_rollout(rollout_id) from err
+            raise TemporalUnavailableError(
+                f"could not read the spec of rollout {rollout_id} in Temporal "
+                f"({err.status.name}); retry"
+            ) from err
+        if first is None or first.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            raise RolloutSpecUnreadableError(f"workflow {workflow_id} has no start event")
+        payloads = first.workflow_execution_started_event_attributes.input.payloads
+        try:
+            [spec] = await self._client.data_converter.decode(payloads, [RolloutSpec])
+        except ValueError as err:  # pydantic's ValidationError among them
+            raise RolloutSpecUnreadableError(
+                f"workflow {workflow_id} started with an input that is not a RolloutSpec of "
+                f"this DARL: {err}"
+            ) from err
+        started = StartedRollout(spec, first.event_time.ToMicroseconds() / 1e6)
+        self._started.put(rollout_id, started)
+        return started
 
     def close_attempt(self, rollout_id: str, attempt: int) -> None:
         """The attempt was closed through this process (it hands over the attempt's events)."""

@@ -195,6 +195,7 @@ async def index(request: Request) -> Index:
             "Agent Lightning": (
                 "/proxy/rollout/{rollout_id}/attempt/{attempt}/mode/{mode}/openai/v1"
             ),
+            "Agent Lightning's rollout (its task)": "/api/rollouts/{rollout_id}",
             "admin (the admin key)": "/admin/state",
             "health": "/healthz",
             "metrics": "/metrics",

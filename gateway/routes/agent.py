@@ -1,19 +1,17 @@
-"""The routes agents call: the OpenAI-compatible rollout routes and the result route, and
-Agent Lightning v1.0's proxy and event routes. A 5xx answer to an agent (of the gateway's or a
-policy server's making) is an incident of its attempt (rule 7 of docs/architecture.md)."""
+"""The routes agents call: the OpenAI-compatible rollout routes and the result route (Agent
+Lightning v1.0's are in `agl.py`). A 5xx answer to an agent (of the gateway's or a policy
+server's making) is an incident of its attempt (rule 7 of docs/architecture.md)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.convertors import Convertor, register_url_convertor
+from pydantic import ValidationError
 
-from darl.gateway.errors import APIError, InvalidEventError, InvalidResultError, describe_errors
+from darl.gateway.errors import APIError, InvalidResultError, describe_errors
 from darl.gateway.protocols.chat.protocol import (
     CHAT,
     COMPLETIONS,
@@ -31,45 +29,12 @@ from darl.gateway.protocols.responses.protocol import ResponsesRequest
 from darl.gateway.protocols.responses.translation import ResponsesTranslation
 from darl.gateway.protocols.translation import Translation, parse_request
 from darl.gateway.routes.bodies import documented, read_json_object
-from darl.gateway.routes.dependencies import AglClaims, RolloutClaims, gateway_of
+from darl.gateway.routes.dependencies import RolloutClaims, gateway_of
 from darl.gateway.state import Gateway
 from darl.workflows.contracts import AgentReport
 from darl.workflows.rollout_token import TokenClaims
 
 router = APIRouter()
-
-
-class AglMode(Convertor[str]):
-    """Agent Lightning's mode path segment: `train` or `val`; any other path is a 404, as
-    Agent Lightning answers it."""
-
-    regex = "train|val"
-
-    def convert(self, value: str) -> str:
-        return value
-
-    def to_string(self, value: str) -> str:
-        return value
-
-
-register_url_convertor("agl_mode", AglMode())
-
-AGL = "/proxy/rollout/{rollout_id}/attempt/{attempt}/mode/{mode:agl_mode}/openai/v1"
-AGL_EVENTS = "/api/rollouts/{rollout_id}/attempt/{attempt}/events"
-
-
-class AglEvent(BaseModel):
-    """Agent Lightning's `EventCreate`. A `reward` event's `data.value` is the attempt's
-    reward and its other fields (`source`, `reason`, `message`, ...) go into the rollout's
-    metadata; any other event is stored with the attempt (`TrajectoryStore.events`)."""
-
-    model_config = ConfigDict(extra="allow")
-    event_type: str
-    data: dict[str, Any] = Field(default_factory=dict)
-
-    def report(self, attempt: int) -> AgentReport:
-        metadata = {k: v for k, v in self.data.items() if k != "value"}
-        return AgentReport(attempt=attempt, reward=self.data.get("value"), metadata=metadata)
 
 
 # The bodies the routes read themselves, as the OpenAPI schema at /docs shows them.
@@ -118,7 +83,7 @@ async def report(gateway: Gateway, claims: TokenClaims, agent_report: AgentRepor
 
 
 async def models_listing(gateway: Gateway) -> dict[str, Any]:
-    names = await gateway.proxy.models()
+    names = await gateway.proxy.upstream_models.models()
     return {
         "object": "list",
         "data": [{"id": n, "object": "model", "owned_by": "darl"} for n in names],
@@ -159,7 +124,7 @@ async def count_tokens(request: Request, claims: RolloutClaims) -> dict[str, int
     body = await read_json_object(request, gateway.settings.max_body_bytes)
     counted = parse_request(CountTokensRequest, body, "count_tokens")
     chat = {"messages": chat_messages(counted), **chat_tools(counted)}
-    return {"input_tokens": await gateway.proxy.count_prompt_tokens(claims, chat)}
+    return {"input_tokens": await gateway.proxy.upstream_models.count_prompt_tokens(claims, chat)}
 
 
 @router.get("/rollouts/{rollout_id}/v1/models")
@@ -176,53 +141,3 @@ async def result(request: Request, claims: RolloutClaims) -> Response:
     except ValidationError as err:
         raise InvalidResultError(f"invalid result: {describe_errors(err.errors())}") from err
     return await noting_incidents(gateway, claims, report(gateway, claims, agent_report))
-
-
-# --- Agent Lightning v1.0 routes ----------------------------------------------------------
-
-
-@router.post(AGL + "/chat/completions", openapi_extra=CHAT_BODY)
-async def agl_chat(request: Request, claims: AglClaims) -> Response:
-    return await proxy_call(request, CHAT, claims)
-
-
-@router.post(AGL + "/completions", openapi_extra=COMPLETION_BODY)
-async def agl_completions(request: Request, claims: AglClaims) -> Response:
-    return await proxy_call(request, COMPLETIONS, claims)
-
-
-@router.get(AGL + "/models")
-async def agl_models(request: Request, claims: AglClaims) -> dict[str, Any]:
-    return await models_listing(gateway_of(request))
-
-
-@router.post(AGL_EVENTS, openapi_extra=documented(AglEvent))
-async def agl_events(request: Request, claims: AglClaims) -> Response:
-    """Answered, as Agent Lightning does, with the event as recorded (and `accepted`) once
-    it is durable: a reward in the rollout's workflow, any other event in the store."""
-    gateway = gateway_of(request)
-    body = await read_json_object(request, gateway.settings.max_body_bytes)
-    try:
-        event = AglEvent.model_validate(body)
-        agent_report = event.report(claims.attempt) if event.event_type == "reward" else None
-    except ValidationError as err:
-        raise InvalidEventError(f"invalid event: {describe_errors(err.errors())}") from err
-
-    async def record() -> Response:
-        await gateway.registry.check_open(claims.rollout_id, claims.attempt)
-        fields = {"event_type": event.event_type, "data": event.data}
-        if agent_report is not None:
-            await gateway.registry.signal_report(claims.rollout_id, agent_report)
-            stored = {**fields, "timestamp": time.time()}
-        else:
-            stored = await gateway.store.record_event(claims.rollout_id, claims.attempt, fields)
-        return JSONResponse(
-            {
-                "accepted": True,
-                "rollout_id": claims.rollout_id,
-                "attempt_id": str(claims.attempt),
-                **stored,
-            }
-        )
-
-    return await noting_incidents(gateway, claims, record())

@@ -265,7 +265,10 @@ async def test_failed_calls_are_recorded_and_counted(stack: Stack) -> None:
     ]
     failed = await stack.store().failed_calls(spec.rollout_id, 1)
     assert [(f.status, f.protocol) for f in failed] == [(400, "messages"), (400, "responses")]
-    assert all("exceeds the model's 2048 tokens" in f.error for f in failed), failed
+    # Each in its protocol's words for a prompt over the context (test_context_overflow.py).
+    assert failed[0].error.startswith("prompt is too long: "), failed
+    assert failed[0].error.endswith(" tokens > 2048 maximum"), failed
+    assert failed[1].error.startswith("This model's maximum context length is 2048 tokens"), failed
     assert all(f.latency_ms > 0 and f.retry_count == 0 for f in failed)
     assert [r.call_id for r in records_of(stack, spec.rollout_id)] == result.call_ids
 

@@ -20,6 +20,16 @@ from temporalio.testing import WorkflowEnvironment
 
 from darl.gateway.store.record import CallRecord
 from darl.workflows.rollout_status import RolloutStatus
+from tests.integration.test_context_overflow import (
+    USER,
+    VLLM_CONTEXT,
+    anthropic_client,
+    assert_failed_call_not_incident,
+    check_refuses_as_vllm,
+    openai_client,
+    openai_overflow,
+    policy_tokens,
+)
 from tests.integration.test_rollouts_e2e import example_spec
 from tests.vllm_fixtures import VllmStack, running_vllm_stack
 
@@ -339,3 +349,39 @@ async def test_tool_calls_through_vllm(vllm_stack: VllmStack, stream: bool) -> N
     handle = vllm_stack.client.get_workflow_handle(f"rollout/{rollout_id}")
     assert await vllm_stack.wait_for_calls(handle, 3) == 3
     await handle.cancel()
+
+
+# --- a prompt over the context (tests/integration/test_context_overflow.py) -----------------
+
+
+def test_vllm_refuses_as_the_reference_server_does(vllm_stack: VllmStack) -> None:
+    check_refuses_as_vllm(vllm_stack.policy_url, VLLM_CONTEXT)
+
+
+async def test_the_gateway_says_vllms_overflow_in_each_protocol(vllm_stack: VllmStack) -> None:
+    rollout = await vllm_stack.start_idle_rollout("vllm-overflow")
+    prompt_tokens = policy_tokens(vllm_stack, {"messages": USER, "add_generation_prompt": True})
+    with pytest.raises(openai.BadRequestError) as chat_refused:
+        await openai_client(vllm_stack, rollout).chat.completions.create(
+            model="m", messages=USER, max_tokens=4
+        )
+    message = openai_overflow(VLLM_CONTEXT, prompt_tokens, "messages")
+    assert chat_refused.value.code == "context_length_exceeded"
+    assert chat_refused.value.body["message"] == message  # type: ignore[index]
+    await assert_failed_call_not_incident(vllm_stack, rollout, "chat.completions", message)
+
+    claude = anthropic_client(vllm_stack, rollout)
+    counted = await claude.messages.count_tokens(model="m", messages=USER)  # type: ignore[arg-type]
+    with pytest.raises(anthropic.BadRequestError) as messages_refused:
+        await claude.messages.create(
+            model="m",
+            max_tokens=4,
+            messages=USER,  # type: ignore[arg-type]
+            stream=True,
+        )
+    message = f"prompt is too long: {counted.input_tokens} tokens > {VLLM_CONTEXT} maximum"
+    assert messages_refused.value.body == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": message},
+    }
+    await assert_failed_call_not_incident(vllm_stack, rollout, "messages", message)

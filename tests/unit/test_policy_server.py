@@ -169,7 +169,7 @@ async def test_bad_requests_are_400s(http: httpx.AsyncClient) -> None:
     ):
         response = await http.post(path, json=body)
         assert response.status_code == 400, (body, response.text)
-        assert response.json()["object"] == "error"
+        assert response.json()["error"]["code"] == 400
 
 
 async def test_pause_keep_freezes_and_resume_continues(http: httpx.AsyncClient) -> None:
@@ -485,4 +485,5 @@ async def test_its_address_answers_an_index_and_detokenize_its_tokenizer(
     text = await http.post("/detokenize", json={"tokens": ids})
     assert text.json() == {"prompt": "hello there"}
     refused = await http.post("/detokenize", json={"tokens": [10**6]})
-    assert refused.status_code == 400 and "token ids must lie in" in refused.json()["message"]
+    assert refused.status_code == 400
+    assert "token ids must lie in" in refused.json()["error"]["message"]

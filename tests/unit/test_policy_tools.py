@@ -306,7 +306,7 @@ async def test_what_the_server_cannot_serve_is_a_400(
     body = {**TOOL_CHAT, "tool_choice": "required", **fields}
     response = await http.post("/v1/chat/completions", json=body)
     assert response.status_code == 400
-    assert says in response.json()["message"]
+    assert says in response.json()["error"]["message"]
 
 
 async def test_tokenize_answers_in_vllms_shape(

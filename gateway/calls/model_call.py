@@ -1,0 +1,131 @@
+"""One agent call on its way through the gateway (`ModelCall`): what the gateway knows of it,
+from the body it forwards to the version that answered, and the record it becomes; and the
+watch on the agent's connection that cancels the call's upstream work when the agent leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import Request
+
+from darl.gateway.calls.traffic import Admission
+from darl.gateway.protocols.chat.protocol import UPSTREAM_PATHS, Endpoint
+from darl.gateway.protocols.translation import Translation, protocol_of
+from darl.gateway.store.record import CallRecord
+from darl.workflows.rollout_token import TokenClaims
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The agent went away while its call was at work."""
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and the upstream call inside) if the agent goes away."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        raise ClientGone
+    return task.result()
+
+
+@dataclass
+class ModelCall:
+    """One agent call on its way through the gateway."""
+
+    request: Request
+    endpoint: Endpoint
+    claims: TokenClaims
+    forwarded: dict[str, Any]
+    upstream: str
+    deadline: float
+    started: float = field(default_factory=time.monotonic)
+    call_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    admission: Admission | None = None
+    retries: int = 0
+    # The policy version the policy server proved for the weights that answered.
+    served_version: int | None = None
+    # The agent's protocol when it is not the endpoint's own (the Responses or Messages API).
+    translation: Translation | None = None
+    # Recorded, as answered or as failed: an agent that leaves after that leaves nothing to say.
+    settled: bool = False
+
+    @property
+    def protocol(self) -> str:
+        return protocol_of(self.endpoint, self.translation)
+
+    @property
+    def url(self) -> str:
+        return self.upstream + UPSTREAM_PATHS[self.endpoint]
+
+    def time_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def admitted(self) -> Admission:
+        if self.admission is None:
+            raise RuntimeError("the call was never admitted")
+        return self.admission
+
+    def proven_version(self) -> int:
+        """The version to record: only ever the one the policy server proved (a call whose
+        answer came without one is never recorded; see the proxy's `_behind`)."""
+        if self.served_version is None:
+            raise RuntimeError("recording a call whose weights' version is unknown")
+        return self.served_version
+
+    def headers(self) -> dict[str, str]:
+        version = self.served_version
+        return {
+            "X-Darl-Call-Id": self.call_id,
+            "X-Darl-Policy-Version": str(
+                self.admitted().policy_version if version is None else version
+            ),
+        }
+
+    def record(
+        self,
+        response: dict[str, Any],
+        prompt_ids: list[int],
+        latency_ms: float,
+        streamed: bool,
+    ) -> CallRecord:
+        """The call as the trajectory store keeps it (its sequence is the store's to give)."""
+        return CallRecord(
+            call_id=self.call_id,
+            rollout_id=self.claims.rollout_id,
+            attempt=self.claims.attempt,
+            sequence=-1,
+            endpoint=self.endpoint,
+            upstream=self.admitted().upstream,
+            policy_version=self.proven_version(),
+            created_at=time.time(),
+            latency_ms=latency_ms,
+            retry_count=self.retries,
+            streamed=streamed,
+            request=self.forwarded,
+            response=response,
+            prompt_token_ids=prompt_ids,
+            protocol=self.protocol,
+            exchange=self.translation.exchange if self.translation else {},
+        )
