@@ -219,10 +219,13 @@ class Kubelet:
         }
         fields = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"]}
         fields["metadata.uid"] = meta["uid"]
+        defined: dict[str, str] = {}
         for var in container.get("env") or []:
             source = var.get("valueFrom")
             if source is None:
-                env[var["name"]] = str(var.get("value", ""))
+                # A value may refer to the container's variables defined before it.
+                value = expand(str(var.get("value", "")), defined)
+                env[var["name"]] = defined[var["name"]] = value
             elif "secretKeyRef" in source:
                 ref = source["secretKeyRef"]
                 secret = self._secret(meta["namespace"], ref)
@@ -235,9 +238,10 @@ class Kubelet:
                     raise ContainerConfigError(
                         f"couldn't find key {ref.get('key')} in Secret {where}"
                     )
-                env[var["name"]] = _decoded(secret["data"][ref["key"]])
+                env[var["name"]] = defined[var["name"]] = _decoded(secret["data"][ref["key"]])
             elif source.get("fieldRef", {}).get("fieldPath") in fields:
-                env[var["name"]] = fields[source["fieldRef"]["fieldPath"]]
+                value = fields[source["fieldRef"]["fieldPath"]]
+                env[var["name"]] = defined[var["name"]] = value
             else:
                 raise ContainerConfigError(f"the emulator cannot resolve env {var['name']}")
         return env
@@ -249,7 +253,10 @@ class Kubelet:
         return secret
 
     async def _run_process(self, run: PodRun, container: dict, env: dict[str, str]) -> None:
-        argv = [*(container.get("command") or []), *(container.get("args") or [])]
+        names = {var["name"] for var in container.get("env") or []}
+        defined = {name: value for name, value in env.items() if name in names}
+        words = [*(container.get("command") or []), *(container.get("args") or [])]
+        argv = [expand(word, defined) for word in words]
         started = now()
         try:
             if not argv:
@@ -358,6 +365,34 @@ class Kubelet:
                 entry["containerID"] = container_id
             status["containerStatuses"] = [entry]
         run.pod = self._store.write("pods", pod, "MODIFIED")
+
+
+def expand(text: str, variables: dict[str, str]) -> str:
+    """Kubernetes' `$(NAME)` expansion of an env value, a command or an argument, as the
+    kubelet does it (third_party/forked/golang/expansion): `$(NAME)` becomes the variable's
+    value when the container defines it (before this value, for env) and stays as written
+    otherwise, `$$` becomes `$`, and any other `$` is kept."""
+    out: list[str] = []
+    checkpoint = cursor = 0
+    while cursor < len(text):
+        if text[cursor] == "$" and cursor + 1 < len(text):
+            out.append(text[checkpoint:cursor])
+            following = text[cursor + 1]
+            closer = text.find(")", cursor + 2) if following == "(" else -1
+            if following == "$":
+                out.append("$")
+                advance = 1
+            elif closer != -1:
+                name = text[cursor + 2 : closer]
+                out.append(variables.get(name, f"$({name})"))
+                advance = closer - cursor
+            else:
+                out.append("$" + following)
+                advance = 1
+            cursor += advance
+            checkpoint = cursor + 1
+        cursor += 1
+    return "".join(out) + text[checkpoint:]
 
 
 def _decoded(value: str) -> str:

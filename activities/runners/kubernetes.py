@@ -7,37 +7,38 @@ image that cannot be pulled, a Pod that cannot be scheduled, an eviction or a lo
 infra failure (the attempt is retried); a non-zero exit or the deadline is the agent's result;
 OOMKilled is reported as such. Completion is learned from a watch on the attempt's Pods, with
 a re-list whenever the watch breaks.
+
+The Job itself, and the security fields enforced over its template (non-root, or root only in
+a sandbox namespace under gVisor), are `kubernetes_manifest`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
-import hashlib
-import json
 import logging
-import re
 import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-import jinja2
 import kr8s
-import yaml
 from kr8s.asyncio.objects import Job, Secret
 
 from darl.activities.agent_contract import AgentContract
-from darl.activities.errors import agent_lost_error, agent_spec_error, agent_stopped_error
+from darl.activities.errors import agent_lost_error, agent_stopped_error
 from darl.activities.runners.base import AgentRunner, agent_deadline, agent_heartbeat_interval
+from darl.activities.runners.kubernetes_manifest import (
+    MANAGED_BY,
+    TOKEN_KEY,
+    JobManifests,
+    job_name,
+)
 from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
     AwaitRequest,
-    KubernetesAgentSpec,
     LaunchRequest,
     RolloutSpec,
 )
@@ -45,10 +46,6 @@ from darl.workflows.heartbeats import Heartbeat
 
 log = logging.getLogger(__name__)
 
-MANAGED_BY = {"app.kubernetes.io/managed-by": "darl"}
-TOKEN_KEY = "token"
-# Variables of the agent contract that carry the rollout token: from the Secret, not plain env.
-TOKEN_VARS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AGL_KEY")
 # Container waiting reasons that mean the image will not run here.
 IMAGE_FAILURES = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
@@ -66,24 +63,22 @@ class KubernetesSettings:
     # A Pod the scheduler cannot place for this long is an infra failure.
     unschedulable_seconds: float = 120.0
     run_as_user: int = 10001
+    # Where a Job that asks for root runs, and the RuntimeClass (gVisor's) it runs under:
+    # the operator's choice, both or neither. Without them such a Job is refused.
+    sandbox_namespace: str | None = None
+    sandbox_runtime_class: str | None = None
 
-
-def job_name(rollout_id: str, attempt: int) -> str:
-    """A DNS-1123 label, deterministic in (rollout, attempt): `darl-<slug>-<hash>-a<n>`."""
-    slug = re.sub(r"[^a-z0-9-]+", "-", rollout_id.lower()).strip("-")[:32].strip("-")
-    digest = hashlib.sha256(rollout_id.encode()).hexdigest()[:8]
-    return f"darl-{slug}-{digest}-a{attempt}"
-
-
-def yaml_escape(value: object) -> str:
-    """Agent Lightning's template filter: the value as a double-quoted YAML (JSON) string."""
-    return json.dumps(str(value), ensure_ascii=True)
-
-
-def label_value(value: str) -> str:
-    """A valid label value (<= 63 chars, alphanumeric ends); the full value is an annotation."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", value)[:63]
-    return cleaned.strip("-_.") or "x"
+    def __post_init__(self) -> None:
+        if (self.sandbox_namespace is None) != (self.sandbox_runtime_class is None):
+            raise ValueError(
+                "give the sandbox namespace and the sandbox RuntimeClass together: root Jobs "
+                "run only under a sandboxing runtime (gVisor's runsc)"
+            )
+        if self.sandbox_namespace is not None and self.sandbox_namespace == self.namespace:
+            raise ValueError(
+                f"the sandbox namespace must not be the agents' namespace {self.namespace!r}: "
+                "that one enforces the restricted Pod Security Standard, which refuses root"
+            )
 
 
 class JobRateLimiter:
@@ -113,8 +108,7 @@ class KubernetesJobRunner(AgentRunner):
         self.settings = settings
         self._api: Any = None
         self._limiter = JobRateLimiter(settings.jobs_per_minute)
-        self._templates = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
-        self._templates.filters["yaml_escape"] = yaml_escape
+        self._manifests = JobManifests(settings)
 
     async def api(self) -> Any:
         if self._api is None:
@@ -132,6 +126,7 @@ class KubernetesJobRunner(AgentRunner):
         if await self._stopped(name):
             raise agent_stopped_error(f"attempt {request.attempt} of {spec.rollout_id} was stopped")
         manifest = self.job_manifest(spec, request.attempt, contract)
+        namespace = manifest["metadata"]["namespace"]
         job = await self._create_or_find_job(manifest, api)
         await self._ensure_secret(job, contract, api)
         return AgentHandle(
@@ -139,117 +134,16 @@ class KubernetesJobRunner(AgentRunner):
             rollout_id=spec.rollout_id,
             attempt=request.attempt,
             started_at=time.time(),
-            data={"namespace": self.settings.namespace, "job": name, "uid": job.metadata.uid},
+            data={"namespace": namespace, "job": name, "uid": job.metadata.uid},
         )
 
     def job_manifest(self, spec: RolloutSpec, attempt: int, contract: AgentContract) -> dict:
-        """The user's Job (template or image) with DARL's fields enforced on top."""
-        agent = spec.agent
-        if not isinstance(agent, KubernetesAgentSpec):
-            raise agent_spec_error(f"the kubernetes runner cannot run a {agent.kind!r} agent")
-        job = self._user_job(agent, spec, attempt)
-        name = job_name(spec.rollout_id, attempt)
-        labels = {
-            **MANAGED_BY,
-            "darl.dev/run": label_value(spec.run_id),
-            "darl.dev/rollout": label_value(spec.rollout_id),
-            "darl.dev/attempt": str(attempt),
-        }
-        annotations = {"darl.dev/rollout-id": spec.rollout_id, "darl.dev/run-id": spec.run_id}
-        metadata = job.setdefault("metadata", {})
-        metadata.update(name=name, namespace=self.settings.namespace)
-        metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
-        metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
-        job_spec = job.setdefault("spec", {})
-        job_spec.update(
-            backoffLimit=0,
-            activeDeadlineSeconds=max(1, int(spec.timeouts.agent_seconds)),
-            ttlSecondsAfterFinished=self.settings.ttl_seconds_after_finished,
-        )
-        template = job_spec.setdefault("template", {})
-        pod_meta = template.setdefault("metadata", {})
-        pod_meta["labels"] = {**(pod_meta.get("labels") or {}), **labels}
-        pod = template.setdefault("spec", {})
-        pod["restartPolicy"] = "Never"
-        pod["automountServiceAccountToken"] = False
-        self._enforce_security(pod)
-        containers = pod.get("containers") or []
-        if not containers:
-            raise agent_spec_error("the Job template has no containers")
-        env = self._contract_env(name, contract, {**agent.env, **contract.env})
-        for container in containers:
-            given = [e for e in container.get("env") or [] if e.get("name") not in env]
-            container["env"] = [*given, *env.values()]
-        return job
-
-    def _user_job(self, agent: KubernetesAgentSpec, spec: RolloutSpec, attempt: int) -> dict:
-        if agent.image is not None:
-            container: dict[str, Any] = {"name": "agent", "image": agent.image}
-            if agent.command:
-                container["command"] = list(agent.command)
-            return {
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "spec": {"template": {"spec": {"containers": [container]}}},
-            }
-        path = Path(agent.job_template or "")
-        try:
-            source = path.read_text()
-            # DARL's variables, and Agent Lightning's (`input`, `job_name`), so a template
-            # written for its controller renders unchanged.
-            rendered = self._templates.from_string(source).render(
-                task=spec.task,
-                input=spec.task,
-                job_name=job_name(spec.rollout_id, attempt),
-                rollout_id=spec.rollout_id,
-                attempt=attempt,
-                run_id=spec.run_id,
-                mode=spec.mode.value,
-            )
-            docs = [doc for doc in yaml.safe_load_all(rendered) if doc is not None]
-        except OSError as err:
-            raise agent_spec_error(f"job template {path}: {err}") from err
-        except (jinja2.TemplateError, yaml.YAMLError) as err:
-            raise agent_spec_error(f"job template {path} does not render: {err}") from err
-        if len(docs) != 1 or not isinstance(docs[0], dict) or docs[0].get("kind") != "Job":
-            raise agent_spec_error(f"job template {path} does not render one Job manifest")
-        return copy.deepcopy(docs[0])
-
-    def _enforce_security(self, pod: dict) -> None:
-        """Non-root defaults the template may tighten but not loosen."""
-        context = pod.setdefault("securityContext", {})
-        context["runAsNonRoot"] = True
-        if context.get("runAsUser") in (None, 0):
-            context["runAsUser"] = self.settings.run_as_user
-        context.setdefault("seccompProfile", {"type": "RuntimeDefault"})
-        for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
-            box = container.setdefault("securityContext", {})
-            box["allowPrivilegeEscalation"] = False
-            box["privileged"] = False
-            if box.get("runAsUser") == 0:
-                box["runAsUser"] = self.settings.run_as_user
-            if box.get("runAsNonRoot") is False:
-                box["runAsNonRoot"] = True
-            capabilities = box.setdefault("capabilities", {})
-            capabilities.pop("add", None)
-            capabilities["drop"] = ["ALL"]
-
-    @staticmethod
-    def _contract_env(name: str, contract: AgentContract, values: dict) -> dict[str, dict]:
-        env: dict[str, dict] = {}
-        for key, value in values.items():
-            if key in TOKEN_VARS:
-                env[key] = {
-                    "name": key,
-                    "valueFrom": {"secretKeyRef": {"name": name, "key": TOKEN_KEY}},
-                }
-            else:
-                env[key] = {"name": key, "value": str(value)}
-        return env
+        """The attempt's Job as this runner creates it (see `kubernetes_manifest`)."""
+        return self._manifests.job(spec, attempt, contract)
 
     async def _create_or_find_job(self, manifest: dict, api: Any) -> Any:
-        name = manifest["metadata"]["name"]
-        existing = await self._get(Job, name, api)
+        name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+        existing = await self._get(Job, name, api, namespace)
         if existing is not None:
             return existing
         await self._limiter.acquire()
@@ -259,28 +153,35 @@ class KubernetesJobRunner(AgentRunner):
         except kr8s.ServerError as err:
             if _status_code(err) != 409:
                 raise
-            found = await self._get(Job, name, api)
+            found = await self._get(Job, name, api, namespace)
             if found is None:
                 raise
             return found
         return job
 
     async def _ensure_secret(self, job: Any, contract: AgentContract, api: Any) -> None:
+        """The token's Secret, beside its Job (an owner must be in the same namespace)."""
         name = job.metadata.name
         owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job.metadata.uid}
         await self._create_secret(
-            {"name": name, "labels": dict(MANAGED_BY), "ownerReferences": [owner]},
+            {
+                "name": name,
+                "namespace": job.metadata.namespace,
+                "labels": dict(MANAGED_BY),
+                "ownerReferences": [owner],
+            },
             {TOKEN_KEY: contract.token},
             api,
         )
 
     async def _create_secret(self, metadata: dict, data: dict[str, str], api: Any) -> None:
-        """Create a Secret in the agents' namespace; one already there is kept."""
+        """Create a Secret (in the agents' namespace unless `metadata` names another); one
+        already there is kept."""
         secret = await Secret(
             {
                 "apiVersion": "v1",
                 "kind": "Secret",
-                "metadata": {**metadata, "namespace": self.settings.namespace},
+                "metadata": {"namespace": self.settings.namespace, **metadata},
                 "stringData": data,
             },
             api=api,
@@ -297,28 +198,30 @@ class KubernetesJobRunner(AgentRunner):
         self, request: AwaitRequest, contract: AgentContract, heartbeat: Heartbeat
     ) -> AgentExit:
         spec, handle = request.spec, request.handle
-        name = handle.data["job"]
+        name, namespace = handle.data["job"], handle.data["namespace"]
         api = await self.api()
         interval = agent_heartbeat_interval(spec.timeouts.heartbeat_seconds)
         deadline = agent_deadline(request)
         while True:
             heartbeat({"job": name})
-            outcome, seen = await self._outcome(name, api)
+            outcome, seen = await self._outcome(name, namespace, api)
             if outcome is not None:
                 return outcome
             if time.time() > deadline:
                 await self.kill(handle)
                 return AgentExit(exit_code=None, timed_out=True)
-            await self._watch_pods(name, api, interval, seen)
+            await self._watch_pods(name, namespace, api, interval, seen)
 
-    async def _watch_pods(self, name: str, api: Any, seconds: float, seen: dict[str, str]) -> None:
+    async def _watch_pods(
+        self, name: str, namespace: str, api: Any, seconds: float, seen: dict[str, str]
+    ) -> None:
         """Return on the first change of the attempt's Pods since the list that gave `seen`
         (name -> resourceVersion), or after `seconds`, or when the watch breaks (the caller
         re-lists either way)."""
 
         async def first_change() -> None:
             async for _, pod in api.watch(
-                "pods", namespace=self.settings.namespace, label_selector={"job-name": name}
+                "pods", namespace=namespace, label_selector={"job-name": name}
             ):
                 # A watch opens with an ADDED for every Pod there is: not news.
                 if seen.get(pod.name) != pod.metadata.get("resourceVersion"):
@@ -327,23 +230,23 @@ class KubernetesJobRunner(AgentRunner):
         with contextlib.suppress(TimeoutError, kr8s.ServerError, OSError):
             await asyncio.wait_for(first_change(), timeout=seconds)
 
-    async def _outcome(self, name: str, api: Any) -> tuple[AgentExit | None, dict[str, str]]:
+    async def _outcome(
+        self, name: str, namespace: str, api: Any
+    ) -> tuple[AgentExit | None, dict[str, str]]:
         """How the attempt ended (None while it runs) and the Pods' resourceVersions seen;
         raises agent_lost_error for an infra failure."""
-        job = await self._get(Job, name, api)
+        job = await self._get(Job, name, api, namespace)
         if job is None:
             raise agent_lost_error(f"Job {name} is gone")
         pods = [
             pod
-            async for pod in api.get(
-                "pods", namespace=self.settings.namespace, label_selector={"job-name": name}
-            )
+            async for pod in api.get("pods", namespace=namespace, label_selector={"job-name": name})
         ]
         pod = pods[-1] if pods else None
         seen = {p.name: p.metadata.get("resourceVersion") for p in pods}
         infra = _infra_problem(pod, self.settings.unschedulable_seconds)
         if infra is not None:
-            await self._delete(name, api)
+            await self._delete(name, api, namespace)
             raise agent_lost_error(f"Job {name}: {infra}")
         conditions = {c.get("type"): c for c in job.raw.get("status", {}).get("conditions", [])}
         failed = conditions.get("Failed") or conditions.get("FailureTarget")
@@ -355,7 +258,7 @@ class KubernetesJobRunner(AgentRunner):
             deleted = _deleted_under_the_agent(pod)
             if deleted is not None:
                 # Not the agent's doing: its next attempt resumes by replay (rule 10).
-                await self._delete(name, api)
+                await self._delete(name, api, namespace)
                 raise agent_lost_error(f"Job {name}: {deleted}; log tail: {tail[-500:]}")
             terminated = _terminated(pod)
             return AgentExit(
@@ -379,22 +282,30 @@ class KubernetesJobRunner(AgentRunner):
     # --- kill and stop --------------------------------------------------------------------
 
     async def kill(self, handle: AgentHandle) -> None:
-        await self._delete(handle.data["job"], await self.api())
+        await self._delete(handle.data["job"], await self.api(), handle.data["namespace"])
 
     async def stop(self, request: LaunchRequest) -> None:
-        """Mark the attempt stopped (a later launch refuses), then delete its Job."""
+        """Mark the attempt stopped (a later launch refuses), then delete its Job, in
+        whichever namespace it went to. The marker always lives in the agents' namespace:
+        stopping never needs to render the template to know where the Job is."""
         name = job_name(request.spec.rollout_id, request.attempt)
         api = await self.api()
         marker = {"name": f"{name}-stopped", "labels": {**MANAGED_BY, "darl.dev/stopped": "true"}}
         await self._create_secret(marker, {}, api)
-        await self._delete(name, api)
+        for namespace in self._namespaces():
+            await self._delete(name, api, namespace)
+
+    def _namespaces(self) -> list[str]:
+        sandbox = self.settings.sandbox_namespace
+        return [self.settings.namespace, *([sandbox] if sandbox else [])]
 
     async def _stopped(self, name: str) -> bool:
-        return await self._get(Secret, f"{name}-stopped", await self.api()) is not None
+        api = await self.api()
+        return await self._get(Secret, f"{name}-stopped", api, self.settings.namespace) is not None
 
-    async def _delete(self, name: str, api: Any) -> None:
+    async def _delete(self, name: str, api: Any, namespace: str) -> None:
         """Delete the Job with its Pods (and the Secret it owns); idempotent."""
-        job = await self._get(Job, name, api)
+        job = await self._get(Job, name, api, namespace)
         if job is None:
             return
         try:
@@ -402,9 +313,9 @@ class KubernetesJobRunner(AgentRunner):
         except kr8s.NotFoundError:
             return
 
-    async def _get(self, kind: type, name: str, api: Any) -> Any | None:
+    async def _get(self, kind: type, name: str, api: Any, namespace: str) -> Any | None:
         """The object, or None at once on a 404 (kr8s's `get` keeps re-listing for seconds)."""
-        obj = kind({"metadata": {"name": name, "namespace": self.settings.namespace}}, api=api)
+        obj = kind({"metadata": {"name": name, "namespace": namespace}}, api=api)
         try:
             await obj.refresh()
         except kr8s.NotFoundError:

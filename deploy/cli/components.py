@@ -217,6 +217,20 @@ def worker(
         typer.Option(envvar="DARL_K8S_API_URL", help="The API server (default: kubeconfig)."),
     ] = None,
     k8s_jobs_per_minute: Annotated[float, typer.Option(envvar="DARL_K8S_JOBS_PER_MINUTE")] = 120.0,
+    k8s_sandbox_namespace: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DARL_K8S_SANDBOX_NAMESPACE",
+            help="Run Jobs that ask for root (runAsUser: 0) here, under the runtime class.",
+        ),
+    ] = None,
+    k8s_sandbox_runtime_class: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DARL_K8S_SANDBOX_RUNTIME_CLASS",
+            help="The RuntimeClass of root Jobs: a sandboxing one (gVisor's runsc).",
+        ),
+    ] = None,
     temporal_address: TemporalAddress = DEFAULT_ADDRESS,
     namespace: Namespace = DEFAULT_NAMESPACE,
     home: Home = Path(".darl"),
@@ -227,6 +241,20 @@ def worker(
     from darl.activities.runners.kubernetes import KubernetesSettings
     from darl.activities.worker import RolloutWorkerSettings, build_worker
 
+    try:
+        kubernetes = (
+            None
+            if k8s_namespace is None
+            else KubernetesSettings(
+                namespace=k8s_namespace,
+                api_url=k8s_api_url,
+                jobs_per_minute=k8s_jobs_per_minute,
+                sandbox_namespace=k8s_sandbox_namespace,
+                sandbox_runtime_class=k8s_sandbox_runtime_class,
+            )
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from err
     settings = RolloutWorkerSettings(
         gateway_url=gateway_url,
         gateway_admin_url=gateway_admin_url,
@@ -235,11 +263,7 @@ def worker(
         agents_dir=agents_dir.resolve(),
         task_queue=task_queue,
         max_concurrent_agents=max_concurrent_agents,
-        kubernetes=None
-        if k8s_namespace is None
-        else KubernetesSettings(
-            namespace=k8s_namespace, api_url=k8s_api_url, jobs_per_minute=k8s_jobs_per_minute
-        ),
+        kubernetes=kubernetes,
     )
     configure_tracing("darl-rollout-worker")
 

@@ -19,7 +19,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from darl.activities.agent_contract import ContractIssuer
-from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings, job_name
+from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
+from darl.activities.runners.kubernetes_manifest import job_name
 from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
@@ -206,6 +207,130 @@ async def test_the_rate_limit_holds_job_creation(emulator: KubernetesEmulator):
     assert len(emulator.objects("jobs", NAMESPACE)) == 2
 
 
+# --- root Jobs: only in the operator's sandbox namespace, under its RuntimeClass -----------
+
+SANDBOX = {"sandbox_namespace": "darl-sandboxed-agents", "sandbox_runtime_class": "gvisor"}
+
+
+def root_rollout(tmp_path: Path, command: list[str], where: str = "pod") -> RolloutSpec:
+    """A rollout whose Job template asks for root as a SWE-smith task image needs it: on
+    the Pod (`where` "pod") or on its one container ("container")."""
+    root = {"runAsUser": 0}
+    container: dict = {"name": "agent", "image": "emulator/run", "command": command}
+    pod: dict = {"containers": [container]}
+    if where == "pod":
+        pod["securityContext"] = root
+    else:
+        container["securityContext"] = root
+    template = tmp_path / f"root-{where}.yaml"
+    job = {"apiVersion": "batch/v1", "kind": "Job", "spec": {"template": {"spec": pod}}}
+    template.write_text(yaml.safe_dump(job))
+    return RolloutSpec(
+        run_id="k8s",
+        rollout_id=f"k8s.root.{uuid.uuid4().hex[:8]}",
+        task={"id": "t1", "image_name": "emulator/run"},
+        agent=KubernetesAgentSpec(job_template=str(template)),
+        timeouts=RolloutTimeouts(agent_seconds=60, heartbeat_seconds=3),
+    )
+
+
+@pytest.mark.parametrize("where", ["pod", "container"])
+async def test_a_root_job_runs_in_the_sandbox_namespace_under_the_runtime_class(
+    emulator: KubernetesEmulator, tmp_path: Path, where: str
+):
+    runner = runner_for(emulator, **SANDBOX)
+    command = ["sh", "-c", 'echo "key=$OPENAI_API_KEY"']
+    spec = root_rollout(tmp_path, command, where)
+    handle = await launch(runner, spec)
+    assert handle.data["namespace"] == "darl-sandboxed-agents"
+    assert not emulator.objects("jobs", NAMESPACE) and not emulator.objects("secrets", NAMESPACE)
+    (job,) = emulator.objects("jobs", "darl-sandboxed-agents")
+    validate(job)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "gvisor"
+    assert pod["automountServiceAccountToken"] is False and job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["activeDeadlineSeconds"] == 60
+    context = pod.get("securityContext", {}) | pod["containers"][0]["securityContext"]
+    assert context["runAsUser"] == 0 and not context.get("runAsNonRoot")
+    assert context["allowPrivilegeEscalation"] is False and context["privileged"] is False
+    assert context["capabilities"] == {
+        "drop": ["ALL"],
+        "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETGID", "SETUID"],
+    }
+    # The token's Secret is beside the Job, where the Pod can read it.
+    agent_exit = await wait(runner, spec, handle)
+    assert agent_exit.exit_code == 0, agent_exit.log_tail
+    token = ISSUER.issue(spec, 1, None, {}).token.split(".")[0]
+    assert f"key={token}" in agent_exit.log_tail
+    (secret,) = emulator.objects("secrets", "darl-sandboxed-agents")
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+
+
+async def test_the_same_runner_keeps_every_other_job_non_root_in_the_agents_namespace(
+    emulator: KubernetesEmulator,
+):
+    runner = runner_for(emulator, **SANDBOX)
+    spec = rollout("emulator/run", ["sh", "-c", "exit 0"])
+    handle = await launch(runner, spec)
+    assert handle.data["namespace"] == NAMESPACE
+    assert not emulator.objects("jobs", "darl-sandboxed-agents")
+    (job,) = emulator.objects("jobs", NAMESPACE)
+    pod = job["spec"]["template"]["spec"]
+    assert "runtimeClassName" not in pod
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert (await wait(runner, spec, handle)).exit_code == 0
+
+
+async def test_a_root_job_is_killed_and_stopped_in_the_sandbox_namespace(
+    emulator: KubernetesEmulator, tmp_path: Path
+):
+    runner = runner_for(emulator, **SANDBOX)
+    killed = root_rollout(tmp_path, ["sleep", "60"])
+    await runner.kill(await launch(runner, killed))
+    stopped = root_rollout(tmp_path, ["sleep", "60"])
+    await launch(runner, stopped)
+    await runner.stop(LaunchRequest(spec=stopped, attempt=1))
+    async with asyncio.timeout(TIMEOUT):
+        while emulator.objects("jobs", "darl-sandboxed-agents") or emulator.objects(
+            "pods", "darl-sandboxed-agents"
+        ):
+            await asyncio.sleep(0.1)
+    with pytest.raises(ApplicationError) as raised:
+        await launch(runner, stopped)
+    assert raised.value.type == "AgentStopped"
+
+
+async def test_a_root_job_is_refused_unless_the_operator_gave_a_sandbox(
+    emulator: KubernetesEmulator, tmp_path: Path
+):
+    runner = runner_for(emulator)
+    spec = root_rollout(tmp_path, ["sh", "-c", "exit 0"])
+    with pytest.raises(ApplicationError) as raised:
+        await launch(runner, spec)
+    assert raised.value.type == "AgentSpecError" and raised.value.non_retryable
+    message = str(raised.value)
+    assert "asks for root (runAsUser: 0)" in message and "\n" not in message
+    assert "--k8s-sandbox-namespace" in message and "--k8s-sandbox-runtime-class" in message
+    assert not emulator.objects("jobs") and not emulator.objects("secrets")
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        ({"sandbox_namespace": "darl-sandboxed-agents"}, "together"),
+        ({"sandbox_runtime_class": "gvisor"}, "together"),
+        ({"sandbox_namespace": NAMESPACE, "sandbox_runtime_class": "gvisor"}, "restricted"),
+    ],
+)
+def test_the_sandbox_settings_are_whole_and_apart_from_the_agents_namespace(
+    settings: dict, why: str
+):
+    with pytest.raises(ValueError, match=why):
+        KubernetesSettings(namespace=NAMESPACE, **settings)
+
+
 def _processes_with(marker: str) -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter(["cmdline"]):
@@ -214,12 +339,15 @@ def _processes_with(marker: str) -> list[psutil.Process]:
     return found
 
 
-async def start_on_the_emulator(stack: Stack, emulator: KubernetesEmulator) -> tuple[str, ...]:
+async def start_on_the_emulator(
+    stack: Stack, emulator: KubernetesEmulator, *flags: str
+) -> tuple[str, ...]:
     """The policy server, the gateway and a rollout worker whose agents are Jobs on the
-    emulator; returns the worker's Kubernetes flags (for a worker started again)."""
+    emulator (with more of its flags); returns the worker's Kubernetes flags (for a worker
+    started again)."""
     await asyncio.to_thread(stack.start_policy_server)
     await asyncio.to_thread(stack.start_gateway)
-    k8s = ("--k8s-namespace", NAMESPACE, "--k8s-api-url", emulator.url)
+    k8s = ("--k8s-namespace", NAMESPACE, "--k8s-api-url", emulator.url, *flags)
     await asyncio.to_thread(stack.start_worker, "worker", *k8s)
     return k8s
 
@@ -290,6 +418,41 @@ async def test_a_rollout_runs_its_agent_as_a_job_end_to_end(
     assert emulator.jobs_created(job, NAMESPACE) == 1
     records = stack.store().read_sync(spec.rollout_id)
     assert [r.call_id for r in records] == result.call_ids
+
+
+async def test_a_worker_started_with_a_sandbox_runs_a_root_agent_there(
+    emulator: KubernetesEmulator, dev_env: WorkflowEnvironment, tmp_path: Path
+):
+    """The operator's setting as a worker gets it (`darl worker --k8s-sandbox-namespace
+    --k8s-sandbox-runtime-class`): a RolloutWorkflow whose Job template asks for root runs
+    the example OpenAI-SDK agent in the sandbox namespace, under the runtime class, to a
+    reward through the real gateway."""
+    agent = [sys.executable, "-m", "darl.examples.arithmetic.agent"]
+    spec = root_rollout(tmp_path, agent)
+    template = yaml.safe_load(Path(spec.agent.job_template or "").read_text())
+    template["spec"]["template"]["spec"]["containers"][0]["workingDir"] = str(ROOT)
+    Path(spec.agent.job_template or "").write_text(yaml.safe_dump(template))
+    spec = spec.model_copy(
+        update={
+            "task": {"id": "t07", "question": "What is 3 + 4?", "answer": "7"},
+            "reward": RewardSpec(function="numeric_match"),
+        }
+    )
+    stack = Stack(tmp_path / "stack", dev_env.client)
+    sandbox = ("--k8s-sandbox-namespace", "darl-sandboxed-agents")
+    sandbox += ("--k8s-sandbox-runtime-class", "gvisor")
+    try:
+        await start_on_the_emulator(stack, emulator, *sandbox)
+        result = await asyncio.wait_for((await stack.start_rollout(spec)).result(), 180)
+    finally:
+        await asyncio.to_thread(stack.stop)
+    assert result.status == RolloutStatus.SUCCEEDED, result.error
+    assert result.calls == 1 and result.reward in (0.0, 1.0)
+    job = job_name(spec.rollout_id, 1)
+    assert emulator.jobs_created(job, "darl-sandboxed-agents") == 1
+    assert emulator.jobs_created(job, NAMESPACE) == 0
+    (pod,) = emulator.objects("pods", "darl-sandboxed-agents")
+    assert pod["spec"]["runtimeClassName"] == "gvisor"
 
 
 async def test_an_agent_whose_pod_is_deleted_resumes_by_replay(

@@ -1,14 +1,16 @@
 """The Kubernetes manifests in deploy/k8s: every object they build is valid for the pinned
 Kubernetes version (tests/k8s_schema.py), the security properties hold (non-root, no privilege,
-least-privilege RBAC, agents fenced in by a NetworkPolicy), and the pieces agree with each other
-and with the `darl` command line. The kustomizations are built here without kustomize, for
-the few features they use."""
+least-privilege RBAC, agents fenced in by a NetworkPolicy, root only in the coding agents'
+sandbox namespace under gVisor, within the Pod Security Standard each namespace enforces), and
+the pieces agree with each other and with the `darl` command line. The kustomizations are
+built here without kustomize, for the few features they use."""
 
 from __future__ import annotations
 
 import base64
 import copy
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +19,14 @@ import pytest
 import typer
 import typer.main
 import yaml
+from temporalio.exceptions import ApplicationError
 
+from darl.activities.agent_contract import ContractIssuer
+from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
 from darl.workflows import search_attributes
+from darl.workflows.contracts import KubernetesAgentSpec, RolloutSpec, RolloutTimeouts
 from darl.workflows.training_config import TrainingConfig
+from tests.k8s_emulator_pods import expand
 from tests.k8s_schema import InvalidObject, validate
 
 REPO = Path(__file__).parents[2]
@@ -28,7 +35,10 @@ BASE = K8S / "base"
 EXAMPLE = K8S / "examples" / "arithmetic"
 JOB_TEMPLATE = EXAMPLE / "job-template.yaml"
 TEMPORAL_DEV = K8S / "examples" / "temporal-dev"
-KUSTOMIZATIONS = [BASE, EXAMPLE, TEMPORAL_DEV]
+SWE = K8S / "examples" / "swe"
+SWE_JOB_TEMPLATE = SWE / "job-template.yaml"
+SWE_AGENT_CONFIG = SWE / "mini-swe-agent.yaml"
+KUSTOMIZATIONS = [BASE, EXAMPLE, TEMPORAL_DEV, SWE]
 UID = 10001
 GATEWAY_PORT = 8100
 
@@ -217,7 +227,7 @@ def test_the_job_template_renders_to_a_valid_job_for_any_task(task: dict):
 
 def test_every_yaml_file_is_built_or_checked():
     """No manifest lies beside the kustomizations unvalidated."""
-    reached = {EXAMPLE / "train.yaml", JOB_TEMPLATE}
+    reached = {EXAMPLE / "train.yaml", JOB_TEMPLATE, SWE_JOB_TEMPLATE, SWE_AGENT_CONFIG}
     for directory in [*KUSTOMIZATIONS, *K8S.glob("components/*")]:
         kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
         reached |= {directory / "kustomization.yaml"}
@@ -601,3 +611,226 @@ def test_the_temporal_guide_creates_every_search_attribute():
     guide = (REPO / "docs" / "kubernetes-temporal.md").read_text()
     for name, kind in _search_attribute_types().items():
         assert f"--name {name} --type {kind}" in guide, name
+
+
+# --- coding agents: root only in the sandbox namespace, under gVisor ----------------------
+
+# The Pod Security Standards (kubernetes.io/docs/concepts/security/pod-security-standards),
+# the checks that concern what DARL's Jobs set, as Pod Security admission applies them.
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+}  # fmt: skip
+RESTRICTED_VOLUMES = {
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+    "projected", "secret",
+}  # fmt: skip
+
+
+def pod_security_violations(pod: dict, level: str) -> list[str]:
+    """What Pod Security admission at `level` (baseline or restricted) refuses in `pod`."""
+    found = [
+        f"host namespace {key}" for key in ("hostNetwork", "hostPID", "hostIPC") if pod.get(key)
+    ]
+    volumes = pod.get("volumes", [])
+    found += [f"hostPath volume {v['name']}" for v in volumes if "hostPath" in v]
+    pod_context = pod.get("securityContext", {})
+    boxes = [*pod.get("initContainers", []), *pod["containers"]]
+    for box in boxes:
+        context = box.get("securityContext", {})
+        added = set(context.get("capabilities", {}).get("add", []))
+        if context.get("privileged"):
+            found.append(f"{box['name']}: privileged")
+        if added - BASELINE_CAPABILITIES:
+            found.append(f"{box['name']}: capabilities {sorted(added - BASELINE_CAPABILITIES)}")
+        if any(port.get("hostPort") for port in box.get("ports", [])):
+            found.append(f"{box['name']}: hostPort")
+        seccomp = (context.get("seccompProfile") or pod_context.get("seccompProfile") or {}).get(
+            "type"
+        )
+        if seccomp == "Unconfined":
+            found.append(f"{box['name']}: seccomp Unconfined")
+        if level != "restricted":
+            continue
+        merged = pod_context | context
+        if context.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{box['name']}: allowPrivilegeEscalation != false")
+        if merged.get("runAsNonRoot") is not True:
+            found.append(f"{box['name']}: runAsNonRoot != true")
+        if merged.get("runAsUser") == 0:
+            found.append(f"{box['name']}: runAsUser=0")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            found.append(f"{box['name']}: seccomp {seccomp}")
+        capabilities = context.get("capabilities", {})
+        if "ALL" not in capabilities.get("drop", []):
+            found.append(f"{box['name']}: capabilities not dropped")
+        if set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
+            found.append(f"{box['name']}: capabilities added {capabilities['add']}")
+    if level == "restricted":
+        for volume in volumes:
+            if not set(volume) - {"name"} <= RESTRICTED_VOLUMES:
+                found.append(f"volume {volume['name']}: {sorted(set(volume) - {'name'})}")
+    return found
+
+
+def worker_env(objects: list[dict]) -> dict[str, str]:
+    box = container(objects, "darl-rollout-worker")
+    return {e["name"]: e["value"] for e in box.get("env", []) if "value" in e}
+
+
+def runner_settings(objects: list[dict]) -> KubernetesSettings:
+    """The Kubernetes runner's settings as the rollout worker of `objects` gets them."""
+    env = worker_env(objects)
+    return KubernetesSettings(
+        namespace=env["DARL_K8S_NAMESPACE"],
+        sandbox_namespace=env.get("DARL_K8S_SANDBOX_NAMESPACE"),
+        sandbox_runtime_class=env.get("DARL_K8S_SANDBOX_RUNTIME_CLASS"),
+    )
+
+
+def enforced_job(template: Path, task: dict, settings: KubernetesSettings) -> dict:
+    """The Job the Kubernetes runner makes of `template` for `task`: rendered, placed and
+    with DARL's fields enforced."""
+    spec = RolloutSpec(
+        run_id="swe",
+        rollout_id="swe.e0.t3.1",
+        task=task,
+        agent=KubernetesAgentSpec(job_template=str(template)),
+        timeouts=RolloutTimeouts(agent_seconds=7200),
+    )
+    contract = ContractIssuer("http://darl-gateway.darl.svc:8100", b"secret").issue(
+        spec, 1, None, {}
+    )
+    return KubernetesJobRunner(settings).job_manifest(spec, 1, contract)
+
+
+def namespace_level(objects: list[dict], name: str) -> str:
+    return find(objects, "Namespace", name)["metadata"]["labels"][
+        "pod-security.kubernetes.io/enforce"
+    ]
+
+
+SWE_TASKS = [
+    {
+        "instance_id": "john-kurkowski__tldextract.3d1bf184.func_pm_remove_cond__1",
+        "repo": "swesmith/john-kurkowski__tldextract.3d1bf184",
+        "image_name": "jyangballin/swesmith.x86_64.john-kurkowski_1776_tldextract.3d1bf184",
+        "problem_statement": "Subdomains are dropped when the suffix is private.",
+        "FAIL_TO_PASS": ["tests/main_test.py::test_private_domains"],
+        "PASS_TO_PASS": [],
+    },
+    {
+        "instance_id": 'it\'s "quoted"',
+        "image_name": "registry.example.com/task:1",
+        "problem_statement": 'Costs $$5 or $(HOME) or $PATH: {x} # no comment\n  "quoted"\\ $',
+    },
+]
+
+
+@pytest.mark.parametrize("task", SWE_TASKS, ids=["swe-smith", "hostile"])
+def test_the_swe_job_runs_the_task_image_as_root_in_the_sandbox_under_gvisor(task: dict):
+    objects = BUILT["examples/swe"]
+    settings = runner_settings(objects)
+    job = enforced_job(SWE_JOB_TEMPLATE, task, settings)
+    validate(job)
+    assert job["metadata"]["namespace"] == settings.sandbox_namespace
+    assert job["metadata"]["annotations"]["darl.dev/task-id"] == task["instance_id"]
+    pod = job["spec"]["template"]["spec"]
+    runtime = find(objects, "RuntimeClass", pod["runtimeClassName"])
+    assert runtime["handler"] == "runsc"
+    assert runtime["scheduling"]["nodeSelector"] == {"sandbox.darl.dev/gvisor": "true"}
+    (agent,) = pod["containers"]
+    assert agent["image"] == task["image_name"] and agent["workingDir"] == "/testbed"
+    assert pod["securityContext"]["runAsUser"] == 0
+    # The problem statement reaches mini's --task exactly, through Kubernetes' expansion of
+    # the environment and of the command, and the shell's of "$PROBLEM".
+    env: dict[str, str] = {}
+    for var in agent["env"]:
+        if "value" in var:
+            env[var["name"]] = expand(var["value"], env)
+    assert env["PROBLEM"] == task["problem_statement"]
+    assert agent["command"] == ["/bin/sh", "-c"]
+    (script,) = [expand(arg, env) for arg in agent["args"]]
+    assert script == agent["args"][0] and '--task="$PROBLEM"' in script
+    assert env["MSWEA_CONFIGURED"] == "true" and env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+    # Contained as any agent, root and the six capabilities aside.
+    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 7200
+    assert pod["automountServiceAccountToken"] is False and pod["restartPolicy"] == "Never"
+    for box in [*pod["initContainers"], agent]:
+        assert box["securityContext"]["allowPrivilegeEscalation"] is False
+        assert box["securityContext"]["capabilities"] == {
+            "drop": ["ALL"],
+            "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETGID", "SETUID"],
+        }
+
+
+def test_the_swe_job_is_admitted_by_its_namespace_and_would_be_refused_by_the_agents_one():
+    objects = BUILT["examples/swe"]
+    settings = runner_settings(objects)
+    pod = enforced_job(SWE_JOB_TEMPLATE, SWE_TASKS[0], settings)["spec"]["template"]["spec"]
+    sandbox = namespace_level(objects, settings.sandbox_namespace or "")
+    assert sandbox == "baseline"
+    assert pod_security_violations(pod, sandbox) == []
+    assert namespace_level(objects, settings.namespace) == "restricted"
+    refused = pod_security_violations(pod, "restricted")
+    assert "agent: runAsUser=0" in refused and "agent: runAsNonRoot != true" in refused
+    # Every other Job stays where it was, and restricted admits it.
+    arithmetic = enforced_job(JOB_TEMPLATE, TASKS[0], settings)
+    assert arithmetic["metadata"]["namespace"] == settings.namespace
+    assert "runtimeClassName" not in arithmetic["spec"]["template"]["spec"]
+    assert pod_security_violations(arithmetic["spec"]["template"]["spec"], "restricted") == []
+
+
+def test_a_worker_without_a_sandbox_refuses_the_swe_job():
+    settings = runner_settings(BUILT["examples/arithmetic"])
+    assert settings.sandbox_namespace is None
+    with pytest.raises(ApplicationError, match=r"asks for root \(runAsUser: 0\)"):
+        enforced_job(SWE_JOB_TEMPLATE, SWE_TASKS[0], settings)
+
+
+def test_sandboxed_agents_get_the_same_fence_and_the_worker_the_same_rights():
+    objects = BUILT["examples/swe"]
+    sandbox = runner_settings(objects).sandbox_namespace
+
+    def in_namespace(kind: str, namespace: str | None) -> dict[str, dict]:
+        return {
+            o["metadata"]["name"]: o
+            for o in objects
+            if o["kind"] == kind and o["metadata"].get("namespace") == namespace
+        }
+
+    for kind, field in (("NetworkPolicy", "spec"), ("Role", "rules"), ("RoleBinding", "subjects")):
+        agents, sandboxed = in_namespace(kind, "darl-agents"), in_namespace(kind, sandbox)
+        assert set(agents) == set(sandboxed), kind
+        for name in agents:
+            assert sandboxed[name][field] == agents[name][field], (kind, name)
+    # The runner's Jobs carry the label the policy selects.
+    policy = in_namespace("NetworkPolicy", sandbox)["darl-agents"]["spec"]
+    assert policy["podSelector"] == {"matchLabels": {"app.kubernetes.io/managed-by": "darl"}}
+    assert not [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+
+
+def test_the_swe_overlay_gives_the_worker_its_template_and_the_jobs_their_config():
+    objects = BUILT["examples/swe"]
+    templates = find(objects, "ConfigMap", "darl-job-templates")["data"]
+    assert templates == {"swe.yaml": SWE_JOB_TEMPLATE.read_text()}
+    job = enforced_job(SWE_JOB_TEMPLATE, SWE_TASKS[0], runner_settings(objects))
+    pod = job["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if "configMap" in v]
+    config = find(objects, "ConfigMap", volume["configMap"]["name"])
+    assert config["metadata"]["namespace"] == job["metadata"]["namespace"]
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+    (file,) = config["data"]
+    assert config["data"][file] == SWE_AGENT_CONFIG.read_text()
+    words = shlex.split(pod["containers"][0]["args"][0])
+    assert f"--config={mount['mountPath']}/{file}" in words
+    # The harness the init container copies is where the agent runs it from.
+    (init,) = pod["initContainers"]
+    (harness,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "harness"]
+    assert init["command"][-2:] == [f"{harness['mountPath']}/.", "/harness/"]
+    assert words[0].startswith(harness["mountPath"] + "/")
+    # An episode that filled the context ends the Job as a success, as in the local recipe.
+    output = next(w.removeprefix("--output=") for w in words if w.startswith("--output="))
+    assert words[words.index("||") + 1 :] == [
+        "grep", "-q", '"exit_status": "ContextWindowExceededError"', output,
+    ]  # fmt: skip

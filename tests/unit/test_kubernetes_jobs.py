@@ -16,8 +16,8 @@ from darl.activities.runners.kubernetes import (
     JobRateLimiter,
     KubernetesJobRunner,
     KubernetesSettings,
-    job_name,
 )
+from darl.activities.runners.kubernetes_manifest import job_name
 from darl.workflows.contracts import KubernetesAgentSpec, RolloutSpec, RolloutTimeouts
 from tests.k8s_schema import validate
 
@@ -70,10 +70,10 @@ def test_a_template_is_rendered_and_tightened():
     pod = job_spec["template"]["spec"]
     assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["runAsUser"] == 10001
     box = pod["containers"][0]["securityContext"]
     assert box["privileged"] is False and box["allowPrivilegeEscalation"] is False
-    assert box["runAsUser"] != 0
+    assert box["runAsNonRoot"] is True
     assert box["capabilities"] == {"drop": ["ALL"]}
     assert job_spec["template"]["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "darl"
     assert pod["containers"][0]["command"] == ["sh", "-c", "echo task t3"]
