@@ -22,6 +22,7 @@ import openai
 import pytest
 
 from tests.integration.stack import Stack
+from tests.integration.test_agent_protocols import anthropic_client, openai_client
 
 pytestmark = pytest.mark.integration
 
@@ -67,24 +68,6 @@ def policy_tokens(stack: Stack, body: dict[str, Any]) -> int:
     answer.raise_for_status()
     count: int = answer.json()["count"]
     return count
-
-
-def openai_client(stack: Stack, rollout_id: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(
-        base_url=f"{stack.gateway_url}/rollouts/{rollout_id}/v1",
-        api_key=stack.token(rollout_id),
-        max_retries=0,
-        timeout=60,
-    )
-
-
-def anthropic_client(stack: Stack, rollout_id: str) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(
-        base_url=f"{stack.gateway_url}/rollouts/{rollout_id}",
-        api_key=stack.token(rollout_id),
-        max_retries=0,
-        timeout=60,
-    )
 
 
 async def assert_failed_call_not_incident(

@@ -20,13 +20,12 @@ from temporalio.testing import WorkflowEnvironment
 
 from darl.gateway.store.record import CallRecord
 from darl.workflows.rollout_status import RolloutStatus
+from tests.integration.test_agent_protocols import anthropic_client, openai_client
 from tests.integration.test_context_overflow import (
     USER,
     VLLM_CONTEXT,
-    anthropic_client,
     assert_failed_call_not_incident,
     check_refuses_as_vllm,
-    openai_client,
     openai_overflow,
     policy_tokens,
 )
