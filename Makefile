@@ -20,7 +20,7 @@ MINI_SWE_AGENT_VERSION := 2.4.6
 SWE_STAMP := $(SWE_VENV)/.installed-$(MINI_SWE_AGENT_VERSION)
 BWRAP_STAMP := $(VENV)/.bubblewrap
 
-.PHONY: demo test lint typecheck docs format bench bench-replicas bench-training bench-replay bench-swe chaos dev vllm swe clean link-tree
+.PHONY: demo test lint typecheck docs format bench profile-gateway bench-replicas bench-training bench-replay bench-swe chaos dev vllm swe clean link-tree
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -86,6 +86,10 @@ test: $(STAMP) $(VLLM_STAMP) $(CHROMIUM_STAMP) $(HAPROXY_STAMP) $(SWE_STAMP) $(B
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.gateway_bench
+
+# Where the gateway's CPU goes: py-spy's top frames at 1 and 32 clients and in a long context.
+profile-gateway: $(STAMP)
+	$(BIN)/python -m bench.gateway_profile
 
 bench-replicas: $(STAMP) $(HAPROXY_STAMP)
 	$(BIN)/python -m bench.replicas_bench

@@ -2,6 +2,11 @@
 answers every chat completion at once with a fixed vLLM-shaped body (prompt_token_ids,
 token_ids, logprobs), so the benchmark measures the gateway, not a model.
 
+A request carrying `"bench_follow_text": true` (the long-context phase) gets token ids that
+follow its text instead: one id per UTF-8 byte of each message's content after an id for its
+role, and a generation prompt; its answer is 16 bytes of text whose ids are those bytes. So
+each call's prompt extends the previous call's prompt and answer, as a real chat template's do.
+
     python -m bench.fake_upstream --ready-file F
 """
 
@@ -41,14 +46,56 @@ BODY = json.dumps(
 MODELS = json.dumps({"object": "list", "data": [{"id": "fake", "object": "model"}]}).encode()
 
 
+ROLE_IDS = {"system": 1, "user": 2, "assistant": 3, "tool": 4}
+ANSWER = "The answer is 4."
+
+
+def following_text(request: dict) -> bytes:
+    """The answer to a `bench_follow_text` request: ids that follow its text (see above)."""
+    prompt: list[int] = []
+    for message in request["messages"]:
+        prompt.append(ROLE_IDS.get(message["role"], 5))
+        prompt += message.get("content", "").encode()
+    prompt.append(ROLE_IDS["assistant"])  # the generation prompt
+    completion = list(ANSWER.encode())
+    entry = {"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []}
+    return json.dumps(
+        {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "fake",
+            "prompt_token_ids": prompt,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": ANSWER},
+                    "finish_reason": "stop",
+                    "token_ids": completion,
+                    "logprobs": {"content": [entry] * len(completion)},
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(completion),
+                "total_tokens": len(prompt) + len(completion),
+            },
+        }
+    ).encode()
+
+
 async def app(scope: dict, receive, send) -> None:
     if scope["type"] != "http":
         return
+    received = bytearray()
     more = True
     while more:
         message = await receive()
+        received += message.get("body", b"")
         more = message.get("more_body", False)
     body = MODELS if scope["path"].endswith("/models") else BODY
+    if b'"bench_follow_text"' in received:
+        body = following_text(json.loads(received))
     await send(
         {
             "type": "http.response.start",

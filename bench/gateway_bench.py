@@ -9,6 +9,9 @@ Responses API call and an Anthropic Messages call, interleaved in rounds, throug
 gateway to the same fake upstream: what translating a protocol adds. Last, the same load
 through a gateway on the directory store and one on the S3 store (moto's S3 emulator on
 loopback, its CPU counted apart): calls/s and CPU per call of each (bench/store_bench.py).
+Last, one rollout's conversation grows call by call to 48k tokens, as a coding agent's does
+(the fake upstream's token ids follow the text, so each prompt extends the one before): the
+gateway's CPU per call and the added latency at 8k, 16k, 32k and 48k tokens of context.
 
     make bench            # or: .venv/bin/python -m bench.gateway_bench [--calls 3000]
 """
@@ -17,13 +20,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
+import aiohttp
 import httpx
 import psutil
 from temporalio.testing import WorkflowEnvironment
@@ -82,6 +88,9 @@ async def main(calls: int, clients: int, fsync: bool, rate: float) -> None:
         "DARL_TOKEN_SECRET": SECRET,
         "DARL_ADMIN_KEY": ADMIN,
         "PATH": str(bin_dir) + ":/usr/bin:/bin",
+        # Another checkout's DARL in front of this one's (a "before" column: see
+        # docs/benchmarks.md).
+        **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
     }
     queue = f"bench-{uuid.uuid4().hex[:6]}"
     upstream = start_fake_upstream(root, proc_env)
@@ -148,6 +157,11 @@ async def main(calls: int, clients: int, fsync: bool, rate: float) -> None:
             g = (cpu2[name] - cpu1[name]) / calls * 1000
             print(f"  {name:<20}{d:>9.2f}{g:>9.2f}")
         await compare_protocols(gateway_url, rollouts[0], through_gateway[0][1], gateway.pid, calls)
+        [long_rollout] = await idle_rollouts(env, queue, 1)
+        rollouts.append(long_rollout)
+        await long_context(
+            gateway_url, upstream_url, long_rollout, gateway.pid, root / "store" / long_rollout
+        )
         emulator, s3_gateway, s3_url = start_s3_gateway(root, proc_env, upstream_url, processes)
         await compare_stores(
             env,
@@ -199,6 +213,73 @@ async def compare_protocols(
         print(
             f"  added by translating {name:<10} p50 {phase.pct(0.5) - chat.pct(0.5):+.3f} ms"
             f"   p99 {phase.pct(0.99) - chat.pct(0.99):+.3f} ms"
+        )
+
+
+LONG_CONTEXTS = (8_000, 16_000, 32_000, 48_000)
+# Tokens each turn adds (a user message, and the 16-token answer): ~480 calls to 48k.
+TURN_TOKENS = 100
+# Calls measured around each context size (the CPU clock ticks in 10 ms: a window, not a call).
+WINDOW = 40
+
+
+async def long_context(
+    gateway_url: str, upstream_url: str, rollout_id: str, gateway_pid: int, store: Path
+) -> None:
+    """One client, one conversation growing by TURN_TOKENS a call; around each size in
+    LONG_CONTEXTS, WINDOW calls are timed through the gateway and, with the same body, straight
+    to the upstream (interleaved), and the gateway's CPU is read over the window."""
+    [(url, headers)] = gateway_targets(gateway_url, [rollout_id])
+    headers = {**headers, "Content-Type": "application/json"}
+    direct_url = f"{upstream_url}/v1/chat/completions"
+    messages: list[dict[str, str]] = [{"role": "system", "content": "You fix bugs." * 20}]
+    tokens = 0
+    rows = []
+    async with aiohttp.ClientSession() as session:
+
+        async def post(target: str, payload: bytes, extra: dict[str, str]) -> dict:
+            async with session.post(target, data=payload, headers=extra) as response:
+                if response.status != 200:
+                    raise RuntimeError(f"long context: {response.status} {await response.text()}")
+                return await response.json()
+
+        for target in LONG_CONTEXTS:
+            through: list[float] = []
+            direct: list[float] = []
+            cpu = 0.0
+            while tokens < target:
+                turn = f"Output of step {len(messages)}: " + "ok " * 30
+                messages.append({"role": "user", "content": turn[: TURN_TOKENS - 17]})
+                body = {"model": "m", "messages": messages, "max_tokens": 16}
+                payload = json.dumps({**body, "bench_follow_text": True}).encode()
+                timed = tokens >= target - WINDOW * TURN_TOKENS
+                if timed:
+                    t0 = time.perf_counter()
+                    await post(direct_url, payload, {"Content-Type": "application/json"})
+                    direct.append(time.perf_counter() - t0)
+                    before = cpu_seconds({"gateway": gateway_pid})["gateway"]
+                t0 = time.perf_counter()
+                answer = await post(url, payload, headers)
+                if timed:
+                    through.append(time.perf_counter() - t0)
+                    cpu += cpu_seconds({"gateway": gateway_pid})["gateway"] - before
+                messages.append(answer["choices"][0]["message"])
+                tokens = len(answer["prompt_token_ids"]) + len(answer["choices"][0]["token_ids"])
+            rows.append((target, Phase("direct", direct, 1.0), Phase("gateway", through, 1.0), cpu))
+    calls = len(messages) // 2
+    size = sum(f.stat().st_size for f in store.glob("attempt-*.jsonl"))
+    print(
+        f"\nLong context: one conversation grown by {TURN_TOKENS} tokens a call to "
+        f"{tokens} tokens ({calls} calls, store {size / 1e6:.2f} MB); {WINDOW} calls timed "
+        "before each size:"
+    )
+    header = f"{'direct p50':>12}{'gateway p50':>13}{'added p50':>11}{'gateway CPU ms/call':>22}"
+    print(f"  {'context':>9}{header}")
+    for target, straight, gateway, cpu in rows:
+        added = gateway.pct(0.5) - straight.pct(0.5)
+        print(
+            f"  {target:>9}{straight.pct(0.5):>12.2f}{gateway.pct(0.5):>13.2f}{added:>11.2f}"
+            f"{cpu / len(gateway.latencies) * 1000:>22.2f}"
         )
 
 

@@ -8,9 +8,18 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import httpx
 from temporalio.testing import WorkflowEnvironment
 
-from bench.load import Phase, cpu_seconds, drive, gateway_targets, idle_rollouts, start_gateway
+from bench.load import (
+    Phase,
+    cpu_seconds,
+    drive,
+    gateway_targets,
+    idle_rollouts,
+    scrape,
+    start_gateway,
+)
 from darl.deploy.processes import ManagedProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,30 +67,51 @@ async def compare_stores(
     calls: int,
     clients: int,
     rollouts: list[str],
+    paced_rate: float = 60.0,
 ) -> None:
     """`gateways`: store name -> (gateway URL, gateway pid); `others`: processes whose CPU is
     reported beside (the emulator, Temporal). Each store gets fresh idle rollouts (appended to
-    `rollouts`, for the caller to cancel), a warm-up, then `calls` calls from `clients`."""
-    rows: list[tuple[str, Phase, dict[str, float]]] = []
+    `rollouts`, for the caller to cancel), a warm-up, then `calls` calls from `clients` back to
+    back, then calls paced to `paced_rate` in all (a rate both stores sustain here): Temporal's
+    CPU per call follows the call events each signal carries, and a store that serves fewer
+    calls a second carries fewer per signal (one signal per attempt per interval)."""
+    rows: list[tuple[str, Phase, dict[str, float], float]] = []
     for name, (url, pid) in gateways.items():
         fresh = await idle_rollouts(env, queue, clients)
         rollouts += fresh
         targets = gateway_targets(url, fresh)
         await drive(f"warm-up {name}", targets, clients * 5)
         watched = {"gateway": pid, **others}
-        before = cpu_seconds(watched)
-        phase = await drive(name, targets, calls)
-        after = cpu_seconds(watched)
-        rows.append((name, phase, {k: (after[k] - before[k]) / calls * 1000 for k in watched}))
+        for label, rate, n in (
+            (name, None, calls),
+            (f"{name} @{paced_rate:g}/s", paced_rate, calls // 4),
+        ):
+            before, signals0 = cpu_seconds(watched), delivery(url)
+            phase = await drive(label, targets, n, rate)
+            after, signals1 = cpu_seconds(watched), delivery(url)
+            per_call = {k: (after[k] - before[k]) / n * 1000 for k in watched}
+            events, signals = (b - a for a, b in zip(signals0, signals1, strict=True))
+            rows.append((label, phase, per_call, events / signals if signals else float("nan")))
     names = ["gateway", *others]
     print(
-        f"\nStores: {clients} clients back to back, {calls} calls per store, one gateway each "
-        "(CPU ms per call by process; the S3 emulator is moto on loopback, not S3):"
+        f"\nStores: {clients} clients back to back ({calls} calls), then paced to {paced_rate:g} "
+        f"calls/s in all ({calls // 4} calls), one gateway each (CPU ms per call by process; "
+        "the S3 emulator is moto on loopback, not S3):"
     )
     header = "".join(f"{n + ' CPU':>20}" for n in names)
-    print(f"  {'store':<16}{'calls/s':>9}{'p50 ms':>9}{'p99 ms':>9}{header}")
-    for name, phase, cpu in rows:
+    print(f"  {'store':<22}{'calls/s':>9}{'p50 ms':>9}{'p99 ms':>9}{header}{'events/signal':>15}")
+    for name, phase, cpu, per_signal in rows:
         figures = "".join(f"{cpu[n]:>20.2f}" for n in names)
         print(
-            f"  {name:<16}{phase.rate:>9.0f}{phase.pct(0.5):>9.2f}{phase.pct(0.99):>9.2f}{figures}"
+            f"  {name:<22}{phase.rate:>9.0f}{phase.pct(0.5):>9.2f}{phase.pct(0.99):>9.2f}"
+            f"{figures}{per_signal:>15.1f}"
         )
+
+
+def delivery(gateway_url: str) -> tuple[float, float]:
+    """(call events delivered, signals sent) so far, from the gateway's metrics."""
+    metrics = scrape(httpx.get(f"{gateway_url}/metrics").text)
+    return (
+        metrics.get("darl_gateway_delivered_events_total", 0.0),
+        metrics.get("darl_gateway_delivery_signals_total", 0.0),
+    )

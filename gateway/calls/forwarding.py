@@ -8,7 +8,6 @@ quarter of the gateway's CPU checking idle sockets (measured with py-spy, `make 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -19,6 +18,7 @@ from typing import Any
 import aiohttp
 from opentelemetry.instrumentation.aiohttp_client import create_trace_config
 
+from darl.gateway import json_codec
 from darl.gateway.errors import (
     APIError,
     UpstreamError,
@@ -60,7 +60,7 @@ class UpstreamReply:
         return self.headers.get("Content-Type", "application/json")
 
     def json(self) -> Any:
-        return json.loads(self.body)
+        return json_codec.loads(self.body)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         if self._response is not None:
@@ -124,7 +124,7 @@ class Forwarder:
         """POST `body` to `url` until an answer that is not worth retrying, the last attempt,
         or the deadline (time.monotonic()). With `stream`, the reply is left open for the
         caller to read and close. Raises APIError 502/504 when nothing usable came."""
-        payload = json.dumps(body).encode()
+        payload = json_codec.dumps(body)
         sent_headers = {**self._headers, **headers} if headers else self._headers
         failure: APIError | None = None
         for attempt in range(self._retry.max_attempts):

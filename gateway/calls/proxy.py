@@ -26,6 +26,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from darl.gateway import json_codec
 from darl.gateway.calls.delivery import EventDelivery, event_of
 from darl.gateway.calls.forwarding import Forwarder, UpstreamReply
 from darl.gateway.calls.model_call import ClientGone, ModelCall, unless_disconnected
@@ -210,7 +211,7 @@ class ModelCallProxy:
         if call.translation is not None:
             answer = call.translation.answer(data, call.call_id)
             return Response(
-                json.dumps(answer), media_type="application/json", headers=call.headers()
+                json_codec.dumps(answer), media_type="application/json", headers=call.headers()
             )
         # The agent gets the policy server's bytes as they came.
         return Response(reply.body, media_type="application/json", headers=call.headers())
@@ -335,7 +336,7 @@ class ModelCallProxy:
                         chunk: dict[str, Any] | None = None
                         if data is not None and data != "[DONE]":
                             try:
-                                chunk = json.loads(data)
+                                chunk = json_codec.loads(data)
                                 ends = assembler.add(chunk)
                             except (CaptureError, ValueError) as err:
                                 failure = str(err)

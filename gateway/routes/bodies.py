@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
 
+from darl.gateway import json_codec
 from darl.gateway.errors import (
     BadRequestError,
     BodyTooLargeError,
@@ -27,7 +27,7 @@ async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
         if len(body) > limit:
             raise BodyTooLargeError(f"request body over {limit} bytes")
     try:
-        value = json.loads(body)
+        value = json_codec.loads(body)
     except (ValueError, UnicodeDecodeError) as err:
         raise InvalidJSONError(f"request body is not valid JSON: {err}") from err
     if not isinstance(value, dict):

@@ -50,8 +50,28 @@ class CompletionRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=16)
 
 
+def _plainly_valid(endpoint: Endpoint, body: dict[str, Any]) -> bool:
+    """Whether the body's relied-on fields hold plain values the schema takes as they are:
+    what agents send, checked without building a model of the whole body (a coding agent's
+    conversation is thousands of messages' worth of dicts the model would copy). Anything
+    else goes to the schema, which accepts or refuses it in its own words."""
+    stream = body.get("stream", False)
+    n = body.get("n", 1)
+    if type(stream) is not bool or type(n) is not int or not 1 <= n <= 16:
+        return False
+    if endpoint == CHAT:
+        messages = body.get("messages")
+        return type(messages) is list and bool(messages) and all(type(m) is dict for m in messages)
+    prompt = body.get("prompt")
+    return type(prompt) is str or (
+        type(prompt) is list and all(type(token) is int for token in prompt)
+    )
+
+
 def validate_body(endpoint: Endpoint, body: dict[str, Any]) -> bool:
     """Check the fields DARL relies on; returns whether the call streams."""
+    if _plainly_valid(endpoint, body):
+        return bool(body.get("stream", False))
     schema = ChatCompletionRequest if endpoint == CHAT else CompletionRequest
     try:
         return schema.model_validate(body).stream
