@@ -32,18 +32,17 @@ from pathlib import Path
 import aiohttp
 import httpx
 import psutil
-from temporalio.testing import WorkflowEnvironment
 
 from bench.load import (
-    ADMIN,
     BODY,
-    SECRET,
     Phase,
     cpu_seconds,
     drive,
     gateway_targets,
     idle_rollouts,
+    process_env,
     scrape,
+    start_dev_server,
     start_fake_upstream,
     start_gateway,
     start_worker,
@@ -51,8 +50,6 @@ from bench.load import (
 )
 from bench.store_bench import compare_stores, start_s3_gateway
 from darl.activities.runners.local import stop_leftover_agents
-from darl.deploy.temporal_connection import DATA_CONVERTER
-from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import (
     rollout_workflow_id,
 )
@@ -76,22 +73,8 @@ PROTOCOLS = {
 
 async def main(calls: int, clients: int, fsync: bool, rate: float) -> None:
     root = Path(tempfile.mkdtemp(prefix="darl-bench-"))
-    bin_dir = Path(sys.executable).parent
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(bin_dir / "temporal"),
-        data_converter=DATA_CONVERTER,
-        search_attributes=sa.ALL,
-    )
-    address = env.client.service_client.config.target_host
-    proc_env = {
-        "TEMPORAL_ADDRESS": address,
-        "DARL_TOKEN_SECRET": SECRET,
-        "DARL_ADMIN_KEY": ADMIN,
-        "PATH": str(bin_dir) + ":/usr/bin:/bin",
-        # Another checkout's DARL in front of this one's (a "before" column: see
-        # docs/benchmarks.md).
-        **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
-    }
+    env = await start_dev_server()
+    proc_env = process_env(env)
     queue = f"bench-{uuid.uuid4().hex[:6]}"
     upstream = start_fake_upstream(root, proc_env)
     processes = [upstream]

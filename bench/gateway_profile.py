@@ -22,23 +22,19 @@ from collections import Counter
 from collections.abc import Awaitable
 from pathlib import Path
 
-from temporalio.testing import WorkflowEnvironment
-
 from bench.gateway_bench import long_context
 from bench.load import (
-    ADMIN,
-    SECRET,
     cpu_seconds,
     drive,
     gateway_targets,
     idle_rollouts,
+    process_env,
+    start_dev_server,
     start_fake_upstream,
     start_gateway,
     start_worker,
 )
 from darl.activities.runners.local import stop_leftover_agents
-from darl.deploy.temporal_connection import DATA_CONVERTER
-from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import rollout_workflow_id
 
 # "function (path/to/file.py:line)" as py-spy's raw format writes a frame.
@@ -121,21 +117,8 @@ async def phase(name: str, targets: list[tuple[str, dict[str, str]]], calls: int
 
 async def main(calls: int, top_clients: int, gateway_vars: list[str]) -> None:
     root = Path(tempfile.mkdtemp(prefix="darl-profile-"))
-    bin_dir = Path(sys.executable).parent
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(bin_dir / "temporal"),
-        data_converter=DATA_CONVERTER,
-        search_attributes=sa.ALL,
-    )
-    proc_env = {
-        "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
-        "DARL_TOKEN_SECRET": SECRET,
-        "DARL_ADMIN_KEY": ADMIN,
-        "PATH": str(bin_dir) + ":/usr/bin:/bin",
-        # Another checkout's DARL in front of this one's (a "before" column: see
-        # docs/benchmarks.md).
-        **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
-    }
+    env = await start_dev_server()
+    proc_env = process_env(env)
     queue = f"profile-{uuid.uuid4().hex[:6]}"
     upstream = start_fake_upstream(root, proc_env)
     processes = [upstream]
@@ -161,7 +144,9 @@ async def main(calls: int, top_clients: int, gateway_vars: list[str]) -> None:
             await sampled(name, gateway.pid, root, phase(name, targets[:clients], n))
         [long_rollout] = await idle_rollouts(env, queue, 1)
         rollouts.append(long_rollout)
-        grow = long_context(gateway_url, upstream_url, long_rollout, gateway.pid, root / "store")
+        grow = long_context(
+            gateway_url, upstream_url, long_rollout, gateway.pid, root / "store" / long_rollout
+        )
         await sampled("long context", gateway.pid, root, grow)
     finally:
         for rollout_id in rollouts:

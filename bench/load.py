@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 import uuid
@@ -16,6 +17,8 @@ import psutil
 from temporalio.testing import WorkflowEnvironment
 
 from darl.deploy.processes import ManagedProcess
+from darl.deploy.temporal_connection import DATA_CONVERTER
+from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import (
     LocalAgentSpec,
     RewardSpec,
@@ -146,6 +149,30 @@ def gateway_targets(gateway_url: str, rollouts: list[str]) -> list[tuple[str, di
 
 
 REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+async def start_dev_server() -> WorkflowEnvironment:
+    """The Temporal dev server every gateway benchmark signals into (DARL's search
+    attributes registered, DARL's data converter on the client)."""
+    return await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(BIN / "temporal"),
+        data_converter=DATA_CONVERTER,
+        search_attributes=sa.ALL,
+    )
+
+
+def process_env(env: WorkflowEnvironment, path: str = "/usr/bin:/bin") -> dict[str, str]:
+    """The environment of the processes a benchmark starts: the dev server, the bench's
+    secrets, and a PYTHONPATH that puts another checkout's DARL in front of this one's (a
+    "before" column: see docs/benchmarks.md)."""
+    return {
+        "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
+        "DARL_TOKEN_SECRET": SECRET,
+        "DARL_ADMIN_KEY": ADMIN,
+        "PATH": f"{BIN}:{path}",
+        **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
+    }
 
 
 def start_fake_upstream(root: Path, env: dict[str, str]) -> ManagedProcess:

@@ -22,42 +22,28 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from temporalio.testing import WorkflowEnvironment
-
 from bench.load import (
-    ADMIN,
-    SECRET,
     Phase,
     cpu_seconds,
     drive,
     gateway_targets,
     idle_rollouts,
+    process_env,
+    start_dev_server,
     start_fake_upstream,
     start_gateway,
     start_worker,
 )
 from darl.activities.runners.local import stop_leftover_agents
 from darl.deploy.processes import ManagedProcess
-from darl.deploy.temporal_connection import DATA_CONVERTER
-from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import rollout_workflow_id
 from tests.haproxy import BY_ROLLOUT, HAProxy
 
 
 async def main(calls: int, clients: int) -> None:
     root = Path(tempfile.mkdtemp(prefix="darl-replicas-bench-"))
-    bin_dir = Path(sys.executable).parent
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(bin_dir / "temporal"),
-        data_converter=DATA_CONVERTER,
-        search_attributes=sa.ALL,
-    )
-    proc_env = {
-        "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
-        "DARL_TOKEN_SECRET": SECRET,
-        "DARL_ADMIN_KEY": ADMIN,
-        "PATH": str(bin_dir) + ":/usr/bin:/bin:/usr/sbin",
-    }
+    env = await start_dev_server()
+    proc_env = process_env(env, "/usr/bin:/bin:/usr/sbin")
     queue = f"bench-{uuid.uuid4().hex[:6]}"
     processes: list[ManagedProcess] = []
     balancers: list[HAProxy] = []
