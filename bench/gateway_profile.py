@@ -4,6 +4,13 @@ server, a rollout worker, the fast fake upstream), then while one conversation g
 tokens (`make bench`'s long-context phase), and this prints the top frames by share of the
 samples, by their own time and with what they call. Prints figures; asserts nothing.
 
+Read the shares as where the samples fell, not as savings: py-spy does not always tell a wait
+from work here, so some of the event loop's polling shows as `Runner.run`'s own time, and an
+idle thread pool's wait as `_worker`'s. And a share is not what removing a frame would save:
+FastAPI's routing and dependency injection look like a tenth of the gateway's samples, yet
+serving the agents' calls past them measured no less CPU per call. Check a cut with
+`make bench`.
+
     make profile-gateway      # or: .venv/bin/python -m bench.gateway_profile [--calls 2000]
 """
 
