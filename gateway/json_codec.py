@@ -4,7 +4,9 @@ gateway reads, forwards, and records on every call).
 
 Where orjson refuses what the standard library takes (NaN and Infinity, integers past 64
 bits), the standard library reads or writes it instead, so the gateway accepts and answers
-exactly what it did with `json` alone; its errors are the standard library's.
+exactly what it did with `json` alone; its errors are the standard library's. A NaN or an
+Infinity read so (a policy server's `-Infinity` logprob, say) is written back as it was
+read, where orjson would write `null`.
 """
 
 from __future__ import annotations
@@ -15,17 +17,24 @@ from typing import Any
 import orjson
 
 
+class NonFinite(float):
+    """NaN, Infinity or -Infinity as the standard library reads them. orjson writes no float
+    subclass, so `dumps` hands a value holding one to the standard library, which writes it
+    back as read."""
+
+
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
     """The JSON value in `data`; raises json.JSONDecodeError (a ValueError) if it is none."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
-        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+        text = bytes(data) if isinstance(data, memoryview) else data
+        return json.loads(text, parse_constant=NonFinite)
 
 
 def dumps(value: Any) -> bytes:
     """`value` as compact JSON (UTF-8, no spaces)."""
     try:
         return orjson.dumps(value)
-    except TypeError:  # orjson.JSONEncodeError: an integer past 64 bits, a non-str key
+    except TypeError:  # orjson.JSONEncodeError: a NonFinite, an integer past 64 bits, ...
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()

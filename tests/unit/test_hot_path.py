@@ -85,6 +85,9 @@ def test_json_codec_reads_and_writes_what_the_standard_library_does() -> None:
     odd = json_codec.loads(b'{"t": NaN, "seed": 123456789012345678901234567890}')
     assert math.isnan(odd["t"]) and odd["seed"] == 123456789012345678901234567890
     assert json.loads(json_codec.dumps({"seed": 2**70})) == {"seed": 2**70}
+    # A non-finite float read is written back as read (orjson alone would write null).
+    logprobs = json_codec.loads(b'{"logprob": -Infinity, "p": [NaN, Infinity, 0.5]}')
+    assert json_codec.dumps(logprobs) == b'{"logprob":-Infinity,"p":[NaN,Infinity,0.5]}'
     with pytest.raises(json.JSONDecodeError, match="Expecting value"):
         json_codec.loads(b'{"a":')
 

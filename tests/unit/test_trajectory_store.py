@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from darl.gateway import json_codec
 from darl.gateway.store.base import TrajectoryStore
 from darl.gateway.store.directory import DirectoryTrajectoryStore
 from darl.gateway.store.record import CallRecord
@@ -130,6 +131,23 @@ def test_records_read_back_whole_across_a_restart(
         assert got.completion_logprobs() == [-0.5] * len(want.completion_token_ids())
         assert got.request == want.request
         assert got.response == want.response
+
+
+def test_what_the_policy_server_wrote_reads_back_as_written(backend: Backend) -> None:
+    """A logprob of -Infinity (valid to Python's json, not to JSON) and non-ASCII text, as a
+    policy server's answer carries them, survive the store's JSON (orjson, which would write
+    the infinity as null)."""
+    answer = json_codec.loads(
+        b'{"id": "x0", "prompt_token_ids": [1, 2], "choices": [{"index": 0, "message": '
+        b'{"role": "assistant", "content": "\u00e9t\u00e9"}, "token_ids": [7], "logprobs": '
+        b'{"content": [{"token": "\u00e9", "logprob": -Infinity}]}}]}'
+    )
+    record = replace(chat_record(0, [1, 2], [7], []), response=answer)
+    root = backend.fresh()
+    asyncio.run(backend.open(root).append(record))
+    [got] = backend.open(root).read_sync("r1")
+    assert got.completion_logprobs() == [float("-inf")]
+    assert got.response["choices"][0]["message"]["content"] == "été"
 
 
 def test_storage_grows_with_the_trajectory_not_with_turns_times_prompt(tmp_path: Path) -> None:
