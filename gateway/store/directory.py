@@ -281,7 +281,7 @@ def _decode_file(path: Path) -> list[CallRecord]:
     for number, raw in enumerate(lines, 1):
         try:
             line = json_codec.loads(raw)
-        except json.JSONDecodeError:
+        except ValueError:  # not JSON, or cut inside a UTF-8 character
             if number == len(lines):
                 log.warning("%s: ignoring a torn last line (a crash mid-write)", path)
                 break

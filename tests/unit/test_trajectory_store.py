@@ -179,6 +179,15 @@ def test_a_torn_last_line_is_skipped_and_earlier_ones_kept(tmp_path: Path) -> No
     assert [r.call_id for r in DirectoryTrajectoryStore(tmp_path).read_sync("r1")] == ["c0", "c1"]
 
 
+def test_a_line_torn_inside_a_character_is_skipped_too(tmp_path: Path) -> None:
+    """Lines are UTF-8 (not \\u escapes): a crash can cut one inside a character."""
+    store = DirectoryTrajectoryStore(tmp_path)
+    asyncio.run(store.append(conversation([(True, [1, 2], [3])])[0]))
+    with store.path("r1", 1).open("ab") as f:
+        f.write('{"v": 1, "call_id": "c1", "text": "é'.encode()[:-1])
+    assert [r.call_id for r in DirectoryTrajectoryStore(tmp_path).read_sync("r1")] == ["c0"]
+
+
 def test_read_by_call_ids_returns_only_committed_calls(backend: Backend) -> None:
     store = backend.open(backend.fresh())
 
