@@ -91,15 +91,31 @@ def _check_sandbox_started(attempt_dir: Path) -> None:
         )
 
 
-def _is_our_leader(pid: int, create_time: float) -> bool:
-    """True while the process that leads the agent's group still runs (not a reused pid)."""
+def _is_our_leader(pid: int, create_time: float, boot_time: float | None = None) -> bool:
+    """True while the process that leads the agent's group still runs (not a reused pid).
+    Compared as time since boot when the handle has the boot time it was read under: psutil's
+    create_time adds the boot time the kernel derives from the wall clock, so a clock step
+    moves it by whole seconds, and a live agent would look like another process."""
     try:
         proc = psutil.Process(pid)
-        return (
-            abs(proc.create_time() - create_time) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
-        )
+        started = proc.create_time()
+        if boot_time is not None:
+            started, create_time = started - psutil.boot_time(), create_time - boot_time
+        return abs(started - create_time) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def _leader_of(handle: AgentHandle) -> tuple[int, float, float | None]:
+    """(pid, create_time, boot_time) of a handle's group leader; boot_time None in a handle
+    saved before it was kept."""
+    data = handle.data
+    boot_time = data.get("boot_time")
+    return (
+        int(data["pid"]),
+        float(data["create_time"]),
+        None if boot_time is None else float(boot_time),
+    )
 
 
 def _find_adoptable(agent_key: str) -> psutil.Process | None:
@@ -222,7 +238,7 @@ class LocalProcessRunner(AgentRunner):
             _check_sandbox_started(attempt_dir)
             code = _read_exit_code(attempt_dir / EXIT_FILE)
             return AgentExit(exit_code=code, log_tail=_log_tail(attempt_dir))
-        pid, create_time = int(handle.data["pid"]), float(handle.data["create_time"])
+        pid, create_time, boot_time = _leader_of(handle)
         timeouts = request.spec.timeouts
         deadline = agent_deadline(request)
         interval = agent_heartbeat_interval(timeouts.heartbeat_seconds)
@@ -232,7 +248,7 @@ class LocalProcessRunner(AgentRunner):
                 await self._after_exit(pid)
                 _check_sandbox_started(attempt_dir)
                 return AgentExit(exit_code=code, log_tail=_log_tail(attempt_dir))
-            if not _is_our_leader(pid, create_time):
+            if not _is_our_leader(pid, create_time, boot_time):
                 # The wrapper writes the file before it exits: read once more, then it is lost.
                 code = _read_exit_code(attempt_dir / EXIT_FILE)
                 if code is not None:
@@ -252,8 +268,8 @@ class LocalProcessRunner(AgentRunner):
     async def kill(self, handle: AgentHandle) -> None:
         if handle.data["pid"] is None:
             return
-        pid, create_time = int(handle.data["pid"]), float(handle.data["create_time"])
-        if _is_our_leader(pid, create_time):
+        pid, create_time, boot_time = _leader_of(handle)
+        if _is_our_leader(pid, create_time, boot_time):
             self._signal_group(pid, signal.SIGTERM)
             await wait_for_exit(pid, self._kill_grace)
         await self._after_exit(pid)
@@ -281,7 +297,13 @@ class LocalProcessRunner(AgentRunner):
             rollout_id=request.spec.rollout_id,
             attempt=request.attempt,
             started_at=create_time,
-            data={"pid": pid, "create_time": create_time, "dir": str(attempt_dir)},
+            # The boot time create_time was read under (see _is_our_leader).
+            data={
+                "pid": pid,
+                "create_time": create_time,
+                "boot_time": psutil.boot_time(),
+                "dir": str(attempt_dir),
+            },
         )
         _write_atomic(attempt_dir / HANDLE_FILE, handle.model_dump_json())
         return handle
@@ -327,11 +349,11 @@ def stop_leftover_agents(agents_dir: Path, grace_seconds: float = 5.0) -> int:
     """
     leaders = []
     for path in agents_dir.glob(f"*/attempt-*/{HANDLE_FILE}"):
-        data = AgentHandle.model_validate_json(path.read_text()).data
-        if data["pid"] is None:
+        handle = AgentHandle.model_validate_json(path.read_text())
+        if handle.data["pid"] is None:
             continue
-        pid = int(data["pid"])
-        if _is_our_leader(pid, float(data["create_time"])):
+        pid, create_time, boot_time = _leader_of(handle)
+        if _is_our_leader(pid, create_time, boot_time):
             leaders.append(psutil.Process(pid))
     for leader in leaders:
         LocalProcessRunner._signal_group(leader.pid, signal.SIGTERM)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from darl.activities.agent_contract import ContractIssuer
+from darl.activities.runners import local
 from darl.activities.runners.local import (
     EXIT_FILE,
     HANDLE_FILE,
@@ -171,3 +173,20 @@ async def test_stop_leftover_agents_kills_what_still_runs(tmp_path: Path) -> Non
         pid = handle.data["pid"]
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     await runner.aclose()
+
+
+def test_an_agent_stays_ours_across_a_wall_clock_step() -> None:
+    """psutil's create_time is the boot time (which the kernel derives from the wall clock)
+    plus the start in ticks: a clock step moves both it and the boot time. The handle keeps
+    the boot time it read, so the agent is compared by its start since boot."""
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        create_time = psutil.Process(proc.pid).create_time()
+        boot_time = psutil.boot_time()
+        # The wall clock as it read at launch, 2 s off what it reads now.
+        assert local._is_our_leader(proc.pid, create_time + 2, boot_time + 2)
+        assert not local._is_our_leader(proc.pid, create_time + 2)  # a handle without it
+        assert not local._is_our_leader(proc.pid, create_time + 2, boot_time)  # another start
+    finally:
+        proc.kill()
+        proc.wait()
