@@ -5,11 +5,12 @@ did to the attempt (rule 7)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 from temporalio.exceptions import ApplicationError
 
 from darl.workflows.contracts import ModelCallEvent, ReplayOutcome
@@ -19,6 +20,8 @@ log = logging.getLogger(__name__)
 # How long await_agent keeps trying to close an attempt at the gateway before it fails (and
 # Temporal retries it: the agent has exited, so the retry only closes again).
 CLOSE_GIVE_UP_SECONDS = 30.0
+CLOSE_TIMEOUT = aiohttp.ClientTimeout(total=30.0)
+LOOKUP_TIMEOUT = aiohttp.ClientTimeout(total=10.0)
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,11 @@ class GatewayNotifier:
     before it answers; await_agent returns only after that, so the workflow scores a complete
     trajectory."""
 
-    def __init__(self, admin_url: str, admin_key: str, client: httpx.AsyncClient) -> None:
+    def __init__(self, admin_url: str, admin_key: str, session: aiohttp.ClientSession) -> None:
+        """`session` is borrowed (not closed here)."""
         self._admin_url = admin_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {admin_key}"}
-        self._client = client
+        self._session = session
 
     async def close_attempt(
         self,
@@ -76,14 +80,16 @@ class GatewayNotifier:
         delay = 0.5
         while True:
             try:
-                response = await self._client.post(
-                    url, json=body, headers=self._headers, timeout=30.0
-                )
-            except httpx.TransportError as err:
+                async with self._session.post(
+                    url, json=body, headers=self._headers, timeout=CLOSE_TIMEOUT
+                ) as response:
+                    status, content = response.status, await response.read()
+            except (aiohttp.ClientError, TimeoutError) as err:
                 problem = repr(err)
             else:
-                if response.status_code < 400:
-                    closed = response.json()
+                if status < 400:
+                    # A torn answer raises here: the activity is retried and closes again.
+                    closed = json.loads(content)
                     events = closed.get("events")
                     replay = closed.get("replay")
                     return ClosedAttempt(
@@ -95,20 +101,20 @@ class GatewayNotifier:
                         None if replay is None else ReplayOutcome.model_validate(replay),
                     )
                 older = [key for key in ("return_events_up_to", "replay_from") if key in body]
-                if response.status_code in (400, 422) and older:
+                if status in (400, 422) and older:
                     # A gateway of an earlier release refuses fields it does not know: it
                     # signals the events, and says nothing of a replay.
                     for key in older:
                         body.pop(key)
                     continue
-                if response.status_code < 500:
+                text = content[:300].decode(errors="replace")
+                if status < 500:
                     raise ApplicationError(
-                        f"gateway refused to close {rollout_id}/{attempt}: "
-                        f"{response.status_code} {response.text[:300]}",
+                        f"gateway refused to close {rollout_id}/{attempt}: {status} {text}",
                         type="GatewayRefused",
                         non_retryable=True,
                     )
-                problem = f"{response.status_code} {response.text[:300]}"
+                problem = f"{status} {text}"
             if time.monotonic() + delay > deadline:
                 raise ApplicationError(
                     f"could not close {rollout_id}/{attempt} at the gateway: {problem}",
@@ -122,7 +128,12 @@ class GatewayNotifier:
         """Whether the gateway closed the attempt already (True too if it cannot tell)."""
         url = f"{self._admin_url}/admin/rollouts/{rollout_id}/attempts/{attempt}"
         try:
-            response = await self._client.get(url, headers=self._headers, timeout=10.0)
-        except httpx.TransportError:
+            async with self._session.get(
+                url, headers=self._headers, timeout=LOOKUP_TIMEOUT
+            ) as response:
+                if response.status != 200:
+                    return True
+                content = await response.read()
+        except (aiohttp.ClientError, TimeoutError):
             return True
-        return response.status_code != 200 or bool(response.json().get("closed"))
+        return bool(json.loads(content).get("closed"))

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-import httpx
-from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+import aiohttp
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
@@ -18,7 +17,7 @@ from darl.activities.agent_contract import ContractIssuer
 from darl.activities.gateway_notifier import GatewayNotifier
 from darl.activities.rollout_activities import RolloutActivities
 from darl.activities.runners.base import AgentRunner
-from darl.activities.runners.http import HttpAgentRunner
+from darl.activities.runners.http import HttpAgentRunner, http_session
 from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
 from darl.activities.runners.local import LocalProcessRunner
 from darl.activities.trainer_reports import ReportActivities, TrainerReports
@@ -26,6 +25,11 @@ from darl.workflows.names import ROLLOUT_TASK_QUEUE
 from darl.workflows.rollout_workflow import RolloutWorkflow
 
 log = logging.getLogger(__name__)
+
+# The gateway's admin API: a close and a lookup per attempt, each a moment long. The gateway
+# keeps an idle connection 75 s (deploy/serving.py), longer than this pool does.
+ADMIN_CONNECTIONS = 64
+ADMIN_KEEP_ALIVE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -45,49 +49,51 @@ class RolloutWorkerSettings:
 async def build_worker(
     client: Client,
     settings: RolloutWorkerSettings,
-    http_client: httpx.AsyncClient,
+    admin_session: aiohttp.ClientSession | None = None,
     runners: dict[str, AgentRunner] | None = None,
 ) -> AsyncIterator[Worker]:
-    """The running worker. `http_client` is for the gateway's admin API; agent HTTP services
-    get a pool of their own (an attempt holds its connection while its agent runs)."""
-    # The gateway's admin calls (closing an attempt) join the rollout's trace.
-    HTTPXClientInstrumentor().instrument_client(http_client)
-    owned: HttpAgentRunner | None = None
-    if runners is None:
-        owned = HttpAgentRunner(max_attempts=settings.max_concurrent_agents)
-        HTTPXClientInstrumentor().instrument_client(owned.client)
-        runners = {
-            LocalProcessRunner.kind: LocalProcessRunner(settings.agents_dir),
-            HttpAgentRunner.kind: owned,
-        }
-        if settings.kubernetes is not None:
-            runners[KubernetesJobRunner.kind] = KubernetesJobRunner(settings.kubernetes)
-    notifier = None
-    if settings.admin_key:
-        notifier = GatewayNotifier(
-            settings.gateway_admin_url or settings.gateway_url, settings.admin_key, http_client
+    """The running worker. `admin_session` (borrowed; the worker keeps one of its own without
+    it) is for the gateway's admin API, whose calls (closing an attempt) join the rollout's
+    trace; agent HTTP services get a pool of their own (an attempt holds its connection while
+    its agent runs)."""
+    async with contextlib.AsyncExitStack() as resources:
+        if admin_session is None:
+            admin_session = await resources.enter_async_context(
+                http_session(ADMIN_CONNECTIONS, ADMIN_KEEP_ALIVE_SECONDS)
+            )
+        if runners is None:
+            owned = HttpAgentRunner(max_attempts=settings.max_concurrent_agents)
+            resources.push_async_callback(owned.aclose)
+            runners = {
+                LocalProcessRunner.kind: LocalProcessRunner(settings.agents_dir),
+                HttpAgentRunner.kind: owned,
+            }
+            if settings.kubernetes is not None:
+                runners[KubernetesJobRunner.kind] = KubernetesJobRunner(settings.kubernetes)
+        notifier = None
+        if settings.admin_key:
+            notifier = GatewayNotifier(
+                settings.gateway_admin_url or settings.gateway_url,
+                settings.admin_key,
+                admin_session,
+            )
+        activities = RolloutActivities(
+            runners, ContractIssuer(settings.gateway_url, settings.token_secret), client, notifier
         )
-    activities = RolloutActivities(
-        runners, ContractIssuer(settings.gateway_url, settings.token_secret), client, notifier
-    )
-    reports = ReportActivities(TrainerReports(client))
-    worker = Worker(
-        client,
-        task_queue=settings.task_queue,
-        workflows=[RolloutWorkflow],
-        activities=[*activities.activities(), reports.report_rollout],
-        max_concurrent_activities=settings.max_concurrent_agents,
-        # Out of the sandbox: re-importing the workflow's module into a fresh sandbox for
-        # every rollout was half this worker's CPU per rollout (`make bench-training`). The
-        # module imports only temporalio and the contracts (docs/architecture.md), and the
-        # workflow tests run it in the sandbox, which would catch a non-deterministic call.
-        workflow_runner=UnsandboxedWorkflowRunner(),
-        # Agents outlive a worker that stops: the next worker re-attaches to them.
-        graceful_shutdown_timeout=timedelta(seconds=0),
-    )
-    try:
+        reports = ReportActivities(TrainerReports(client))
+        worker = Worker(
+            client,
+            task_queue=settings.task_queue,
+            workflows=[RolloutWorkflow],
+            activities=[*activities.activities(), reports.report_rollout],
+            max_concurrent_activities=settings.max_concurrent_agents,
+            # Out of the sandbox: re-importing the workflow's module into a fresh sandbox for
+            # every rollout was half this worker's CPU per rollout (`make bench-training`). The
+            # module imports only temporalio and the contracts (docs/architecture.md), and the
+            # workflow tests run it in the sandbox, which would catch a non-deterministic call.
+            workflow_runner=UnsandboxedWorkflowRunner(),
+            # Agents outlive a worker that stops: the next worker re-attaches to them.
+            graceful_shutdown_timeout=timedelta(seconds=0),
+        )
         async with worker:
             yield worker
-    finally:
-        if owned is not None:
-            await owned.aclose()

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
+from dataclasses import dataclass
 
-import httpx
+import aiohttp
+from opentelemetry.instrumentation.aiohttp_client import create_trace_config
 from pydantic import ValidationError
 
 from darl.activities.agent_contract import AgentContract, env_map_values
@@ -40,10 +43,10 @@ from darl.workflows.contracts import (
 )
 from darl.workflows.heartbeats import Heartbeat
 
-# The POST lasts as long as the agent runs: no read or pool timeout (the runner keeps the
-# rollout's deadline itself), whatever the client's default (a worker's shared client's 60 s
-# read timeout would end every longer attempt with a retry that POSTs it again).
-AGENT_POST_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None)
+# The POST lasts as long as the agent runs: no read or total timeout (the runner keeps the
+# rollout's deadline itself), whatever the session's default (a 60 s read timeout would end
+# every longer attempt with a retry that POSTs it again).
+AGENT_POST_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10.0)
 # Statuses that say the service (or what fronts it) is unavailable, not that the agent failed.
 _UNAVAILABLE = frozenset({502, 503, 504})
 # The service accepted the attempt and lost it (it restarted): never run it again.
@@ -51,18 +54,43 @@ _LOST = 410
 REPORT_FIELDS = ("reward", "answer", "metadata")
 
 
+# How long an idle connection to an agent service is kept: under the 5 s of common servers
+# (uvicorn's default), so the worker closes it first and never POSTs an attempt on a
+# connection the service is closing. DARL's own servers keep theirs 75 s (deploy/serving.py).
+AGENT_KEEP_ALIVE_SECONDS = 4.0
+
+
+def http_session(max_connections: int, keep_alive_seconds: float) -> aiohttp.ClientSession:
+    """A pooled HTTP session for the worker's calls (agent services, the gateway's admin API),
+    traced: each request joins the rollout's trace. aiohttp, not httpx: a request costs the
+    worker about a quarter of httpx's CPU (docs/benchmarks.md)."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=keep_alive_seconds),
+        trace_configs=[create_trace_config()],
+    )
+
+
+@dataclass(frozen=True)
+class _Reply:
+    status: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(errors="replace")
+
+
 class HttpAgentRunner(AgentRunner):
     kind = "http"
 
-    def __init__(self, client: httpx.AsyncClient | None = None, max_attempts: int = 256) -> None:
-        """`client` is borrowed (not closed here); without one the runner keeps a pool of its
+    def __init__(
+        self, session: aiohttp.ClientSession | None = None, max_attempts: int = 256
+    ) -> None:
+        """`session` is borrowed (not closed here); without one the runner keeps a pool of its
         own with room for `max_attempts` attempts at once, each holding a connection for as
-        long as its agent runs (httpx's default pool of 100 would queue the rest)."""
-        self._owns_client = client is None
-        self.client = client or httpx.AsyncClient(
-            timeout=AGENT_POST_TIMEOUT,
-            limits=httpx.Limits(max_connections=max_attempts, max_keepalive_connections=32),
-        )
+        long as its agent runs (aiohttp's default pool of 100 would queue the rest)."""
+        self._owns_session = session is None
+        self.session = session or http_session(max_attempts, AGENT_KEEP_ALIVE_SECONDS)
 
     async def launch(self, request: LaunchRequest, contract: AgentContract) -> AgentHandle:
         agent = request.spec.agent
@@ -103,9 +131,7 @@ class HttpAgentRunner(AgentRunner):
         headers = {**agent.headers, "Idempotency-Key": f"{spec.rollout_id}/{request.attempt}"}
         if contract.traceparent:
             headers["traceparent"] = contract.traceparent
-        post = asyncio.ensure_future(
-            self.client.post(agent.url, json=body, headers=headers, timeout=AGENT_POST_TIMEOUT)
-        )
+        post = asyncio.ensure_future(self._post(agent.url, body, headers))
         interval = agent_heartbeat_interval(spec.timeouts.heartbeat_seconds)
         try:
             # The first heartbeat comes an interval in, not at once: the SDK sends the first
@@ -118,14 +144,20 @@ class HttpAgentRunner(AgentRunner):
                 if not post.done():
                     heartbeat({"url": agent.url})
             response = post.result()
-        except httpx.TransportError as err:
+        except (aiohttp.ClientError, TimeoutError) as err:
             raise agent_service_unavailable(f"agent service {agent.url}: {err!r}") from err
         finally:
             if not post.done():
                 post.cancel()
-                with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
                     await post
         return self._exit_from(response)
+
+    async def _post(self, url: str, body: dict[str, object], headers: dict[str, str]) -> _Reply:
+        async with self.session.post(
+            url, json=body, headers=headers, timeout=AGENT_POST_TIMEOUT
+        ) as response:
+            return _Reply(response.status, await response.read())
 
     async def kill(self, handle: AgentHandle) -> None:
         # Cancelling wait() closes the connection; the service sees the client go away.
@@ -136,22 +168,22 @@ class HttpAgentRunner(AgentRunner):
         return None
 
     async def aclose(self) -> None:
-        if self._owns_client:
-            await self.client.aclose()
+        if self._owns_session:
+            await self.session.close()
 
     @staticmethod
-    def _exit_from(response: httpx.Response) -> AgentExit:
+    def _exit_from(response: _Reply) -> AgentExit:
         text = response.text[-LOG_TAIL_BYTES:]
-        if response.status_code in _UNAVAILABLE:
+        if response.status in _UNAVAILABLE:
             raise agent_service_unavailable(
-                f"agent service answered {response.status_code}: {text[-500:]}"
+                f"agent service answered {response.status}: {text[-500:]}"
             )
-        if response.status_code == _LOST:
+        if response.status == _LOST:
             raise agent_lost_error(f"the agent service lost the attempt: {text[-500:]}")
-        if response.status_code >= 400:
-            return AgentExit(exit_code=1, log_tail=f"HTTP {response.status_code}: {text}")
+        if response.status >= 400:
+            return AgentExit(exit_code=1, log_tail=f"HTTP {response.status}: {text}")
         try:
-            reply = response.json() if response.content else {}
+            reply = json.loads(response.content) if response.content else {}
             if not isinstance(reply, dict):
                 raise ValueError("the reply is not a JSON object")
             report = AgentReport.model_validate({k: reply[k] for k in REPORT_FIELDS if k in reply})

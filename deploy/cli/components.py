@@ -268,7 +268,7 @@ def worker(
     configure_tracing("darl-rollout-worker")
 
     run_worker(
-        lambda client, http: build_worker(client, settings, http),
+        lambda client, _http: build_worker(client, settings),
         TemporalSettings.from_env(temporal_address, namespace),
         settings.task_queue,
         ready_file,

@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from opentelemetry import trace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as OtlpSpan
@@ -115,7 +114,7 @@ async def test_one_trace_covers_the_rollout(
                     admin_key="admin",
                     task_queue=queue,
                 )
-                async with httpx.AsyncClient() as http, build_worker(client, worker_settings, http):
+                async with build_worker(client, worker_settings):
                     spec = RolloutSpec(
                         run_id="trace",
                         rollout_id=f"trace-{uuid.uuid4().hex[:8]}",
@@ -152,7 +151,7 @@ async def test_one_trace_covers_the_rollout(
         if s.kind == trace.SpanKind.CLIENT
         and s.attributes.get("url.full", s.attributes.get("http.url", "")).startswith(policy_url)
     ]
-    assert upstream_calls, "the gateway's httpx call to the policy server is in the trace"
+    assert upstream_calls, "the gateway's call to the policy server is in the trace"
 
 
 # --- every starter: components as real processes exporting OTLP ----------------------------

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 from fastapi import FastAPI, HTTPException
@@ -246,10 +247,10 @@ ISSUER = ContractIssuer("http://gateway.test", b"secret")
 
 
 async def run_attempt(
-    url: str, rollout: str = "r1", attempt: int = 1, client: httpx.AsyncClient | None = None
+    url: str, rollout: str = "r1", attempt: int = 1, client: aiohttp.ClientSession | None = None
 ) -> Any:
     """What the await_agent activity does with an http agent: POST the attempt and wait
-    (through `client` when given, as a worker sharing its client does)."""
+    (through `client` when given, as a worker sharing its session does)."""
     spec = RolloutSpec(
         run_id="run1",
         rollout_id=rollout,
@@ -290,7 +291,7 @@ async def test_an_agent_outlasting_the_clients_read_timeout_is_posted_once(
     service = CountingService(tmp_path / "state", hold=True)
     async with (
         serving(service, tmp_path, "agent") as served_client,
-        httpx.AsyncClient(timeout=httpx.Timeout(0.2)) as short,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.2, sock_read=0.2)) as short,
     ):
         attempt = asyncio.create_task(run_attempt(str(served_client.base_url), client=short))
         await asyncio.wait_for(service.entered.wait(), WAIT)

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import httpx
+import aiohttp
+from aiohttp import web
+from aiohttp.abc import AbstractResolver, ResolveResult
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
@@ -60,36 +63,79 @@ def http_spec(rollout_id: str | None = None, **overrides: object) -> RolloutSpec
 
 
 class FakeStack:
-    """The agent service and the gateway's admin API, as one httpx transport. The close
-    answers with `events`; `close_answers` are the answers given first (a lost answer, a torn
-    one), before the real one."""
+    """The agent service and the gateway's admin API, as one scripted HTTP server on loopback
+    (`agent.test` and `gateway.test` resolve to it). The close answers with `events`;
+    `close_answers` are the answers given first (a lost answer, a torn one), before the real
+    one."""
 
     def __init__(self, events: list[ModelCallEvent]) -> None:
         self.events = events
         self.closes: list[dict] = []
-        self.close_answers: list[httpx.Response] = []
+        self.close_answers: list[web.Response] = []
         self.agent_posts = 0
         # The agent answers once this is set (a cleared one holds it: a hung agent).
         self.release = asyncio.Event()
         self.release.set()
 
-    async def handle(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path
+    async def handle(self, request: web.Request) -> web.Response:
+        path = request.path
         if path.endswith("/close"):
-            body = json.loads(request.content or b"{}")
+            body = json.loads(await request.read() or b"{}")
             self.closes.append(body)
             if self.close_answers:
                 return self.close_answers.pop(0)
             returned = body.get("return_events_up_to", 0) >= len(self.events)
             events = [e.model_dump(mode="json") for e in self.events] if returned else None
-            return httpx.Response(
-                200, json={"closed": True, "events": events, "infra_incidents": []}
-            )
+            return web.json_response({"closed": True, "events": events, "infra_incidents": []})
         if path.startswith("/admin/rollouts/"):
-            return httpx.Response(200, json={"closed": False})
+            return web.json_response({"closed": False})
         self.agent_posts += 1
         await self.release.wait()
-        return httpx.Response(200, json={"answer": "2"})
+        return web.json_response({"answer": "2"})
+
+
+class ToLoopback(AbstractResolver):
+    """The test's DNS: every host is the FakeStack's server on 127.0.0.1:`port`."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        return [
+            ResolveResult(
+                hostname=host,
+                host="127.0.0.1",
+                port=self.port,
+                family=socket.AF_INET,
+                proto=0,
+                flags=socket.AI_NUMERICHOST,
+            )
+        ]
+
+    async def close(self) -> None:
+        return None
+
+
+@asynccontextmanager
+async def serving(stack: FakeStack) -> AsyncIterator[aiohttp.ClientSession]:
+    """The stack served on loopback, and a session that reaches it by its test host names."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", stack.handle)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(resolver=ToLoopback(port))
+        ) as session:
+            yield session
+    finally:
+        stack.release.set()  # a held agent answers: nothing is left running at cleanup
+        await runner.cleanup()
 
 
 @asynccontextmanager
@@ -108,9 +154,9 @@ async def worker(
         admin_key="admin",
     )
     async with (
-        httpx.AsyncClient(transport=httpx.MockTransport(stack.handle)) as http,
+        serving(stack) as session,
         build_worker(
-            env.client, settings, http, runners=runners or {"http": HttpAgentRunner(http)}
+            env.client, settings, session, runners=runners or {"http": HttpAgentRunner(session)}
         ) as rollout_worker,
         Worker(env.client, task_queue=queue + "-collector", workflows=[CollectorWorkflow]),
     ):
@@ -220,7 +266,7 @@ async def test_a_retried_close_neither_duplicates_nor_loses_a_call(
     POSTs the same attempt again and closes a third time): each call is in the result once."""
     s = http_spec()
     stack = FakeStack([call_event(s, "c0", 0), call_event(s, "c1", 1)])
-    stack.close_answers = [httpx.Response(503), httpx.Response(200, content=b"{torn")]
+    stack.close_answers = [web.Response(status=503), web.Response(status=200, body=b"{torn")]
     stack.release.clear()
     async with worker(time_skipping_env, tmp_path, stack) as queue:
         handle = await start(time_skipping_env, s, queue)

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 from temporalio import activity
@@ -157,8 +156,7 @@ async def real_worker(
         admin_key=admin_key,
     )
     async with (
-        httpx.AsyncClient() as http,
-        build_worker(env.client, settings, http) as worker,
+        build_worker(env.client, settings) as worker,
         Worker(env.client, task_queue=queue + "-collector", workflows=[CollectorWorkflow]),
     ):
         try:
