@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -106,7 +106,7 @@ class ModelCall:
     def record(
         self,
         response: dict[str, Any],
-        prompt_ids: list[int],
+        prompt_ids: Sequence[int],
         latency_ms: float,
         streamed: bool,
     ) -> CallRecord:

@@ -54,6 +54,7 @@ from darl.gateway.protocols.chat.capture import (
     split_sse,
     sse_data,
 )
+from darl.gateway.protocols.chat.prompt_ids import answer_of
 from darl.gateway.protocols.chat.protocol import CHAT, Endpoint, validate_body
 from darl.gateway.protocols.overflow import context_length_exceeded, is_context_overflow
 from darl.gateway.protocols.translation import (
@@ -202,7 +203,8 @@ class ModelCallProxy:
         if reply.status != 200:
             return await self._refused(call, reply.status, reply.body, reply.content_type)
         try:
-            data = reply.json()
+            # Its prompt's token ids stay bytes: the store parses only what is new in them.
+            data = answer_of(call.endpoint, reply.body)
         except ValueError as err:
             raise UpstreamError(f"policy server {call.upstream} answered non-JSON") from err
         # Once the policy server has answered, recording finishes even if the agent leaves,
@@ -336,7 +338,7 @@ class ModelCallProxy:
                         chunk: dict[str, Any] | None = None
                         if data is not None and data != "[DONE]":
                             try:
-                                chunk = json_codec.loads(data)
+                                chunk = answer_of(call.endpoint, data.encode())
                                 ends = assembler.add(chunk)
                             except (CaptureError, ValueError) as err:
                                 failure = str(err)
@@ -473,7 +475,12 @@ class ModelCallProxy:
             # replica or another): its agent is gone.
             raise attempt_closed(claims.rollout_id, claims.attempt)
         started = time.monotonic()
-        stored = await self.store.append(call.record(response, prompt_ids, latency_ms, streamed))
+        try:
+            stored = await self.store.append(
+                call.record(response, prompt_ids, latency_ms, streamed)
+            )
+        except CaptureError as err:  # prompt ids kept as bytes, found malformed when read
+            raise UpstreamError(f"policy server {call.upstream} answered non-JSON") from err
         call.settled = True
         if claims.replay is not None:
             # The agent is about to see an answer the record never gave: its replay is over.

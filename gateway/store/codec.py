@@ -14,6 +14,7 @@ from typing import Any
 
 from darl.gateway import json_codec
 from darl.gateway.protocols.chat.capture import with_prompt_token_ids
+from darl.gateway.protocols.chat.prompt_ids import RawTokenIds, token_ids_list
 from darl.gateway.protocols.chat.protocol import CHAT, Endpoint
 from darl.gateway.store.record import CallRecord
 
@@ -51,14 +52,25 @@ class Tail:
     # Appends holding or waiting for the lock: a tail in use is never evicted, or a fresh one
     # would reload the attempt without the record being written and reuse its sequence.
     users: int = 0
-    context_ids: list[int] = field(default_factory=list)
+    # The previous call's context, its prompt then its answer: kept apart, not copied into one
+    # list, so a live prompt stays the bytes the policy server sent (see `prompt_delta`).
+    prompt_ids: Sequence[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
     messages: list[Any] = field(default_factory=list)
     prompt_text: str = ""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
+    def context(self, length: int) -> list[int]:
+        """The first `length` ids of the previous call's context."""
+        prompt = token_ids_list(self.prompt_ids)
+        if length <= len(prompt):
+            return prompt[:length]
+        return prompt + self.completion_ids[: length - len(prompt)]
+
     def advance(self, record: CallRecord) -> None:
         self.next_sequence = record.sequence + 1
-        self.context_ids = record.prompt_token_ids + record.completion_token_ids()
+        self.prompt_ids = record.prompt_token_ids
+        self.completion_ids = record.completion_token_ids()
         self.messages = list(record.request.get("messages") or [])
         prompt = record.request.get("prompt")
         self.prompt_text = prompt if isinstance(prompt, str) else ""
@@ -67,7 +79,8 @@ class Tail:
         """Forget everything read: the next load starts at the attempt's first call."""
         self.next_sequence = 0
         self.position = 0
-        self.context_ids = []
+        self.prompt_ids = []
+        self.completion_ids = []
         self.messages = []
         self.prompt_text = ""
 
@@ -112,9 +125,25 @@ class TailCache:
         return tail
 
 
+def prompt_delta(tail: Tail, prompt: Sequence[int]) -> tuple[int, list[int]]:
+    """How many leading ids `prompt` shares with the previous call's context (its prompt then
+    its answer), and the ids after them. A prompt read as bytes that extends the previous
+    one's is compared as bytes, and only its ids past the previous prompt are parsed."""
+    prev = tail.prompt_ids
+    if isinstance(prompt, RawTokenIds) and isinstance(prev, RawTokenIds):
+        split = prompt.split(prev)
+        if split is not None:
+            k, prev_rest, rest = split
+            more = common_prefix(prev_rest + tail.completion_ids, rest)
+            return k + more, rest[more:]
+    ids = token_ids_list(prompt)
+    base = common_prefix(tail.context(len(ids)), ids)
+    return base, ids[base:]
+
+
 def encode_record(record: CallRecord, tail: Tail) -> dict[str, Any]:
     """The stored form of `record`, the call after `tail`."""
-    base = common_prefix(tail.context_ids, record.prompt_token_ids)
+    base, ids = prompt_delta(tail, record.prompt_token_ids)
     request = dict(record.request)
     messages = request.pop("messages", None)
     prompt = request.pop("prompt", None)
@@ -131,7 +160,7 @@ def encode_record(record: CallRecord, tail: Tail) -> dict[str, Any]:
         "latency_ms": record.latency_ms,
         "retry_count": record.retry_count,
         "streamed": record.streamed,
-        "prompt_ids": {"base": base, "ids": record.prompt_token_ids[base:]},
+        "prompt_ids": {"base": base, "ids": ids},
         "request": request,
         "response": _without_prompt_ids(record.endpoint, record.response),
     }
@@ -164,7 +193,7 @@ def decode_record(line: dict[str, Any], tail: Tail) -> CallRecord:
     if line.get("v") != FORMAT_VERSION:
         raise ValueError(f"unknown trajectory record version {line.get('v')!r}")
     delta = line["prompt_ids"]
-    prompt_ids = tail.context_ids[: delta["base"]] + delta["ids"]
+    prompt_ids = tail.context(delta["base"]) + delta["ids"]
     request = dict(line["request"])
     if "messages" in line:
         m = line["messages"]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,9 @@ class CallRecord:
     streamed: bool
     request: dict[str, Any]
     response: dict[str, Any]
-    prompt_token_ids: list[int]
+    # A list, or on a live call the bytes the policy server sent (`RawTokenIds`, equal to
+    # the list it holds): the store reads back lists.
+    prompt_token_ids: Sequence[int]
     # The protocol the agent spoke (the Responses or Messages API, translated to a chat call;
     # see `translation`): the endpoint's own unless said.
     protocol: str = ""

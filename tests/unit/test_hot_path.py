@@ -5,6 +5,7 @@ orjson with the standard library behind it, and a tracer that records nothing it
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from pydantic import ValidationError
 from darl.deploy import telemetry
 from darl.gateway import json_codec
 from darl.gateway.errors import BadRequestError
+from darl.gateway.protocols.chat.prompt_ids import CaptureError, RawTokenIds, answer_of
 from darl.gateway.protocols.chat.protocol import (
     CHAT,
     COMPLETIONS,
@@ -24,7 +26,8 @@ from darl.gateway.protocols.chat.protocol import (
     Endpoint,
     validate_body,
 )
-from darl.gateway.store.codec import common_prefix
+from darl.gateway.store.codec import Tail, common_prefix, encode_line, prompt_delta
+from darl.gateway.store.record import CallRecord
 
 
 def naive_prefix(a: list[int] | str, b: list[int] | str) -> int:
@@ -126,3 +129,105 @@ def test_a_process_that_exports_nothing_samples_only_under_a_sampled_caller(
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
     telemetry.configure_tracing("test")
     assert made[-1]["sampler"] is None  # the SDK reads OTEL_TRACES_SAMPLER itself
+
+
+# Ids that share digit prefixes (1, 12, 123), so a byte prefix can end inside an id.
+IDS = st.lists(st.sampled_from([0, 1, 2, 12, 123, 1234, 21, 10]), max_size=40)
+
+
+def ids_json(ids: list[int], spacing: str) -> bytes:
+    """`ids` as a JSON array the way a policy server may write it."""
+    return ("[" + spacing + ("," + spacing).join(map(str, ids)) + spacing + "]").encode()
+
+
+def chat_record(prompt: Sequence[int], completion: list[int], sequence: int) -> CallRecord:
+    response = {"choices": [{"index": 0, "token_ids": completion}], "prompt_token_ids": prompt}
+    request = {"messages": [{"role": "user", "content": "hi"}]}
+    return CallRecord(
+        "c", "r", 1, sequence, CHAT, "u", 0, 0.0, 1.0, 0, False, request, response, prompt
+    )
+
+
+@given(
+    prev=IDS,
+    completion=IDS,
+    cut=st.integers(0, 45),
+    extra=IDS,
+    spacing=st.sampled_from(["", " ", "\n  "]),
+    prev_spacing=st.sampled_from(["", " "]),
+)
+def test_the_byte_delta_of_a_prompt_is_the_list_delta(
+    prev: list[int],
+    completion: list[int],
+    cut: int,
+    extra: list[int],
+    spacing: str,
+    prev_spacing: str,
+) -> None:
+    """A prompt kept as the policy server's bytes is stored exactly as its list would be: same
+    base, same ids, same line; and it counts the same ids."""
+    context = prev + completion
+    prompt = context[:cut] + extra  # extends the previous call, or parts inside it
+    by_list, by_bytes = Tail(), Tail()
+    by_list.advance(chat_record(prev, completion, 0))
+    raw_prev = RawTokenIds(ids_json(prev, prev_spacing))
+    raw_prev.ids()  # a previous prompt is parsed, or split against its own previous
+    by_bytes.advance(chat_record(raw_prev, completion, 0))
+    raw = RawTokenIds(ids_json(prompt, spacing))
+    expected = encode_line(chat_record(prompt, [], 1), by_list)
+    assert encode_line(chat_record(raw, [], 1), by_bytes) == expected
+    assert prompt_delta(by_bytes, RawTokenIds(ids_json(prompt, spacing))) == prompt_delta(
+        by_list, prompt
+    )
+    assert len(raw) == len(prompt) and raw == prompt and list(raw) == prompt
+    by_bytes.advance(chat_record(raw, [7], 1))
+    by_list.advance(chat_record(prompt, [7], 1))
+    following = [*prompt, 7, 12]
+    assert encode_line(chat_record(RawTokenIds(ids_json(following, "")), [], 2), by_bytes) == (
+        encode_line(chat_record(following, [], 2), by_list)
+    )
+
+
+ANSWER_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-5, 300), st.text(max_size=3)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.sampled_from(["a", "prompt_token_ids", "choices"]), inner, max_size=3),
+    ),
+    max_leaves=8,
+)
+
+
+@given(
+    fields=st.dictionaries(st.sampled_from(["id", "choices", "usage", "x"]), ANSWER_VALUES),
+    ids=st.one_of(IDS, ANSWER_VALUES),
+    position=st.integers(0, 4),
+    separators=st.sampled_from([(",", ":"), (", ", ": ")]),
+)
+def test_answer_of_reads_what_json_codec_reads(
+    fields: dict[str, Any], ids: Any, position: int, separators: tuple[str, str]
+) -> None:
+    """A chat answer read with its prompt's ids kept as bytes equals the answer read whole,
+    wherever the ids lie and whatever they are (a flat array, or anything else)."""
+    items = list(fields.items())
+    items.insert(min(position, len(items)), ("prompt_token_ids", ids))
+    body = json.dumps(dict(items), separators=separators).encode()
+    read = answer_of(CHAT, body)
+    assert read == json_codec.loads(body)
+    assert list(read) == list(json_codec.loads(body))  # the same keys in the same order
+    # A body whose only "prompt_token_ids" is inside a string or nested is read whole.
+    nested = json.dumps({"a": {"prompt_token_ids": ids}, "b": json.dumps({"prompt_token_ids": 1})})
+    assert answer_of(CHAT, nested.encode()) == json.loads(nested)
+    # A key that only ends in an escaped quote and the name is not the prompt's ids.
+    lookalike = json.dumps({'x"prompt_token_ids': ids, **fields}).encode()
+    assert answer_of(CHAT, lookalike) == json_codec.loads(lookalike)
+
+
+def test_answer_of_refuses_what_json_codec_refuses() -> None:
+    """Not JSON: refused at once, or, for ids kept as bytes, when they are read (the proxy
+    turns that CaptureError into the same 502 as a body that is not JSON)."""
+    with pytest.raises(ValueError):
+        answer_of(CHAT, b'{"prompt_token_ids":[1,2')
+    read = answer_of(CHAT, b'{"prompt_token_ids":[1,,2]}')
+    with pytest.raises(CaptureError):
+        read["prompt_token_ids"].ids()

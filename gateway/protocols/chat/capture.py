@@ -5,30 +5,28 @@ answer into the same record a non-streamed one would have given."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from darl.gateway.errors import GatewayError
+from darl.gateway.protocols.chat.prompt_ids import CaptureError as CaptureError
+from darl.gateway.protocols.chat.prompt_ids import RawTokenIds
 from darl.gateway.protocols.chat.protocol import CHAT, Endpoint
 
 
-class CaptureError(GatewayError, ValueError):
-    """The upstream answered without the fields DARL must capture (e.g. no token ids)."""
-
-
-def prompt_token_ids(endpoint: Endpoint, response: dict[str, Any]) -> list[int]:
+def prompt_token_ids(endpoint: Endpoint, response: dict[str, Any]) -> Sequence[int]:
+    """The prompt's token ids: a list, or the bytes the policy server sent (see `prompt_ids`)."""
     if endpoint == CHAT:
         ids = response.get("prompt_token_ids")
     else:
         choices = response.get("choices") or [{}]
         ids = choices[0].get("prompt_token_ids")
-    if not isinstance(ids, list):
+    if not isinstance(ids, list | RawTokenIds):
         raise CaptureError("upstream response has no prompt_token_ids (is return_token_ids on?)")
     return ids
 
 
 def with_prompt_token_ids(
-    endpoint: Endpoint, response: dict[str, Any], ids: list[int]
+    endpoint: Endpoint, response: dict[str, Any], ids: Sequence[int]
 ) -> dict[str, Any]:
     """`response` with `ids` as its prompt's token ids, where the endpoint carries them."""
     if endpoint == CHAT:
@@ -60,7 +58,7 @@ def finish_reason(response: dict[str, Any]) -> str | None:
     return choices[0].get("finish_reason") if choices else None
 
 
-def require_token_ids(endpoint: Endpoint, response: dict[str, Any]) -> list[int]:
+def require_token_ids(endpoint: Endpoint, response: dict[str, Any]) -> Sequence[int]:
     """The prompt's token ids, once every choice is known to carry its completion's: an answer
     without them cannot be trained on, so it is refused (CaptureError) before it is recorded."""
     for i in range(len(response["choices"])):
@@ -106,7 +104,7 @@ class StreamAssembler:
         self.endpoint = endpoint
         self._head: dict[str, Any] = {}
         self._choices: dict[int, dict[str, Any]] = {}
-        self._prompt_ids: list[int] | None = None
+        self._prompt_ids: Sequence[int] | None = None
         self._usage: dict[str, Any] | None = None
         self.finished = False
 
@@ -118,7 +116,8 @@ class StreamAssembler:
         if not self._head:
             self._head = {k: chunk[k] for k in ("id", "created", "model") if k in chunk}
         if self.endpoint == CHAT and chunk.get("prompt_token_ids") is not None:
-            self._prompt_ids = list(chunk["prompt_token_ids"])
+            ids = chunk["prompt_token_ids"]
+            self._prompt_ids = ids if isinstance(ids, RawTokenIds) else list(ids)
         if chunk.get("usage"):
             self._usage = chunk["usage"]
         ends = bool(chunk.get("usage"))
