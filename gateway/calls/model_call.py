@@ -6,7 +6,6 @@ watch on the agent's connection that cancels the call's upstream work when the a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Sequence
@@ -34,20 +33,33 @@ async def _disconnected(request: Request) -> None:
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it (and the upstream call inside) if the agent goes away."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
+    """Await `work` in this task, cancelling it (and the upstream call inside) if the agent
+    goes away: then ClientGone. One watcher task per call, which cancels this task when the
+    agent's connection reports a disconnect; no task for `work` and no wait set."""
+    current = asyncio.current_task()
+    if current is None:
+        raise RuntimeError("unless_disconnected needs a running task")
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        await _disconnected(request)
+        gone = True
+        current.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        result = await work
+    except asyncio.CancelledError:
+        # Ours (and no one else's, a server shutting down say): the agent went away.
+        if gone and current.uncancel() == 0:
+            raise ClientGone from None
+        raise
     finally:
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if task.cancelled():
-        raise ClientGone
-    return task.result()
+    if gone:  # `work` finished despite the cancel: its result stands, the cancel is taken back
+        current.uncancel()
+    return result
 
 
 @dataclass
