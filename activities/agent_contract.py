@@ -12,7 +12,7 @@ from typing import Any
 
 from darl.activities.errors import ActivitiesError
 from darl.workflows.contracts import RolloutSpec
-from darl.workflows.rollout_token import ReplayClaim, TokenClaims, mint_token
+from darl.workflows.rollout_token import PrefixClaim, ReplayClaim, TokenClaims, mint_token
 
 # The token outlives the rollout timeout by this much, so a slow last call is not refused.
 TOKEN_SLACK_SECONDS = 300
@@ -101,18 +101,20 @@ class ContractIssuer:
         env_map: Mapping[str, str],
         replay_from: Sequence[int] = (),
     ) -> AgentContract:
-        """The attempt's contract; with `replay_from` (earlier attempts, newest first), its
-        token tells the gateway to answer the agent's requests from their record where they
-        equal it (rule 10)."""
-        replay = (
-            None
-            if not replay_from
-            else ReplayClaim(
+        """The attempt's contract; with `replay_from` (earlier attempts, newest first) or a
+        rollout that starts from a prefix (`spec.prefix`), its token tells the gateway to
+        answer the agent's requests from their record where they equal it (rule 10)."""
+        replay = None
+        if replay_from or spec.prefix is not None:
+            prefix = spec.prefix
+            replay = ReplayClaim(
                 sources=tuple(replay_from),
                 normalize=tuple(spec.replay.normalize),
                 patterns=tuple(spec.replay.patterns),
+                prefix=None
+                if prefix is None
+                else PrefixClaim(prefix.rollout_id, prefix.attempt, prefix.calls),
             )
-        )
         gateway = self.gateway_url.rstrip("/")
         rollout = spec.rollout_id
         # The agent sees the task without the grader's hidden fields (the hidden tests, the

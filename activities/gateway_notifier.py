@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import aiohttp
 from temporalio.exceptions import ApplicationError
 
-from darl.workflows.contracts import ModelCallEvent, ReplayOutcome
+from darl.workflows.contracts import ModelCallEvent, PrefixSpec, ReplayOutcome
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,14 @@ class GatewayNotifier:
         started_at: float | None = None,
         return_events_up_to: int = 0,
         replay_from: list[int] | None = None,
+        prefix: PrefixSpec | None = None,
     ) -> ClosedAttempt:
         """Close the attempt; returns what DARL's infrastructure did to it while its agent ran
         (since `started_at`, epoch seconds): the gateway's 5xx answers and outages; its model
         calls that got no answer; and, with `return_events_up_to` > 0, its call events (at
         most that many, else the gateway signals them); with `replay_from` (earlier attempts,
-        newest first), what the attempt made of their record (rule 10). Idempotent: a retried
-        close returns the same events.
+        newest first) or the `prefix` its rollout starts from, what the attempt made of their
+        record (rule 10). Idempotent: a retried close returns the same events.
 
         Retries while the gateway is unreachable or answers 5xx; raises ApplicationError
         (retryable: the activity tries again) once `give_up_after` seconds have passed, and a
@@ -76,6 +77,8 @@ class GatewayNotifier:
             body["return_events_up_to"] = return_events_up_to
         if replay_from:
             body["replay_from"] = replay_from
+        if prefix is not None:
+            body["prefix"] = prefix.model_dump()
         deadline = time.monotonic() + give_up_after
         delay = 0.5
         while True:

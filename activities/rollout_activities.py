@@ -240,6 +240,7 @@ class RolloutActivities:
                 # signal, dropping the ones it has by call id without counting them.
                 return_events_up_to=RETURNED_EVENTS_CAP,
                 replay_from=request.replay_from,
+                prefix=spec.prefix,
             )
             closed = await heartbeating(closing, interval)
             calls = closed.events

@@ -259,6 +259,21 @@ def check_grader_agent(agent: AgentSpec, reward: RewardSpec) -> None:
         )
 
 
+class PrefixSpec(Contract):
+    """A recorded prefix a rollout starts from (a branch of a GRPO group, docs/branching.md):
+    the first `calls` calls, in order, of attempt `attempt` of rollout `rollout_id` (the
+    attempt its result names: the trajectory that was trained). The rollout's agent runs from
+    its start, unchanged; the gateway answers its requests that equal those calls from their
+    record (rule 10's matching), so the agent rebuilds the state it had at that point itself,
+    and the calls after them go to the policy. The first request that equals none ends the
+    prefix early: the rollout goes on live and its result says where
+    (`RolloutResult.prefix_diverged_at`)."""
+
+    rollout_id: str = Field(pattern=ROLLOUT_ID_PATTERN)
+    attempt: int = Field(default=1, ge=1, le=20)
+    calls: int = Field(ge=1, le=100_000)
+
+
 # `RolloutSpec.revision` is the command sequence a RolloutWorkflow runs; a history replays only
 # under the sequence that recorded it. This table is the one place that says what each is:
 #
@@ -315,6 +330,18 @@ class RolloutSpec(Contract):
     # the episode over.
     resume: Literal["replay", "restart"] = "replay"
     replay: ReplaySpec = Field(default_factory=ReplaySpec)
+    # Start from another rollout's recorded calls (a branch): PrefixSpec. Every attempt
+    # replays it, `resume: restart` included.
+    prefix: PrefixSpec | None = None
+
+    @model_validator(mode="after")
+    def _prefix_is_another_rollouts(self) -> RolloutSpec:
+        if self.prefix is not None and self.prefix.rollout_id == self.rollout_id:
+            raise ValueError(
+                f"rollout {self.rollout_id!r} cannot start from its own prefix: name the "
+                "rollout it branches from (a retry replays its own attempts anyway)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _grader_has_a_sandbox(self) -> RolloutSpec:
@@ -385,7 +412,8 @@ class ReplayOutcome(Contract):
     """What an attempt that resumed by replay made of the record it was handed: the gateway
     says it when the attempt is closed."""
 
-    # The attempts whose recorded calls were offered (newest first), and how many there were.
+    # The attempts whose recorded calls were offered (newest first), and how many there were
+    # (with the prefix's, for a rollout that starts from one: RolloutSpec.prefix).
     sources: list[int]
     recorded: int
     # Calls of this attempt answered from the record; of them, those that matched only under
@@ -396,6 +424,10 @@ class ReplayOutcome(Contract):
     # agent asked something the record does not hold: a clock, randomness, the network);
     # None when the record was used up.
     diverged_at: int | None = None
+    # For a rollout that starts from a prefix (RolloutSpec.prefix): how many of this
+    # attempt's first calls, in order, reproduce the prefix's calls (directly, or through an
+    # earlier attempt of the rollout that replayed them).
+    prefix_calls: int = 0
 
 
 class TrajectorySummary(Contract):
@@ -466,6 +498,12 @@ class RolloutResult(Contract):
     # where its replay ended early, if it did (ReplayOutcome.diverged_at).
     replayed_calls: int = 0
     replay_diverged_at: int | None = None
+    # For a rollout that starts from a prefix (RolloutSpec.prefix): how many of the final
+    # attempt's first calls reproduce it (the trainer masks them out of its rows), and, when
+    # that is fewer than the prefix holds, the call at which the agent left it (it asked
+    # something the prefix does not hold, or ended first).
+    prefix_calls: int = 0
+    prefix_diverged_at: int | None = None
     # The grader's verdict, when the reward came from one (RewardSpec.grader).
     grade: GradeReport | None = None
 

@@ -32,15 +32,27 @@ class TokenExpiredError(TokenError):
 
 
 @dataclass(frozen=True)
+class PrefixClaim:
+    """The first `calls` calls of attempt `attempt` of rollout `rollout_id`: the recorded
+    prefix a rollout starts from (`RolloutSpec.prefix`)."""
+
+    rollout_id: str
+    attempt: int
+    calls: int
+
+
+@dataclass(frozen=True)
 class ReplayClaim:
     """The attempt replays the calls its earlier attempts recorded (rule 10): `sources`, newest
     first, is the lineage of its record (the last attempt that recorded calls, then the one
-    that attempt replayed, ...); requests are matched with the rollout's normalizers
-    (`RolloutSpec.replay`)."""
+    that attempt replayed, ...), and `prefix` the other rollout's calls the lineage starts
+    from (a branch's; its first attempt has no sources); requests are matched with the
+    rollout's normalizers (`RolloutSpec.replay`)."""
 
     sources: tuple[int, ...]
     normalize: tuple[str, ...] = ()
     patterns: tuple[str, ...] = ()
+    prefix: PrefixClaim | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,9 @@ def mint_token(secret: bytes, claims: TokenClaims) -> str:
             replay["n"] = list(claims.replay.normalize)
         if claims.replay.patterns:
             replay["p"] = list(claims.replay.patterns)
+        prefix = claims.replay.prefix
+        if prefix is not None:
+            replay["x"] = [prefix.rollout_id, prefix.attempt, prefix.calls]
         body["rp"] = replay
     payload = _b64(json.dumps(body, separators=(",", ":")).encode("utf-8"))
     return f"{TOKEN_PREFIX}.{payload}.{_sign(secret, payload)}"
@@ -112,10 +127,14 @@ def _replay_claim(value: object) -> ReplayClaim | None:
         return None
     if not isinstance(value, dict):
         raise TypeError("replay claim is not an object")
+    prefix = value.get("x")
     return ReplayClaim(
         sources=tuple(int(a) for a in value["a"]),
         normalize=tuple(str(n) for n in value.get("n") or ()),
         patterns=tuple(str(p) for p in value.get("p") or ()),
+        prefix=None
+        if prefix is None
+        else PrefixClaim(rollout_id=str(prefix[0]), attempt=int(prefix[1]), calls=int(prefix[2])),
     )
 
 

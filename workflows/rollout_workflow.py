@@ -637,5 +637,15 @@ class RolloutWorkflow:
             failed_call_errors=self._failed_calls[:FAILED_CALLS_SHOWN],
             replayed_calls=self._replayed_calls(),
             replay_diverged_at=self._replay.diverged_at if self._replay is not None else None,
+            prefix_calls=self._replay.prefix_calls if self._replay is not None else 0,
+            prefix_diverged_at=self._prefix_diverged_at(),
             grade=self._grade,
         )
+
+    def _prefix_diverged_at(self) -> int | None:
+        """Where a rollout that starts from a prefix left it before its end, as the close of
+        the final attempt said; None when it reproduced it whole, or nobody could say."""
+        prefix, replay = self._spec.prefix, self._replay
+        if prefix is None or replay is None or replay.prefix_calls >= prefix.calls:
+            return None
+        return replay.prefix_calls

@@ -34,7 +34,7 @@ from darl.gateway.store.base import TrajectoryStore
 from darl.gateway.store.record import CallRecord
 from darl.workflows.contracts import ReplayOutcome
 from darl.workflows.replay_normalizers import Normalizer
-from darl.workflows.rollout_token import ReplayClaim, TokenClaims
+from darl.workflows.rollout_token import PrefixClaim, ReplayClaim, TokenClaims
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +96,11 @@ class Match:
     normalized: bool
 
 
-def check_lineage(sources: Sequence[int], attempt: int) -> None:
-    """Raise a 400 unless `sources` are distinct earlier attempts, newest first."""
+def check_lineage(sources: Sequence[int], attempt: int, prefix: PrefixClaim | None = None) -> None:
+    """Raise a 400 unless `sources` are distinct earlier attempts, newest first (none only for
+    a rollout that starts from a prefix)."""
+    if not sources and prefix is not None:
+        return
     if (
         not sources
         or list(sources) != sorted(set(sources), reverse=True)
@@ -108,12 +111,16 @@ def check_lineage(sources: Sequence[int], attempt: int) -> None:
 
 
 async def offered_calls(
-    store: TrajectoryStore, rollout_id: str, sources: Sequence[int]
+    store: TrajectoryStore,
+    rollout_id: str,
+    sources: Sequence[int],
+    prefix: PrefixClaim | None = None,
 ) -> list[CallRecord]:
     """The recorded calls an attempt that replays `sources` (newest first) is offered, in
     order: the newest source's; then, while the source read last has no live call (it was
     lost before its replay was over), the calls of the one before that it had yet to
-    reproduce. A call reproduced by a newer record is offered as that record only."""
+    reproduce, and after the oldest, the `prefix`'s the rollout starts from. A call
+    reproduced by a newer record is offered as that record only."""
     offered: list[CallRecord] = []
     reproduced: set[str] = set()
     for attempt in sources:
@@ -121,8 +128,18 @@ async def offered_calls(
         offered += [r for r in records if r.call_id not in reproduced]
         reproduced |= {r.replayed_from for r in records if r.replayed_from is not None}
         if any(r.replayed_from is None for r in records):
-            break
+            return offered
+    if prefix is not None:
+        records = await prefix_records(store, prefix)
+        offered += [r for r in records if r.call_id not in reproduced]
     return offered
+
+
+async def prefix_records(store: TrajectoryStore, prefix: PrefixClaim) -> list[CallRecord]:
+    """The prefix's calls: the first `calls` the attempt recorded, in order (fewer when it
+    holds fewer: its agent then reaches the policy sooner)."""
+    records = await store.read(prefix.rollout_id, prefix.attempt)
+    return records[: prefix.calls]
 
 
 class ReplaySession:
@@ -197,7 +214,7 @@ class ReplayBook:
         claim = claims.replay
         if claim is None:
             raise InvalidReplayError("the attempt does not replay")
-        check_lineage(claim.sources, claims.attempt)
+        check_lineage(claim.sources, claims.attempt, claim.prefix)
         key = (claims.rollout_id, claims.attempt)
         held = self._sessions.get(key)
         if held is not None:
@@ -207,18 +224,23 @@ class ReplayBook:
         async with lock:
             held = self._sessions.get(key)
             if held is None:
-                source = await offered_calls(self._store, claims.rollout_id, claim.sources)
+                source = await offered_calls(
+                    self._store, claims.rollout_id, claim.sources, claim.prefix
+                )
                 done = await self._store.read(claims.rollout_id, claims.attempt)
                 held = ReplaySession(claim, source, done)
                 self._sessions[key] = held
                 while len(self._sessions) > self._bound:
                     self._sessions.popitem(last=False)
                 log.info(
-                    "%s attempt %d replays %d call(s) of attempt(s) %s",
+                    "%s attempt %d replays %d call(s) of attempt(s) %s%s",
                     claims.rollout_id,
                     claims.attempt,
                     held.left,
                     list(claim.sources),
+                    ""
+                    if claim.prefix is None
+                    else f" and {claim.prefix.rollout_id} attempt {claim.prefix.attempt}",
                 )
         self._loading.pop(key, None)
         return held
@@ -234,11 +256,16 @@ class ReplayBook:
 
 
 async def replay_outcome(
-    store: TrajectoryStore, rollout_id: str, sources: Sequence[int], records: list[CallRecord]
+    store: TrajectoryStore,
+    rollout_id: str,
+    sources: Sequence[int],
+    records: list[CallRecord],
+    prefix: PrefixClaim | None = None,
 ) -> ReplayOutcome:
-    """What an attempt whose calls are `records` made of the record of `sources`, read from
-    the store (so whichever replica closes the attempt can say it)."""
-    source = await offered_calls(store, rollout_id, sources)
+    """What an attempt whose calls are `records` made of the record of `sources` (and of the
+    `prefix` its rollout starts from), read from the store (so whichever replica closes the
+    attempt can say it)."""
+    source = await offered_calls(store, rollout_id, sources, prefix)
     used = {r.replayed_from for r in records if r.replayed_from is not None}
     replayed = [r for r in records if r.replayed_from is not None]
     diverged_at = None
@@ -251,4 +278,29 @@ async def replay_outcome(
         replayed=len(replayed),
         normalized=sum(1 for r in replayed if r.replay_normalized),
         diverged_at=diverged_at,
+        prefix_calls=0
+        if prefix is None
+        else await _prefix_calls(store, rollout_id, sources, records, prefix),
     )
+
+
+async def _prefix_calls(
+    store: TrajectoryStore,
+    rollout_id: str,
+    sources: Sequence[int],
+    records: list[CallRecord],
+    prefix: PrefixClaim,
+) -> int:
+    """How many of `records`' first calls, in order, reproduce a prefix call: one it
+    replayed, or one an earlier attempt of the lineage (oldest first) reproduced."""
+    reproducing = {r.call_id for r in await prefix_records(store, prefix)}
+    for attempt in reversed(sources):
+        for record in await store.read(rollout_id, attempt):
+            if record.replayed_from in reproducing:
+                reproducing.add(record.call_id)
+    count = 0
+    for record in records:
+        if record.replayed_from not in reproducing:
+            break
+        count += 1
+    return count

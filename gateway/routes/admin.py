@@ -15,7 +15,8 @@ from darl.gateway.calls.replay import check_lineage, replay_outcome
 from darl.gateway.routes.bodies import documented, read_model
 from darl.gateway.routes.dependencies import admin, gateway_of
 from darl.gateway.state import GatewayState
-from darl.workflows.contracts import ModelCallEvent, ReplayOutcome
+from darl.workflows.contracts import ModelCallEvent, PrefixSpec, ReplayOutcome
+from darl.workflows.rollout_token import PrefixClaim
 from darl.workflows.training_config import PauseMode
 
 router = APIRouter()
@@ -49,6 +50,9 @@ class CloseRequest(BaseModel):
     # The attempt resumed by replaying these earlier attempts' record (newest first): say
     # what it made of it.
     replay_from: list[int] = Field(default_factory=list, max_length=20)
+    # The attempt's rollout starts from this prefix (RolloutSpec.prefix): say how much of it
+    # the attempt reproduced.
+    prefix: PrefixSpec | None = None
 
 
 class PauseAnswer(GatewayState):
@@ -159,9 +163,14 @@ async def close_attempt(request: Request, rollout_id: str, attempt: int) -> Clos
     incidents = await gateway.incidents(rollout_id, attempt, body.started_at)
     failed = await gateway.store.failed_calls(rollout_id, attempt)
     replay = None
-    if body.replay_from:
-        check_lineage(body.replay_from, attempt)
-        replay = await replay_outcome(gateway.store, rollout_id, body.replay_from, closed.records)
+    if body.replay_from or body.prefix is not None:
+        prefix = None
+        if body.prefix is not None:
+            prefix = PrefixClaim(body.prefix.rollout_id, body.prefix.attempt, body.prefix.calls)
+        check_lineage(body.replay_from, attempt, prefix)
+        replay = await replay_outcome(
+            gateway.store, rollout_id, body.replay_from, closed.records, prefix
+        )
     return CloseAnswer(
         closed=True,
         delivered=closed.delivered,

@@ -11,7 +11,7 @@ from collections import Counter
 import httpx
 import pytest
 
-from darl.workflows.contracts import HttpAgentSpec, ReplaySpec
+from darl.workflows.contracts import HttpAgentSpec, PrefixSpec, ReplaySpec, RolloutSpec
 from tests.integration.replay_checks import (
     Scenario,
     agent_log,
@@ -209,3 +209,82 @@ async def test_a_third_attempt_replays_the_second(stack: Stack) -> None:
     episode = [*one, *two[3:], *final[6:]]
     assert all(generated[tuple(r.prompt_token_ids)] == 1 for r in episode)
     assert trajectory_rows(final)[0] == trajectory_rows(episode)[0]
+
+
+# --- rollouts that start from another's recorded prefix (branches, docs/branching.md) -----
+
+
+async def _seed(stack: Stack, name: str, turns: int, settings: dict[str, str] | None = None):
+    """A rollout run whole, for branches to start from."""
+    spec = local_spec(stack, Scenario(name, kill_after=0, turns=turns, settings=settings or {}))
+    result = await asyncio.wait_for((await stack.start_rollout(spec)).result(), 120)
+    assert result.status == "succeeded" and result.attempts == 1, result
+    return spec, stack.store().read_sync(spec.rollout_id, call_ids=result.call_ids)
+
+
+def _branch(stack: Stack, seed: RolloutSpec, calls: int, scenario: Scenario) -> RolloutSpec:
+    """A rollout of the seed's task that starts from the seed's first `calls` calls."""
+    prefix = PrefixSpec(rollout_id=seed.rollout_id, attempt=1, calls=calls)
+    scenario.spec_overrides = {"task": seed.task, "prefix": prefix}
+    return local_spec(stack, scenario)
+
+
+async def test_a_branch_replays_the_seeds_first_calls_then_goes_live(stack: Stack) -> None:
+    """The branch's agent runs from its start: the gateway answers its first 3 calls from the
+    seed's record (the policy generates none of them again), and its 4th, the seed's 4th
+    prompt, is sampled anew."""
+    seed, seed_calls = await _seed(stack, "seed", turns=6)
+    spec = _branch(stack, seed, 3, Scenario("branch", kill_after=0, turns=6))
+    result = await asyncio.wait_for((await stack.start_rollout(spec)).result(), 120)
+    assert result.status == "succeeded" and result.attempts == 1, result
+    assert (result.prefix_calls, result.prefix_diverged_at, result.replayed_calls) == (3, None, 3)
+    final = stack.store().read_sync(spec.rollout_id, call_ids=result.call_ids)
+    assert len(final) == 6
+    assert [r.replayed_from for r in final[:3]] == [r.call_id for r in seed_calls[:3]]
+    for again, original in zip(final[:3], seed_calls, strict=False):
+        assert again.rollout_id == spec.rollout_id
+        assert again.response == original.response
+        assert again.prompt_token_ids == original.prompt_token_ids
+        assert again.completion_logprobs() == original.completion_logprobs()
+        assert again.policy_version == original.policy_version
+    assert all(r.replayed_from is None for r in final[3:])
+    generated = Counter(tuple(line["prompt_token_ids"]) for line in stack.policy_responses())
+    assert [generated[tuple(r.prompt_token_ids)] for r in seed_calls[:4]] == [1, 1, 1, 2]
+    assert final[3].prompt_token_ids == seed_calls[3].prompt_token_ids
+    served = {line["call_id"] for line in stack.policy_responses()}
+    assert not served & {r.call_id for r in final[:3]}
+    marked = {line["call_id"]: line["replayed_from"] for line in agent_log(stack, spec.rollout_id)}
+    assert [marked[r.call_id] for r in final] == [r.replayed_from for r in final]
+
+
+async def test_a_branch_killed_after_its_prefix_resumes_by_replay(stack: Stack) -> None:
+    """Killed after the 3 prefix calls and 2 live ones: attempt 2 replays all 5 (the prefix
+    through attempt 1's record) and still counts 3 as the prefix."""
+    seed, seed_calls = await _seed(stack, "seed-kill", turns=7)
+    spec = _branch(stack, seed, 3, Scenario("branch-kill", kill_after=5, turns=7))
+    result = await run_killed(stack, spec, lambda: sigkill_local_agent(stack, spec.rollout_id))
+    assert result.status == "succeeded" and result.attempts == 2, result
+    assert (result.prefix_calls, result.prefix_diverged_at, result.replayed_calls) == (3, None, 5)
+    store = stack.store()
+    one = store.read_sync(spec.rollout_id, 1)
+    final = store.read_sync(spec.rollout_id, call_ids=result.call_ids)
+    assert [r.replayed_from for r in one[:3]] == [r.call_id for r in seed_calls[:3]]
+    assert [r.replayed_from for r in final[:5]] == [r.call_id for r in one]
+    generated = Counter(tuple(line["prompt_token_ids"]) for line in stack.policy_responses())
+    assert [generated[tuple(r.prompt_token_ids)] for r in seed_calls[:3]] == [1, 1, 1]
+    served = {line["call_id"] for line in stack.policy_responses()}
+    assert {r.call_id for r in one[3:]} <= served
+    assert not served & {r.call_id for r in [*one[:3], *final[:5]]}
+
+
+async def test_a_branch_that_leaves_its_prefix_early_says_where(stack: Stack) -> None:
+    """The tool prints the time at turn 1: the branch's 3rd request is not the seed's, so a
+    prefix of 4 calls ends after 2 and the result says so; the rollout goes on live."""
+    clock = {"TOOL": "clock", "CLOCK_TURN": "1"}
+    seed, _ = await _seed(stack, "seed-clock", turns=5, settings=clock)
+    spec = _branch(stack, seed, 4, Scenario("branch-clock", 0, 5, settings=clock))
+    result = await asyncio.wait_for((await stack.start_rollout(spec)).result(), 120)
+    assert result.status == "succeeded", result.error
+    assert (result.prefix_calls, result.prefix_diverged_at, result.replayed_calls) == (2, 2, 2)
+    final = stack.store().read_sync(spec.rollout_id, call_ids=result.call_ids)
+    assert [r.replayed_from is not None for r in final] == [True] * 2 + [False] * 3

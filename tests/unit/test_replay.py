@@ -5,6 +5,7 @@ recorded answer as a stream in every protocol, and what the token and the store 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,20 @@ from darl.gateway.calls.rollouts import RolloutRegistry
 from darl.gateway.errors import GatewayError
 from darl.gateway.metrics import GatewayMetrics
 from darl.gateway.protocols.chat.capture import StreamAssembler, answer_chunks
+from darl.gateway.protocols.responses.translation import _previous as previous_conversation
+from darl.gateway.protocols.responses.translation import answered_messages
 from darl.gateway.store.codec import Tail, decode_record, encode_record
 from darl.gateway.store.directory import DirectoryTrajectoryStore
 from darl.gateway.store.record import CallRecord
 from darl.workflows.contracts import ReplaySpec
 from darl.workflows.replay_normalizers import Normalizer
-from darl.workflows.rollout_token import ReplayClaim, TokenClaims, mint_token, verify_token
+from darl.workflows.rollout_token import (
+    PrefixClaim,
+    ReplayClaim,
+    TokenClaims,
+    mint_token,
+    verify_token,
+)
 from tests.unit.test_protocol_streams import (
     ADD,
     CALL_ID,
@@ -57,7 +66,7 @@ def request(*turns: str, **fields: Any) -> dict[str, Any]:
 def record(call_id: str, req: dict[str, Any], attempt: int = 1, **fields: Any) -> CallRecord:
     return CallRecord(
         call_id=call_id,
-        rollout_id="r",
+        rollout_id=fields.pop("rollout_id", "r"),
         attempt=attempt,
         sequence=fields.pop("sequence", 0),
         endpoint=CHAT,
@@ -336,6 +345,9 @@ def test_the_token_carries_the_replay_claim() -> None:
     assert verify_token(b"s", mint_token(b"s", claims), 0).replay == claim
     plain = TokenClaims("r", 1, "train", 2_000_000_000)
     assert verify_token(b"s", mint_token(b"s", plain), 0).replay is None
+    branch = ReplayClaim(sources=(), prefix=PrefixClaim("seed", 2, 5))
+    claims = TokenClaims("r", 1, "train", 2_000_000_000, replay=branch)
+    assert verify_token(b"s", mint_token(b"s", claims), 0).replay == branch
 
 
 def test_the_store_keeps_what_a_record_reproduces() -> None:
@@ -370,6 +382,65 @@ def test_a_lineage_names_distinct_earlier_attempts_newest_first(sources: list[in
     with pytest.raises(GatewayError, match="cannot replay"):
         check_lineage(sources, 3)
     check_lineage([2, 1], 3)
+    if sources:
+        with pytest.raises(GatewayError, match="cannot replay"):
+            check_lineage(sources, 3, PrefixClaim("seed", 1, 2))
+    # A branch's first attempt replays only the prefix it starts from.
+    check_lineage([], 1, PrefixClaim("seed", 1, 2))
+
+
+def seed_record(call_id: str, text: str, sequence: int) -> CallRecord:
+    return record(call_id, request(text), sequence=sequence, rollout_id="seed")
+
+
+async def test_a_branch_is_offered_the_first_calls_of_the_rollout_it_starts_from(
+    tmp_path: Path,
+) -> None:
+    """Its first attempt gets the seed's first k calls; the close counts how many of the
+    branch's first calls reproduce them, and where it left them early."""
+    store = DirectoryTrajectoryStore(tmp_path)
+    for i, name in enumerate("abcd"):
+        await store.append(seed_record(name, name, i))
+    prefix = PrefixClaim("seed", 1, 3)
+    assert [r.call_id for r in await offered_calls(store, "r", [], prefix)] == ["a", "b", "c"]
+    whole = [record(f"n{n}", request(n), sequence=i, replayed_from=n) for i, n in enumerate("abc")]
+    live = record("live", request("z"), sequence=3)
+    outcome = await replay_outcome(store, "r", [], [*whole, live], prefix)
+    assert (outcome.recorded, outcome.replayed, outcome.diverged_at) == (3, 3, None)
+    assert outcome.prefix_calls == 3
+    left_early = [*whole[:2], record("live", request("z"), sequence=2)]
+    outcome = await replay_outcome(store, "r", [], left_early, prefix)
+    assert (outcome.prefix_calls, outcome.diverged_at) == (2, 2)
+    # A prefix longer than the seed's record offers what there is.
+    assert len(await offered_calls(store, "r", [], PrefixClaim("seed", 1, 9))) == 4
+    assert await offered_calls(store, "r", [], PrefixClaim("gone", 1, 2)) == []
+
+
+async def test_a_branch_lost_mid_prefix_hands_on_its_record_and_the_rest_of_the_prefix(
+    tmp_path: Path,
+) -> None:
+    """Attempt 1 of a branch replayed 2 of the seed's 3 prefix calls and was lost: attempt 2
+    is offered those 2 and the third; once attempt 1 had a live call, its record alone. The
+    close follows the chain back: attempt 2's calls that replay attempt 1's prefix calls
+    reproduce the prefix too, a replayed live call does not."""
+    store = DirectoryTrajectoryStore(tmp_path)
+    for i, name in enumerate("abcd"):
+        await store.append(seed_record(name, name, i))
+    prefix = PrefixClaim("seed", 1, 3)
+    for i, name in enumerate("ab"):
+        await store.append(record(f"{name}1", request(name), sequence=i, replayed_from=name))
+    offered = await offered_calls(store, "r", [1], prefix)
+    assert [r.call_id for r in offered] == ["a1", "b1", "c"]
+    await store.append(record("c1", request("c"), sequence=2, replayed_from="c"))
+    await store.append(record("x1", request("x"), sequence=3))
+    offered = await offered_calls(store, "r", [1], prefix)
+    assert [r.call_id for r in offered] == ["a1", "b1", "c1", "x1"]
+    again = [
+        record(f"{r.call_id}2", request(r.call_id), 2, sequence=i, replayed_from=r.call_id)
+        for i, r in enumerate(offered)
+    ]
+    outcome = await replay_outcome(store, "r", [1], again, prefix)
+    assert (outcome.replayed, outcome.prefix_calls, outcome.diverged_at) == (4, 3, None)
 
 
 def test_a_normalizer_applies_each_expression_on_its_own() -> None:
@@ -417,3 +488,27 @@ async def test_a_call_whose_record_may_have_been_written_is_never_offered_again(
     with pytest.raises(OSError):
         await replayer.answer(CHAT, claims, forwarded, None, stream=False)
     assert await replayer.answer(CHAT, claims, forwarded, None, stream=False) is None
+
+
+async def test_a_branch_continues_a_responses_conversation_it_was_replayed(
+    tmp_path: Path,
+) -> None:
+    """A branch's agent got a seed's Responses answer under the seed's response id: its next
+    request's `previous_response_id` names it, and the conversation read back is the branch's
+    own record of it (the seed's rollout is not the branch's)."""
+    store = DirectoryTrajectoryStore(tmp_path)
+    seed_id = "a" * 32
+    seed = replace(seed_record(seed_id, "hello", 0), protocol="responses")
+    mine = replace(
+        record("b" * 32, request("hello"), replayed_from=seed_id),
+        protocol="responses",
+        exchange={"answered_as": seed_id},
+    )
+    await store.append(seed)
+    await store.append(mine)
+    branch = ReplayClaim(sources=(), prefix=PrefixClaim("seed", 1, 1))
+    claims = TokenClaims("r", 1, "train", 2_000_000_000, replay=branch)
+    history = await previous_conversation(store, claims, f"resp_{seed_id}")
+    assert history == answered_messages(mine)
+    with pytest.raises(GatewayError, match="not found in this rollout"):
+        await previous_conversation(store, replace(claims, replay=None), f"resp_{seed_id}")

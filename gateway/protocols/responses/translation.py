@@ -139,6 +139,14 @@ async def _previous(
             found = await store.read(claims.rollout_id, None, call_ids=[match.group(1)])
         except KeyError:
             found = []
+        if not found and claims.replay is not None and claims.replay.prefix is not None:
+            # A rollout that starts from a prefix was answered a call of the rollout it
+            # branches from under that call's id: the conversation is its own record's.
+            found = [
+                r
+                for r in await store.read(claims.rollout_id, claims.attempt)
+                if r.exchange.get("answered_as") == match.group(1)
+            ]
     if not found or found[0].protocol != ResponsesTranslation.protocol:
         raise PreviousResponseNotFoundError(
             f"previous response {response_id[:80]!r} not found in this rollout"
