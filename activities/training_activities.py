@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import statistics
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from darl.activities.agent_contract import TaskPathError, task_field, task_path
 from darl.activities.heartbeats import heartbeats_throughout
 from darl.activities.rollout_activities import earlier_executions
 from darl.gateway.store.base import TrajectoryStore
+from darl.gateway.store.record import CallRecord
 from darl.trainer import run_files
 from darl.trainer.aggregation import AggregationSettings, RolloutSample, aggregate
 from darl.trainer.backend import StepOverrides, TrainerBackend, TrainerBackendError
@@ -41,6 +43,7 @@ from darl.workflows.names import (
     CANCEL_ROLLOUTS,
     CHECK_ROLLOUTS,
     CHECK_RUN,
+    CHOOSE_BRANCH_POINT,
     INITIALIZE_POLICY,
     READ_TASKS,
     READ_VAL_TASKS,
@@ -54,8 +57,10 @@ from darl.workflows.names import (
     WEIGHT_SYNC_ERROR,
 )
 from darl.workflows.rollout_status import RolloutStatus
-from darl.workflows.training_config import BackendSpec, DatasetSpec, TrainingConfig
+from darl.workflows.training_config import BackendSpec, DatasetSpec, GroupsSpec, TrainingConfig
 from darl.workflows.training_messages import (
+    BranchPoint,
+    BranchPointRequest,
     InitializeRequest,
     ReadTasksRequest,
     ReadValTasksRequest,
@@ -107,6 +112,13 @@ def rows_missing(
         f"dataset {dataset}: {len(missing)} of {len(rows)} rows have no field {shown!r} "
         f"({what}); the first is row {missing[0]}"
     )
+
+
+def surprisal(record: CallRecord) -> float:
+    """The mean -logprob of a call's sampled tokens (an entropy proxy); 0.0 for a call that
+    sampled none or came back without logprobs."""
+    logprobs = record.completion_logprobs()
+    return -statistics.fmean(logprobs) if logprobs else 0.0
 
 
 async def lookup_rollouts(client: Client, rollout_ids: list[str]) -> list[RolloutLookup]:
@@ -167,6 +179,7 @@ class TrainerActivities:
             self.sync_weights,
             self.restore_weights,
             self.record_step,
+            self.choose_branch_point,
         ]
 
     def run_dir(self, run_id: str, run_dir: str | None) -> Path:
@@ -348,6 +361,7 @@ class TrainerActivities:
                         group_id=group.group_id,
                         reward=member.reward,
                         records=records,
+                        masked_calls=member.masked_calls,
                     )
                 )
         return samples
@@ -469,6 +483,24 @@ class TrainerActivities:
     @heartbeats_throughout(HEARTBEAT_SECONDS)
     async def check_rollouts(self, rollout_ids: list[str]) -> list[RolloutLookup]:
         return await lookup_rollouts(self._client, rollout_ids)
+
+    @activity.defn(name=CHOOSE_BRANCH_POINT)
+    @heartbeats_throughout(HEARTBEAT_SECONDS)
+    async def choose_branch_point(self, request: BranchPointRequest) -> BranchPoint:
+        """A branching group's branch point under `branch_at: surprisal`, from its seed's
+        committed calls in the store (`GroupsSpec.highest_surprisal`); None when it has fewer
+        than two, or the store lacks some (no prefix the gateway could replay). Reads only."""
+        try:
+            records = await self._store.read(
+                request.rollout_id, attempt=request.attempt, call_ids=request.call_ids
+            )
+        except KeyError as err:
+            log.warning("seed %s cannot branch: %s", request.rollout_id, err)
+            return BranchPoint(at=None, surprisal=[])
+        figures = [surprisal(record) for record in records]
+        if len(figures) < 2:
+            return BranchPoint(at=None, surprisal=figures)
+        return BranchPoint(at=GroupsSpec.highest_surprisal(figures), surprisal=figures)
 
     # --- the run's files ---------------------------------------------------------------------
 

@@ -10,6 +10,11 @@ row. Every row of a rollout carries the rollout's reward on its last model token
 a separate sequence for the loss, and a row without the reward would be trained towards the
 group mean. Rows of one rollout share its GRPO `uid`, so a rollout split into k rows weighs k
 times in its group's statistics; `merge_mismatches` shows how often that happens.
+
+A rollout's first `masked_calls` calls (a branch's replayed prefix) are context only and make
+no row in either mode: the first call after them sends them in its prompt, so its row starts
+with them as context (cut from the left at `max_prompt_length`, as any prompt is) and they
+take no room from the trained tokens in the response.
 """
 
 from __future__ import annotations
@@ -59,6 +64,9 @@ class RolloutSample:
     reward: float
     records: Sequence[CallRecord]
     """The committed calls of its final attempt, in order."""
+    masked_calls: int = 0
+    """How many of its first calls are context only, never trained (a branch's replayed
+    prefix, for one)."""
 
 
 @dataclass
@@ -84,6 +92,9 @@ class AggregationCounters:
     replay_normalized_calls: int = 0
     """Of them, those matched only under the rollout's normalizers (`replay_normalized`
     `drop`: their tokens are not trained)."""
+    prefix_masked_calls: int = 0
+    """Calls a rollout's `masked_calls` kept out of training (context in the next row's
+    prompt)."""
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -142,17 +153,20 @@ def _completion(record: CallRecord, counters: AggregationCounters) -> tuple[list
 
 
 def _drafts(
-    records: Sequence[CallRecord], settings: AggregationSpec, counters: AggregationCounters
+    sample: RolloutSample, settings: AggregationSpec, counters: AggregationCounters
 ) -> list[_Draft]:
     mode = settings.mode
     drafts: list[_Draft] = []
-    for record in records:
+    for index, record in enumerate(sample.records):
         counters.calls += 1
         if record.finish_reason() == "length":
             counters.length_finished_calls += 1
         counters.replayed_calls += record.replayed_from is not None
         counters.replay_normalized_calls += record.replay_normalized
         ids, logprobs = _completion(record, counters)
+        if index < sample.masked_calls:
+            counters.prefix_masked_calls += 1
+            continue
         trained = 1
         if record.replay_normalized and settings.replay_normalized == "drop":
             trained, logprobs = 0, [0.0] * len(ids)
@@ -207,7 +221,7 @@ def rollout_rows(
     when a call has no logprobs. Rows with no model token left are dropped (`empty_rows`)."""
     counters.rollouts += 1
     rows = []
-    for draft in _drafts(sample.records, settings, counters):
+    for draft in _drafts(sample, settings, counters):
         row = _finish(draft, sample, settings, counters)
         if row is not None:
             rows.append(row)

@@ -33,6 +33,8 @@ TRAIN_STEP = "train_step"
 SYNC_WEIGHTS = "sync_weights"
 RESTORE_WEIGHTS = "restore_weights"
 RECORD_STEP = "record_step"
+# A branching group's branch point by surprisal (it reads the seed's records).
+CHOOSE_BRANCH_POINT = "choose_branch_point"
 
 # Signals. The gateway sends a rollout its calls and its agent's reports; a rollout tells its
 # training run it finished (one result by signal-external, or a worker's batch of results);

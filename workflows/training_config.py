@@ -4,6 +4,8 @@ darl-trainer --input-file config.json`) and the settings it is made of."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -196,6 +198,46 @@ class AggregationSpec(Contract):
     replay_normalized: Literal["keep", "drop"] = "keep"
 
 
+class GroupsSpec(Contract):
+    """How a GRPO group's rollouts are made. `independent`: every member runs whole from the
+    task. `branch`: the group's seed rollout runs whole; when it has finished, the other
+    members start as branches of it (`RolloutSpec.prefix`): each replays the seed's first k
+    calls and goes live from there, so the group's advantages compare continuations of one
+    shared state. `branch_at` chooses k (1 <= k < the seed's calls): `uniform` at random,
+    `surprisal` the call whose sampled tokens had the highest mean -logprob, `fraction` that
+    share of the seed's calls, rounded."""
+
+    mode: Literal["independent", "branch"] = "independent"
+    branch_at: Literal["uniform", "surprisal", "fraction"] = "uniform"
+    fraction: float = Field(default=0.5, gt=0, lt=1)
+    # A branch whose agent left the prefix before its k calls (`prefix_diverged_at`): `drop`
+    # leaves it out of its group, `keep` trains it as a member whose masked calls are those
+    # it did reproduce.
+    broken_branches: Literal["drop", "keep"] = "drop"
+    # Whether the seed's own first k calls are trained; by default the prefix is masked in
+    # every member, so the group compares the continuations only.
+    train_seed_prefix: bool = False
+
+    def branch_point(self, calls: int, rng: random.Random) -> int:
+        """The prefix length k, 1 <= k < `calls`, of a seed of `calls` (2 or more) calls under
+        `uniform` or `fraction` (`surprisal` reads the seed's records: `highest_surprisal`).
+        The call at index k is the first one the branches sample again."""
+        if self.branch_at == "fraction":
+            return min(max(round(self.fraction * calls), 1), calls - 1)
+        if self.branch_at == "uniform":
+            return rng.randint(1, calls - 1)
+        raise ValueError(f"branch_at {self.branch_at!r} is chosen from the seed's records")
+
+    @staticmethod
+    def highest_surprisal(surprisal: Sequence[float]) -> int:
+        """The branch point under `surprisal`: of calls 1 .. n-1 (branching at the first call
+        would share no prefix), the one whose sampled tokens had the highest mean -logprob,
+        the earliest on a tie. ValueError for fewer than two calls."""
+        if len(surprisal) < 2:
+            raise ValueError(f"{len(surprisal)} calls cannot branch")
+        return max(range(1, len(surprisal)), key=lambda i: (surprisal[i], -i))
+
+
 VERL_ROLLOUT_N = "actor_rollout_ref.rollout.n"
 # verl's settings that the run's own fields decide.
 VERL_KEYS_OF_THE_RUN = {VERL_ROLLOUT_N: "group_size", "data.train_batch_size": "batch_size"}
@@ -230,6 +272,7 @@ class TrainingConfig(Contract):
     success_threshold: float = 1.0
     knobs: Knobs = Field(default_factory=Knobs)
     aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
+    groups: GroupsSpec = Field(default_factory=GroupsSpec)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     # Where checkpoints and metrics go; None: `<runs dir of the trainer worker>/<run_id>`.
     run_dir: str | None = None
@@ -279,6 +322,11 @@ class TrainingConfig(Contract):
             raise ValueError("min_group_size cannot exceed group_size")
         if self.mode == TrainingMode.ASYNC and self.knobs.max_inflight < self.group_size:
             raise ValueError("knobs.max_inflight must hold at least one group")
+        if self.groups.mode == "branch" and self.group_size < 2:
+            raise ValueError(
+                f"groups.mode 'branch' needs group_size 2 or more (a seed and its branches), "
+                f"not {self.group_size}"
+            )
         return self
 
     @property

@@ -5,10 +5,18 @@ the TrainingWorkflow's state lives in one object that survives continue-as-new a
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from darl.workflows.contracts import CURRENT_REVISION, RolloutMode, RolloutResult, RolloutSpec
+from darl.workflows.contracts import (
+    CURRENT_REVISION,
+    PrefixSpec,
+    RolloutMode,
+    RolloutResult,
+    RolloutSpec,
+    Task,
+)
 from darl.workflows.rollout_status import RolloutStatus
 from darl.workflows.training_config import TrainingConfig, TrainingMode
 from darl.workflows.training_messages import (
@@ -56,6 +64,13 @@ def _trainable(result: RolloutResult) -> bool:
     return result.status == RolloutStatus.SUCCEEDED and result.reward is not None
 
 
+def can_branch(seed: RolloutResult) -> bool:
+    """A seed's branches start from its prefix only if it has one to give: a trained
+    trajectory (a failed seed's calls are no state worth comparing continuations of) with
+    a call after the prefix's first."""
+    return _trainable(seed) and len(seed.call_ids) >= 2
+
+
 class GroupBook:
     def __init__(self, config: TrainingConfig, state: TrainingState) -> None:
         self.config = config
@@ -82,48 +97,65 @@ class GroupBook:
             if busy or self.validating():
                 return 0
             return config.batch_size - self.inflight_groups() - len(state.ready)
-        return (state.knobs.max_inflight - self.inflight(RolloutMode.TRAIN)) // config.group_size
+        return (state.knobs.max_inflight - self._reserved()) // config.group_size
 
     def open_groups(
         self, rows: list[TaskRow], mode: RolloutMode, size: int, report_to: str, now: float
     ) -> list[RolloutSpec]:
         """Book a group per task row and return the specs of its rollouts. Ids are unique in
-        the run: a task's place in its epoch, or the step it validates."""
+        the run: a task's place in its epoch, or the step it validates. A branching train
+        group starts its seed (`<group>.0`) only; its other members wait for the seed's
+        result (`open_branches`)."""
         config, state = self.config, self.state
-        rollout = config.rollout
+        branching = config.groups.mode == "branch" and mode == RolloutMode.TRAIN and size > 1
         specs: list[RolloutSpec] = []
         for row in rows:
             where = f"v{state.step}" if mode == RolloutMode.VAL else f"e{row.epoch}"
             group_id = f"{config.run_id}.{where}{POSITION_MARK}{row.position}"
             rollout_ids = [f"{group_id}.{k}" for k in range(size)]
-            self.add_group(
-                GroupState(
-                    group_id=group_id,
-                    mode=mode,
-                    step=state.step,
-                    policy_version=state.policy_version,
-                    pending=rollout_ids,
-                    started_at=now,
-                )
+            group = GroupState(
+                group_id=group_id,
+                mode=mode,
+                step=state.step,
+                policy_version=state.policy_version,
+                pending=rollout_ids,
+                started_at=now,
             )
+            if branching:
+                group.pending, group.unopened = rollout_ids[:1], rollout_ids[1:]
+                group.seed, group.task = rollout_ids[0], row.task
+            self.add_group(group)
             specs += [
-                RolloutSpec(
-                    run_id=config.run_id,
-                    rollout_id=rollout_id,
-                    group_id=group_id,
-                    task=row.task,
-                    mode=mode,
-                    agent=rollout.agent,
-                    reward=rollout.reward,
-                    timeouts=rollout.timeouts,
-                    policy_version=state.policy_version,
-                    max_attempts=rollout.max_attempts,
-                    report_to=report_to,
-                    revision=CURRENT_REVISION,
-                )
-                for rollout_id in rollout_ids
+                self._spec(group_id, rollout_id, row.task, mode, report_to)
+                for rollout_id in group.pending
             ]
         return specs
+
+    def _spec(
+        self,
+        group_id: str,
+        rollout_id: str,
+        task: Task,
+        mode: RolloutMode,
+        report_to: str,
+        prefix: PrefixSpec | None = None,
+    ) -> RolloutSpec:
+        config, rollout = self.config, self.config.rollout
+        return RolloutSpec(
+            run_id=config.run_id,
+            rollout_id=rollout_id,
+            group_id=group_id,
+            task=task,
+            mode=mode,
+            agent=rollout.agent,
+            reward=rollout.reward,
+            timeouts=rollout.timeouts,
+            policy_version=self.state.policy_version,
+            max_attempts=rollout.max_attempts,
+            report_to=report_to,
+            revision=CURRENT_REVISION,
+            prefix=prefix,
+        )
 
     def add_group(self, group: GroupState) -> None:
         self.state.groups[group.group_id] = group
@@ -140,7 +172,18 @@ class GroupBook:
         )
 
     def inflight_groups(self, mode: RolloutMode = RolloutMode.TRAIN) -> int:
-        return sum(1 for g in self.state.groups.values() if g.pending and g.mode == mode)
+        return sum(
+            1 for g in self.state.groups.values() if (g.pending or g.unopened) and g.mode == mode
+        )
+
+    def _reserved(self) -> int:
+        """Train rollouts out or booked: a branching group holds room for its branches from
+        its start, so they never wait for room when their seed reports."""
+        return sum(
+            len(g.pending) + len(g.unopened)
+            for g in self.state.groups.values()
+            if g.mode == RolloutMode.TRAIN
+        )
 
     def record(self, result: RolloutResult) -> None:
         """A rollout's report. Duplicates (a report sent again: a rollout's last workflow task
@@ -156,10 +199,16 @@ class GroupBook:
         group = self.state.groups[group_id]
         group.pending.remove(result.rollout_id)
         group.results.append(result)
-        if result.replayed_calls:
+        # A branch's prefix is replayed too, but that is no resumption: counted apart.
+        resumed = result.replayed_calls - result.prefix_calls
+        if resumed > 0:
             counters.rollouts_resumed += 1
-            counters.calls_replayed += result.replayed_calls
-        counters.replays_diverged += result.replay_diverged_at is not None
+            counters.calls_replayed += resumed
+        counters.replays_diverged += (
+            result.replay_diverged_at is not None and result.prefix_diverged_at is None
+        )
+        counters.branch_calls_replayed += result.prefix_calls
+        counters.branches_broken += result.prefix_diverged_at is not None
         if result.status == RolloutStatus.CANCELLED:
             counters.rollouts_cancelled += 1
         elif not _trainable(result):
@@ -168,8 +217,21 @@ class GroupBook:
             self.state.last_failure = f"{result.rollout_id} {result.status}: {result.error}"
         else:
             self.state.failed_in_a_row = 0
-        if not group.pending:
+            counters.rollouts_broken_branches += self._dropped_broken(result)
+        if not group.pending and not group.unopened:
             self._complete(group)
+
+    def _dropped_broken(self, result: RolloutResult) -> bool:
+        """A branch whose prefix could not be replayed, which `broken_branches: drop` leaves
+        out of its group (the agent did not rebuild the state the group compares)."""
+        return (
+            result.prefix_diverged_at is not None and self.config.groups.broken_branches == "drop"
+        )
+
+    def _members(self, group: GroupState) -> list[RolloutResult]:
+        """The group's results that train: a reward, and a branch whose prefix held (or is
+        kept anyway)."""
+        return [r for r in group.results if _trainable(r) and not self._dropped_broken(r)]
 
     def _reported_before(self, result: RolloutResult) -> bool:
         group = self.state.groups.get(result.group_id)
@@ -211,9 +273,67 @@ class GroupBook:
             )
         )
 
+    # --- branching groups (`groups.mode: branch`) -------------------------------------------
+
+    def to_branch(self) -> list[str]:
+        """Groups whose seed has reported and whose branches are still to start, oldest
+        first."""
+        return [g.group_id for g in self.state.groups.values() if g.unopened and not g.pending]
+
+    def awaiting_branches(self) -> bool:
+        return any(g.unopened for g in self.state.groups.values())
+
+    def seed_result(self, group_id: str) -> RolloutResult:
+        group = self.state.groups[group_id]
+        return next(r for r in group.results if r.rollout_id == group.seed)
+
+    def open_branches(
+        self, group_id: str, at: int | None, report_to: str, surprisal: Sequence[float] = ()
+    ) -> list[RolloutSpec]:
+        """Start a seeded group's other members: branches of the seed's first `at` calls, or,
+        with `at` None (the seed could not branch), ordinary rollouts. A group that went stale
+        while its seed ran is dropped instead (its branches would be dropped with it)."""
+        group = self.state.groups[group_id]
+        counters = self.state.counters
+        seed = self.seed_result(group_id)
+        if self._stale(group):
+            group.unopened = []
+            self._drop(group, Dropped.STALE)
+            return []
+        prefix = None
+        if at is None:
+            counters.seeds_not_branched += 1
+        else:
+            if not 1 <= at < len(seed.call_ids):
+                raise ValueError(
+                    f"branch point {at} is outside calls 1..{len(seed.call_ids) - 1} of seed "
+                    f"{seed.rollout_id}"
+                )
+            counters.groups_branched += 1
+            group.branch_point, group.surprisal = at, list(surprisal)
+            prefix = PrefixSpec(rollout_id=seed.rollout_id, attempt=seed.attempts, calls=at)
+        rollout_ids, group.unopened = group.unopened, []
+        group.pending = rollout_ids
+        for rollout_id in rollout_ids:
+            self._owner[rollout_id] = group_id
+        counters.rollouts_started += len(rollout_ids)
+        return [
+            self._spec(group_id, rollout_id, group.task, group.mode, report_to, prefix)
+            for rollout_id in rollout_ids
+        ]
+
+    def _masked_calls(self, group: GroupState, result: RolloutResult) -> int:
+        """A member's first calls that are context only: a branch's replayed prefix, and the
+        seed's own prefix unless `train_seed_prefix`."""
+        if result.rollout_id != group.seed:
+            return result.prefix_calls
+        if group.branch_point is None or self.config.groups.train_seed_prefix:
+            return 0
+        return group.branch_point
+
     def _complete(self, group: GroupState) -> None:
         counters = self.state.counters
-        good = [r for r in group.results if _trainable(r)]
+        good = self._members(group)
         if group.mode == RolloutMode.VAL:
             counters.rollouts_validated += len(good)
             self._note_val(group.step)
@@ -230,8 +350,7 @@ class GroupBook:
 
     def _drop(self, group: GroupState, why: Dropped) -> None:
         counters = self.state.counters
-        good = sum(1 for r in group.results if _trainable(r))
-        counters.rollouts_in_dropped_groups += good
+        counters.rollouts_in_dropped_groups += len(self._members(group))
         match why:
             case Dropped.TOO_SMALL:
                 counters.groups_dropped_small += 1
@@ -245,9 +364,7 @@ class GroupBook:
         """The run ends: what is complete but untrained is counted as left over."""
         for group in list(self.state.groups.values()):
             if not group.pending:
-                self.state.counters.rollouts_left_over += sum(
-                    1 for r in group.results if _trainable(r)
-                )
+                self.state.counters.rollouts_left_over += len(self._members(group))
                 del self.state.groups[group.group_id]
         self.state.ready.clear()
 
@@ -347,7 +464,7 @@ class GroupBook:
         groups: list[TrainGroup] = []
         results: list[RolloutResult] = []
         for group in taken:
-            good = [r for r in group.results if _trainable(r)]
+            good = self._members(group)
             results += good
             groups.append(
                 TrainGroup(
@@ -358,6 +475,7 @@ class GroupBook:
                             attempt=r.attempts,
                             call_ids=r.call_ids,
                             reward=float(r.reward or 0.0),
+                            masked_calls=self._masked_calls(group, r),
                         )
                         for r in good
                     ],

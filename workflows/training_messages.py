@@ -128,11 +128,31 @@ class TrainMember(Contract):
     attempt: int
     call_ids: list[str]
     reward: float
+    # How many of its first calls are context only, never trained (a branch's replayed
+    # prefix, and the seed's unless `groups.train_seed_prefix`).
+    masked_calls: int = Field(default=0, ge=0)
 
 
 class TrainGroup(Contract):
     group_id: str
     members: list[TrainMember]
+
+
+class BranchPointRequest(Contract):
+    """A seed rollout's final attempt and its committed calls, in order."""
+
+    rollout_id: str
+    attempt: int
+    call_ids: list[str]
+
+
+class BranchPoint(Contract):
+    """The branch point `choose_branch_point` found (None: the store held fewer than two of
+    the calls, so the seed cannot branch) and the mean -logprob of each call's sampled
+    tokens, in call order, that it chose from."""
+
+    at: int | None
+    surprisal: list[float]
 
 
 class TrainStepRequest(Contract):

@@ -9,6 +9,7 @@ from darl.workflows.contracts import (
     Contract,
     RolloutMode,
     RolloutResult,
+    Task,
 )
 
 
@@ -39,6 +40,16 @@ class GroupState(State):
     pending: list[str]
     results: list[RolloutResult] = Field(default_factory=list)
     started_at: float
+    # A branching group (`groups.mode: branch`): its seed rollout, the members booked to
+    # start once the seed has reported (not yet started, so not `pending`), the task they
+    # run, and the call they branch at (the prefix length k: None until the seed reported,
+    # and for good when it could not branch, its members then starting whole) with the
+    # per-call figures `surprisal` chose it from.
+    seed: str | None = None
+    unopened: list[str] = Field(default_factory=list)
+    task: Task | None = None
+    branch_point: int | None = None
+    surprisal: list[float] = Field(default_factory=list)
 
 
 class Counters(State):
@@ -52,6 +63,9 @@ class Counters(State):
     rollouts_validated: int = 0
     # Complete when the run ended, but no step was left to train them.
     rollouts_left_over: int = 0
+    # Branches whose prefix could not be replayed, left out of their group
+    # (`groups.broken_branches: drop`).
+    rollouts_broken_branches: int = 0
     groups_trained: int = 0
     groups_dropped_stale: int = 0
     groups_dropped_small: int = 0
@@ -65,6 +79,14 @@ class Counters(State):
     rollouts_resumed: int = 0
     calls_replayed: int = 0
     replays_diverged: int = 0
+    # Branching groups (`groups.mode: branch`): groups whose members started from their
+    # seed's prefix, branches that left the prefix early (dropped or kept), the calls the
+    # branches replayed from their prefix, and seeds that could not branch (fewer than two
+    # calls, or no reward) whose members started whole.
+    groups_branched: int = 0
+    branches_broken: int = 0
+    branch_calls_replayed: int = 0
+    seeds_not_branched: int = 0
 
     def ended(self) -> int:
         """Rollouts whose end is counted; equals `rollouts_started` once nothing is out."""
@@ -75,6 +97,7 @@ class Counters(State):
             + self.rollouts_cancelled
             + self.rollouts_validated
             + self.rollouts_left_over
+            + self.rollouts_broken_branches
         )
 
 

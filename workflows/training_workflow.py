@@ -30,12 +30,13 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from darl.workflows import search_attributes as sa
-    from darl.workflows.contracts import RolloutMode, RolloutResult
+    from darl.workflows.contracts import RolloutMode, RolloutResult, RolloutSpec
     from darl.workflows.errors import one_line
     from darl.workflows.names import (
         CANCEL_ROLLOUTS,
         CHECK_ROLLOUTS,
         CHECK_RUN,
+        CHOOSE_BRANCH_POINT,
         INITIALIZE_POLICY,
         METRICS_QUERY,
         PAUSE_SIGNAL,
@@ -57,8 +58,10 @@ with workflow.unsafe.imports_passed_through():
         WEIGHT_SYNC_ERROR,
     )
     from darl.workflows.training_config import TrainingConfig
-    from darl.workflows.training_groups import GroupBook
+    from darl.workflows.training_groups import GroupBook, can_branch
     from darl.workflows.training_messages import (
+        BranchPoint,
+        BranchPointRequest,
         InitializeRequest,
         KnobUpdate,
         ReadTasksRequest,
@@ -121,6 +124,7 @@ START_TO_CLOSE = {
     SYNC_WEIGHTS: timedelta(minutes=5),
     RESTORE_WEIGHTS: timedelta(minutes=10),
     RECORD_STEP: timedelta(minutes=1),
+    CHOOSE_BRANCH_POINT: timedelta(minutes=5),
 }
 RECENT_STEPS = 50
 # A knob update refused (by its fields' rules or the run's): sending it again cannot help.
@@ -159,6 +163,7 @@ class TrainingWorkflow:
         self._phase = TrainingPhase.STARTING
         self._closing = False
         self._feeder: asyncio.Task[None] | None = None
+        self._brancher: asyncio.Task[None] | None = None
         self._guard: asyncio.Task[None] | None = None
         self._restoring = False
 
@@ -172,6 +177,8 @@ class TrainingWorkflow:
         if not self._state.initialized:
             await self._initialize()
         self._feeder = asyncio.create_task(self._feed())
+        if self._config.groups.mode == "branch":
+            self._brancher = asyncio.create_task(self._branch())
         self._guard = asyncio.create_task(self._guard_weights())
         while True:
             await self._flush_records()
@@ -181,9 +188,11 @@ class TrainingWorkflow:
             elif move is Move.CONTINUE_AS_NEW:
                 await self._continue_as_new()
             elif move is Move.FEEDER_FAILED:
-                # Reading or starting the next tasks failed for good (a dataset that went
-                # away, a row that cannot be a rollout): that failure is the run's.
-                self._feeder.result()
+                # Reading or starting the next tasks (or branches) failed for good (a dataset
+                # that went away, a row that cannot be a rollout): that failure is the run's.
+                for loop in self._feeding_loops():
+                    if loop.done():
+                        loop.result()
             elif move is Move.FAIL:
                 await self._finish(Move.FAIL.value)
                 raise ApplicationError(self._book.failing_message(), non_retryable=True)
@@ -235,8 +244,7 @@ class TrainingWorkflow:
 
     def _what_next(self) -> Next:
         state, book = self._state, self._book
-        feeder = self._feeder
-        if feeder is not None and feeder.done() and feeder.exception() is not None:
+        if any(loop.done() and loop.exception() is not None for loop in self._feeding_loops()):
             return Next(Move.FEEDER_FAILED)
         if book.failing():
             return Next(Move.FAIL)
@@ -251,7 +259,7 @@ class TrainingWorkflow:
             return Next(Move.CONTINUE_AS_NEW)
         if book.batch_ready():
             return Next(Move.TRAIN)
-        if state.dataset_exhausted and not book.inflight():
+        if state.dataset_exhausted and not book.inflight() and not book.awaiting_branches():
             return Next(Move.TRAIN) if state.ready else Next(Move.FINISH, "dataset exhausted")
         return Next(Move.WAIT)
 
@@ -432,6 +440,9 @@ class TrainingWorkflow:
         specs = self._book.open_groups(
             rows, mode, size, report_to=workflow.info().workflow_id, now=workflow.time()
         )
+        await self._start_rollouts(specs)
+
+    async def _start_rollouts(self, specs: list[RolloutSpec]) -> None:
         if specs:
             await workflow.execute_activity(
                 START_ROLLOUTS,
@@ -445,8 +456,53 @@ class TrainingWorkflow:
         self._closing = True
         if self._feeder is not None:
             await self._feeder
+        if self._brancher is not None:
+            await self._brancher
         if self._guard is not None:
             await self._guard
+
+    def _feeding_loops(self) -> list[asyncio.Task[None]]:
+        return [loop for loop in (self._feeder, self._brancher) if loop is not None]
+
+    # --- the brancher: a branching group's members start once its seed has reported ----
+
+    async def _branch(self) -> None:
+        """Start the branches of each group whose seed has reported (none while paused).
+        A group is booked before its branches start, as in `_start_groups`; one whose
+        branches are still to start at a continue-as-new is carried in the state."""
+        book = self._book
+        while True:
+            await workflow.wait_condition(
+                lambda: self._closing or (not self._state.paused and bool(book.to_branch()))
+            )
+            if self._closing:
+                return
+            group_id = book.to_branch()[0]
+            at, surprisal = await self._branch_point(group_id)
+            report_to = workflow.info().workflow_id
+            await self._start_rollouts(book.open_branches(group_id, at, report_to, surprisal))
+
+    async def _branch_point(self, group_id: str) -> tuple[int | None, list[float]]:
+        """The prefix length the group's branches start from, by the config's rule, and the
+        per-call figures `surprisal` chose it from; None when the seed cannot branch (it
+        failed, or made fewer than two calls): its members then start whole."""
+        seed = self._book.seed_result(group_id)
+        groups = self._config.groups
+        if not can_branch(seed):
+            return None, []
+        if groups.branch_at != "surprisal":
+            return groups.branch_point(len(seed.call_ids), workflow.random()), []
+        point = await workflow.execute_activity(
+            CHOOSE_BRANCH_POINT,
+            BranchPointRequest(
+                rollout_id=seed.rollout_id, attempt=seed.attempts, call_ids=seed.call_ids
+            ),
+            result_type=BranchPoint,
+            start_to_close_timeout=START_TO_CLOSE[CHOOSE_BRANCH_POINT],
+            heartbeat_timeout=HEARTBEAT,
+            retry_policy=RETRY_WITHOUT_LIMIT,
+        )
+        return point.at, point.surprisal
 
     async def _guard_weights(self) -> None:
         """Between syncs, every `check_every_seconds`: a policy server that lost the run's

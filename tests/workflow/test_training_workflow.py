@@ -76,19 +76,26 @@ class Harness:
 
 
 @asynccontextmanager
-async def harness(env: WorkflowEnvironment, tasks: list[dict]) -> AsyncIterator[Harness]:
+async def harness(
+    env: WorkflowEnvironment,
+    tasks: list[dict],
+    stubs: type[StubTrainerActivities] = StubTrainerActivities,
+    rollout_workflow: type = StubRolloutWorkflow,
+) -> AsyncIterator[Harness]:
+    """Workers for a TrainingWorkflow on `env`: the trainer's activities as `stubs` over
+    `tasks`, and `rollout_workflow` standing in for the RolloutWorkflow."""
     trainer_queue, rollout_queue = f"trainer-{uuid.uuid4().hex}", f"rollouts-{uuid.uuid4().hex}"
-    stubs = StubTrainerActivities(env.client, tasks)
+    activities = stubs(env.client, tasks)
     async with (
         Worker(
             env.client,
             task_queue=trainer_queue,
             workflows=[TrainingWorkflow],
-            activities=stubs.activities(),
+            activities=activities.activities(),
         ),
-        Worker(env.client, task_queue=rollout_queue, workflows=[StubRolloutWorkflow]),
+        Worker(env.client, task_queue=rollout_queue, workflows=[rollout_workflow]),
     ):
-        yield Harness(env, stubs, trainer_queue, rollout_queue)
+        yield Harness(env, activities, trainer_queue, rollout_queue)
 
 
 def tasks(count: int, **fields: object) -> list[dict]:
