@@ -8,7 +8,7 @@ import asyncio
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -21,11 +21,18 @@ from temporalio.service import RPCError
 
 from darl.gateway.store.record import CallRecord
 from darl.gateway.store.url import open_store
+from darl.trainer.aggregation import TrainingRow
 from darl.trainer.run_files import read_metrics
 from darl.viewer.charts import charts
 from darl.viewer.detokenize import ServerDetokenizer
 from darl.viewer.links import web_ui_link
-from darl.viewer.render import call_views, completion_tokens_html, ids_text, row_tokens_html
+from darl.viewer.render import (
+    CallView,
+    call_views,
+    completion_tokens_html,
+    ids_text,
+    row_tokens_html,
+)
 from darl.viewer.temporal_view import (
     PAGE_SIZES,
     NotFoundError,
@@ -36,9 +43,14 @@ from darl.viewer.temporal_view import (
     TemporalView,
     WorkflowRow,
 )
-from darl.viewer.training_rows import group_advantages, trainer_rows
+from darl.viewer.training_rows import (
+    dropped_branch,
+    group_advantages,
+    masked_calls,
+    trainer_rows,
+)
 from darl.viewer.trajectory import TokenText, Trajectory, agent_log_tail, load_trajectory
-from darl.workflows.contracts import rollout_workflow_id
+from darl.workflows.contracts import PrefixSpec, rollout_workflow_id
 from darl.workflows.training_config import TrainingConfig, training_workflow_id
 from darl.workflows.training_state import StepRecord
 
@@ -271,12 +283,15 @@ def _rollout_page(
     committed = set(result.call_ids) if result and result.call_ids else None
     trained_calls = [c for c in trajectory.calls if committed is None or c.call_id in committed]
     tokens = TokenText(trajectory.calls, served, config)
+    # A branch masks the prefix it reproduced; a seed's mask (its group's branch point) is
+    # not known from its own spec, so its page shows the rows of every call.
     aggregated = trainer_rows(
         rollout_id,
         state.spec.group_id if state and state.spec else "",
         result.reward if result else None,
         trained_calls,
         config,
+        masked_calls(state.spec if state else None, result, None, config),
     )
     return {
         "title": f"Rollout {rollout_id}",
@@ -308,6 +323,36 @@ class Member:
     completion: str
     calls: int
     advantage: float | None
+    masked: int = 0
+    """Its first calls the trainer keeps out of its rows (`masked_calls`)."""
+    rows: int = 0
+    continuation: int | None = None
+    """In a branching group: its calls after the shared prefix (None: not known yet)."""
+    dropped: bool = False
+    """A branch that left its prefix early, left out of its group (`dropped_branch`)."""
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """A branching group's prefix: the seed's first `calls` calls, replayed to each branch."""
+
+    seed: str
+    attempt: int
+    calls: int
+    views: list[CallView]
+
+
+def _group_prefix(states: list[RolloutState | None]) -> PrefixSpec | None:
+    """The prefix the group's branches start from (one seed's, the same k for all)."""
+    return next((s.spec.prefix for s in states if s and s.spec and s.spec.prefix), None)
+
+
+def _prefix_start(rollout_id: str, state: RolloutState | None, prefix: PrefixSpec) -> int | None:
+    """Where a member's own calls after the shared prefix begin: the seed's at k, a branch's
+    after the prefix calls it reproduced (None until its result says)."""
+    if rollout_id == prefix.rollout_id:
+        return prefix.calls
+    return state.result.prefix_calls if state and state.result else None
 
 
 def _members(
@@ -316,25 +361,33 @@ def _members(
     states: list[RolloutState | None],
     trajectories: list[Trajectory],
     config: TrainingConfig | None,
+    prefix: PrefixSpec | None,
 ) -> tuple[list[Member], list[float]]:
-    """Each member's last completion and advantage, and the group's rewards."""
-    training_rows, texts, calls = [], {}, {}
+    """Each member's last completion, masked calls, rows and advantage (over the rows the
+    trainer makes, the prefix masked as it masks it), and the group's rewards."""
+    training_rows, members = [], []
     for row, state, trajectory in zip(rows, states, trajectories, strict=True):
-        calls[row.name] = len(trajectory.calls)
-        texts[row.name] = call_views(trajectory.calls)[-1].completion if trajectory.calls else ""
+        calls = len(trajectory.calls)
+        text = call_views(trajectory.calls)[-1].completion if trajectory.calls else ""
         result = state.result if state else None
-        if result is None or result.reward is None:
-            continue  # not trained: no reward
-        committed = set(result.call_ids)
-        records = [c for c in trajectory.calls if not committed or c.call_id in committed]
-        training_rows += trainer_rows(row.name, group_id, result.reward, records, config).rows
+        seed_k = prefix.calls if prefix and row.name == prefix.rollout_id else None
+        masked = masked_calls(state.spec if state else None, result, seed_k, config)
+        start = _prefix_start(row.name, state, prefix) if prefix else None
+        continuation = max(calls - start, 0) if start is not None else None
+        made: list[TrainingRow] = []
+        dropped = dropped_branch(result, config)
+        # Trained: a reward, and not a branch its group leaves out.
+        if result is not None and result.reward is not None and not dropped:
+            committed = set(result.call_ids)
+            records = [c for c in trajectory.calls if not committed or c.call_id in committed]
+            made = trainer_rows(row.name, group_id, result.reward, records, config, masked).rows
+        training_rows += made
+        members.append(
+            Member(row.name, state, text, calls, None, masked, len(made), continuation, dropped)
+        )
     advantages = group_advantages(training_rows, config)
     rewards = [s.result.reward for s in states if s and s.result and s.result.reward is not None]
-    members = [
-        Member(row.name, state, texts[row.name], calls[row.name], advantages.get(row.name))
-        for row, state in zip(rows, states, strict=True)
-    ]
-    return members, rewards
+    return [replace(m, advantage=advantages.get(m.rollout_id)) for m in members], rewards
 
 
 async def _group_context(viewer: Viewer, group_id: str) -> dict[str, Any]:
@@ -347,14 +400,21 @@ async def _group_context(viewer: Viewer, group_id: str) -> dict[str, Any]:
         await load_trajectory(viewer.store, row.name, state.last_attempt if state else None)
         for row, state in zip(rows, states, strict=True)
     ]
+    prefix = _group_prefix(states)
+    shared = None
+    if prefix is not None:
+        seed = await load_trajectory(viewer.store, prefix.rollout_id, prefix.attempt)
+        views = call_views(seed.calls)[: prefix.calls]
+        shared = SharedPrefix(prefix.rollout_id, prefix.attempt, prefix.calls, views)
     # The rows and verl's estimator (torch) are CPU work: off the event loop.
     members, rewards = await asyncio.to_thread(
-        _members, group_id, rows, states, trajectories, config
+        _members, group_id, rows, states, trajectories, config, prefix
     )
     return {
         "title": f"Group {group_id}",
         "group_id": group_id,
         "run_id": next((row.run for row in rows if row.run), None),
+        "prefix": shared,
         "members": members,
         "config": config,
         "reward_mean": sum(rewards) / len(rewards) if rewards else None,

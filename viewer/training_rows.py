@@ -17,7 +17,8 @@ from darl.trainer.aggregation import (
     to_data_proto,
 )
 from darl.trainer.reference_backend import ReferenceTrainerSettings, compute_advantages
-from darl.workflows.training_config import AggregationSpec, TrainingConfig
+from darl.workflows.contracts import RolloutResult, RolloutSpec
+from darl.workflows.training_config import AggregationSpec, GroupsSpec, TrainingConfig
 
 
 @dataclass(frozen=True)
@@ -43,15 +44,45 @@ def trainer_rows(
     reward: float | None,
     calls: list[CallRecord],
     config: TrainingConfig | None,
+    masked_calls: int = 0,
 ) -> AggregatedRows:
+    """The rows of a rollout whose first `masked_calls` calls are context only (`masked_calls`
+    below)."""
     settings, from_run = aggregation_settings(config)
     counters = AggregationCounters()
-    sample = RolloutSample(rollout_id, group_id, reward or 0.0, calls)
+    sample = RolloutSample(rollout_id, group_id, reward or 0.0, calls, masked_calls)
     try:
         rows = rollout_rows(sample, settings, counters)
     except AggregationError as err:
         return AggregatedRows(settings, from_run, counters=counters, error=str(err))
     return AggregatedRows(settings, from_run, rows, counters)
+
+
+def masked_calls(
+    spec: RolloutSpec | None,
+    result: RolloutResult | None,
+    branch_point: int | None,
+    config: TrainingConfig | None,
+) -> int:
+    """A member's first calls the trainer keeps out of its rows, as the TrainingWorkflow counts
+    them (`GroupBook._masked_calls`): a branch's the prefix calls it reproduced; the seed's its
+    group's branch point `branch_point` unless the run trains the seed's prefix; else none."""
+    if spec is not None and spec.prefix is not None:
+        return result.prefix_calls if result is not None else 0
+    if branch_point is None or (config is not None and config.groups.train_seed_prefix):
+        return 0
+    return branch_point
+
+
+def dropped_branch(result: RolloutResult | None, config: TrainingConfig | None) -> bool:
+    """A branch that left its prefix early, which `groups.broken_branches: drop` keeps out of
+    its group (`GroupBook._dropped_broken`): no rows of it are trained."""
+    groups = config.groups if config is not None else GroupsSpec()
+    return (
+        result is not None
+        and result.prefix_diverged_at is not None
+        and groups.broken_branches == "drop"
+    )
 
 
 def group_advantages(rows: list[TrainingRow], config: TrainingConfig | None) -> dict[str, float]:

@@ -23,19 +23,40 @@ from typing import Any
 
 import httpx
 import pytest
+from temporalio import workflow
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from darl.deploy.processes import ManagedProcess
+from darl.gateway.store.directory import DirectoryTrajectoryStore
+from darl.gateway.store.record import CallRecord
+from darl.viewer.app import Viewer, ViewerSettings, create_viewer_app
+from darl.viewer.temporal_view import TemporalView
 from darl.workflows.contracts import (
+    HttpAgentSpec,
     LocalAgentSpec,
+    PrefixSpec,
     RewardSpec,
+    RolloutMode,
     RolloutResult,
     RolloutSpec,
     RolloutTimeouts,
+    rollout_workflow_id,
 )
-from darl.workflows.names import PAUSE_SIGNAL, RESUME_SIGNAL
+from darl.workflows.names import PAUSE_SIGNAL, RESUME_SIGNAL, ROLLOUT_WORKFLOW
 from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.search_attributes import rollout_attributes
+from darl.workflows.training_config import (
+    AggregationSpec,
+    BackendSpec,
+    DatasetSpec,
+    GroupsSpec,
+    RolloutSettings,
+    TrainingConfig,
+    WeightSyncSettings,
+    training_workflow_id,
+)
 from darl.workflows.training_messages import TrainingSummary
 from tests.integration.stack import Stack
 from tests.integration.test_rollouts_e2e import RESULT_TIMEOUT, example_spec
@@ -404,3 +425,185 @@ def test_darl_trajectory_prints_every_call_in_order(viewer_stack: ViewerStack) -
     missing = v.stack.darl("trajectory", "no-such-rollout", *store)
     assert missing.returncode == 2
     assert "no rollout 'no-such-rollout'" in missing.stderr
+
+
+# --- a branching group, from a real store and stub workflows on the dev server ------------------
+
+
+@workflow.defn(name=ROLLOUT_WORKFLOW)
+class FinishedRollout:
+    """A rollout that reports the result its task holds."""
+
+    @workflow.run
+    async def run(self, spec: RolloutSpec) -> RolloutResult:
+        return RolloutResult.model_validate(spec.task["result"])
+
+
+@workflow.defn(name="TrainingConfigHolder")
+class TrainingConfigHolder:
+    """Starts with a run's TrainingConfig, all the viewer reads of its TrainingWorkflow."""
+
+    @workflow.run
+    async def run(self, config: TrainingConfig) -> None:
+        return None
+
+
+def _branch_call(rollout_id: str, call: int, text: str, replayed_from: str | None) -> CallRecord:
+    answer = [call + 10, call + 11]
+    content = [{"token": chr(65 + t % 26), "logprob": -0.5} for t in answer]
+    return CallRecord(
+        call_id=f"{rollout_id}-c{call}",
+        rollout_id=rollout_id,
+        attempt=1,
+        sequence=-1,
+        endpoint="chat.completions",
+        upstream="http://policy",
+        policy_version=0,
+        created_at=1.0 + call,
+        latency_ms=1.0,
+        retry_count=0,
+        streamed=False,
+        request={"model": "m", "messages": [{"role": "user", "content": f"turn {call}"}]},
+        response={
+            "prompt_token_ids": [1, 2, call + 3],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                    "token_ids": answer,
+                    "logprobs": {"content": content},
+                }
+            ],
+        },
+        prompt_token_ids=[1, 2, call + 3],
+        replayed_from=replayed_from,
+    )
+
+
+async def test_a_branching_group_shows_its_prefix_once_and_each_branchs_continuation(
+    dev_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """Seed `.0` of 4 calls branched at k = 2: `.1` reproduced both and made 3 calls of its
+    own, `.2` left the prefix at call 1 and made 2. The trainer masks the seed's first 2 calls
+    and `.1`'s 2 (one row a call in `transition`), leaves `.2` out of the group (the default
+    `broken_branches: drop`), and the advantages come from the rows that leaves."""
+    run_id = f"vb-{uuid.uuid4().hex[:8]}"
+    group_id, queue = f"{run_id}.e0.t0", f"viewer-branch-{uuid.uuid4().hex[:8]}"
+    seed, k = f"{group_id}.0", 2
+    config = TrainingConfig(
+        run_id=run_id,
+        dataset=DatasetSpec(path="stub"),
+        rollout=RolloutSettings(agent=HttpAgentSpec(url="http://127.0.0.1:9/stub")),
+        backend=BackendSpec(model_dir="stub"),
+        weight_sync=WeightSyncSettings(
+            gateway_admin_url="http://127.0.0.1:9", policy_servers=["http://127.0.0.1:9"]
+        ),
+        group_size=3,
+        batch_size=1,
+        groups=GroupsSpec(mode="branch"),
+        aggregation=AggregationSpec(mode="transition"),
+    )
+    store = DirectoryTrajectoryStore(tmp_path / "trajectories")
+    # member: (reward, prefix calls reproduced, where it left the prefix, live calls)
+    members = {0: (1.0, 0, None, 4), 1: (0.0, k, None, 3), 2: (0.5, 1, 1, 2)}
+    specs = []
+    for member, (reward, reproduced, diverged, live) in members.items():
+        rollout_id = f"{group_id}.{member}"
+        records = [_branch_call(rollout_id, i, f"seed step {i}", None) for i in range(live)]
+        if member:
+            records = [
+                _branch_call(rollout_id, i, f"seed step {i}", f"{seed}-c{i}")
+                for i in range(reproduced)
+            ] + [
+                _branch_call(rollout_id, reproduced + i, f"branch {member} step {i}", None)
+                for i in range(live)
+            ]
+        for record in records:
+            await store.append(record)
+        result = RolloutResult(
+            run_id=run_id,
+            rollout_id=rollout_id,
+            group_id=group_id,
+            mode=RolloutMode.TRAIN,
+            status=RolloutStatus.SUCCEEDED,
+            reward=reward,
+            attempts=1,
+            calls=len(records),
+            call_ids=[r.call_id for r in records],
+            prefix_calls=reproduced,
+            prefix_diverged_at=diverged,
+        )
+        specs.append(
+            RolloutSpec(
+                run_id=run_id,
+                rollout_id=rollout_id,
+                group_id=group_id,
+                task={"result": result.model_dump(mode="json")},
+                agent=LocalAgentSpec(command=["true"]),
+                prefix=PrefixSpec(rollout_id=seed, attempt=1, calls=k) if member else None,
+            )
+        )
+    client = dev_env.client
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[FinishedRollout, TrainingConfigHolder],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):
+        await client.execute_workflow(
+            TrainingConfigHolder.run, config, id=training_workflow_id(run_id), task_queue=queue
+        )
+        for spec in specs:
+            await client.execute_workflow(
+                ROLLOUT_WORKFLOW,
+                spec,
+                id=rollout_workflow_id(spec.rollout_id),
+                task_queue=queue,
+                search_attributes=rollout_attributes(spec, "succeeded"),
+                result_type=RolloutResult,
+            )
+    temporal = TemporalView(client)
+    async with asyncio.timeout(30):  # the group is listed once visibility has indexed it
+        while len(await temporal.group(group_id)) < len(members):
+            await asyncio.sleep(0.05)
+    settings = ViewerSettings(store.root, tmp_path / "runs", tmp_path / "agents")
+    app = create_viewer_app(Viewer(temporal, settings))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://viewer") as http:
+        shown = await http.get(f"/groups/{group_id}")
+    assert shown.status_code == 200, shown.text[-2000:]
+    text = shown.text
+    prefix, cards = text.split('id="members"')
+    # The prefix once, above the members: the seed's first k completions, and no later one.
+    assert text.count('id="prefix"') == 1 and f'id="branch-point">{k}</b>' in prefix
+    assert prefix.count('class="prefix-call"') == k
+    assert "seed step 0" in prefix and "seed step 1" in prefix and "seed step 2" not in prefix
+    assert "seed step 0" not in cards
+    found = {}
+    for block in cards.split('<div class="member">')[1:]:
+        rollout_id = re.search(r'href="/rollouts/([^"]+)"', block).group(1)  # type: ignore[union-attr]
+        found[rollout_id] = block
+    seed_card, whole, early = (found[f"{group_id}.{m}"] for m in members)
+    assert "the seed" in seed_card and 'class="continuation">2</b>' in seed_card
+    assert f'class="branched-at">{k}</b>' in whole and 'class="prefix-calls">2</b>' in whole
+    assert "left the prefix early" not in whole and 'class="continuation">3</b>' in whole
+    assert f'class="branched-at">{k}</b>' in early and 'class="prefix-calls">1</b>' in early
+    assert "left the prefix early, at call 1: left out of the group" in early
+    assert 'class="continuation">2</b>' in early
+    # Masked as the trainer masks: the seed's k, each branch's reproduced calls.
+    masked_rows = {}
+    for member, block in zip(members, (seed_card, whole, early), strict=True):
+        masked = re.search(r"(\d+) masked calls?", block).group(1)  # type: ignore[union-attr]
+        rows = re.search(r'class="rows">(\d+)</span>', block).group(1)  # type: ignore[union-attr]
+        masked_rows[member] = (int(masked), int(rows))
+    assert masked_rows == {0: (k, 2), 1: (k, 3), 2: (1, 0)}
+    by_row = [members[m][0] for m, (_, rows) in masked_rows.items() for _ in range(rows)]
+    mean, std = statistics.mean(by_row), statistics.stdev(by_row)
+    for member, block in zip(members, (seed_card, whole, early), strict=True):
+        advantage = re.search(r'class="advantage">([^<]+)</b>', block).group(1)  # type: ignore[union-attr]
+        if masked_rows[member][1] == 0:
+            assert advantage == "-", member
+            continue
+        expected = (members[member][0] - mean) / (std + 1e-6)
+        assert float(advantage) == pytest.approx(expected, abs=1e-3), member
