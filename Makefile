@@ -20,7 +20,7 @@ MINI_SWE_AGENT_VERSION := 2.4.6
 SWE_STAMP := $(SWE_VENV)/.installed-$(MINI_SWE_AGENT_VERSION)
 BWRAP_STAMP := $(VENV)/.bubblewrap
 
-.PHONY: demo test lint typecheck docs format bench profile-gateway bench-replicas bench-training bench-replay bench-swe chaos dev vllm swe clean link-tree
+.PHONY: demo test lint typecheck docs format bench profile-gateway bench-replicas bench-training bench-replay bench-branch bench-swe chaos dev vllm swe clean link-tree
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -100,6 +100,11 @@ bench-training: $(STAMP)
 # Replay (rule 10): an agent killed at call 30 of 40, resumed by replay against restarted.
 bench-replay: $(STAMP)
 	$(BIN)/python -m bench.replay_bench
+
+# Branching groups against ordinary groups of the same size: policy tokens generated per
+# trained member, wall time per step (docs/branching.md).
+bench-branch: $(STAMP)
+	$(BIN)/python -m bench.branch_bench
 
 # Coding-agent rollouts: sandbox set-up, agent and grading times, store bytes per call.
 bench-swe: $(STAMP) $(SWE_STAMP) $(BWRAP_STAMP)

@@ -59,6 +59,7 @@ class ChaosReport:
     # trained trajectories that are not one episode (a replayed call unlike its record, a
     # live call before a replayed one, a call whose prompt does not extend the one before).
     agents_killed: int = 0
+    branches_killed: int = 0
     replayed_calls: int = 0
     regenerated_calls: int = 0
     inconsistent_trajectories: int = 0

@@ -110,7 +110,13 @@ class ChaosRun:
     agent's call and its attempt's close reach different replicas."""
 
     def __init__(
-        self, root: Path, kills: list[Kill], steps: int, agent: str = "http", replicas: int = 1
+        self,
+        root: Path,
+        kills: list[Kill],
+        steps: int,
+        agent: str = "http",
+        replicas: int = 1,
+        groups: str = "independent",
     ) -> None:
         self.root = root
         self.kills = kills
@@ -127,6 +133,9 @@ class ChaosRun:
         self.sync_delay: SyncDelay | None = None
         self.markers = root / "replay-markers"
         self.agents_killed = 0
+        # `groups.mode` of the run; in `branch` mode, the branches whose agent was killed.
+        self.groups = groups
+        self.branches_killed = 0
 
     # --- the run ----------------------------------------------------------------------------
 
@@ -180,6 +189,7 @@ class ChaosRun:
             # Steps long enough to aim a kill inside one (~1-2 s), learning slowly.
             backend_settings={"ppo_epochs": 60, "lr": 1e-4},
             continue_as_new_after_events=100_000,
+            groups={"mode": self.groups},
         )
         data = config.model_dump(mode="json")
         data["rollout"]["timeouts"] |= {"heartbeat_seconds": 3, "retry_backoff_seconds": 1}
@@ -236,6 +246,7 @@ class ChaosRun:
             outcome.stall = self._stall(outcome)
         report = ChaosReport(self.run_id, self.agent, wall, outcomes)
         report.agents_killed = self.agents_killed
+        report.branches_killed = self.branches_killed
         await self._check(report, config, summary)
         return report
 
@@ -257,6 +268,8 @@ class ChaosRun:
                     os.killpg(pid, signal.SIGKILL)
                 killed.add(marker.name)
                 self.agents_killed += 1
+                # A group's seed is its member 0; the others are branches in `branch` mode.
+                self.branches_killed += self.groups == "branch" and not rollout.endswith(".0")
             await asyncio.sleep(0.05)
 
     async def _result(self, handle: WorkflowHandle) -> TrainingSummary:

@@ -6,13 +6,26 @@ killed with SIGKILL of its process group (or its agent service) after a known ca
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
 
-from darl.workflows.contracts import HttpAgentSpec, PrefixSpec, ReplaySpec, RolloutSpec
+from darl.trainer.run_files import read_metrics
+from darl.workflows.contracts import (
+    HttpAgentSpec,
+    LocalAgentSpec,
+    PrefixSpec,
+    ReplaySpec,
+    RolloutResult,
+    RolloutSpec,
+    rollout_workflow_id,
+)
+from darl.workflows.training_config import TrainingConfig
 from tests.integration.replay_checks import (
+    REPLAY_AGENT,
     Scenario,
     agent_log,
     check_resumed,
@@ -24,6 +37,12 @@ from tests.integration.replay_checks import (
     wait_for_marker,
 )
 from tests.integration.stack import Stack
+from tests.integration.training_stack import (
+    check_finished_run,
+    start_training,
+    training_config,
+    training_result,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -288,3 +307,75 @@ async def test_a_branch_that_leaves_its_prefix_early_says_where(stack: Stack) ->
     assert (result.prefix_calls, result.prefix_diverged_at, result.replayed_calls) == (2, 2, 2)
     final = stack.store().read_sync(spec.rollout_id, call_ids=result.call_ids)
     assert [r.replayed_from is not None for r in final] == [True] * 2 + [False] * 3
+
+
+async def test_a_branching_training_run_trains_the_continuations(stack: Stack) -> None:
+    """Branching groups of a multi-turn agent, trained for 2 steps on the real stack: every
+    group branched at its seed's most surprising call (the trainer read the seed's logprobs
+    from the store), every branch reproduced its prefix without the policy generating it
+    again, every rollout is accounted for, and the trainer masked exactly the prefixes: the
+    seed's k calls and each branch's `prefix_calls`."""
+    run_id = f"branching-{uuid.uuid4().hex[:8]}"
+    markers = stack.root / "replay-markers"
+    markers.mkdir(exist_ok=True)
+    config = training_config(
+        stack,
+        run_id,
+        2,
+        group_size=3,
+        batch_size=2,
+        min_group_size=3,
+        equal_reward_groups="train",
+        groups={"mode": "branch", "branch_at": "surprisal"},
+    )
+    data = config.model_dump(mode="json")
+    data["rollout"]["agent"] = LocalAgentSpec(
+        command=["{python}", REPLAY_AGENT],
+        env={
+            "AGENT_LOG": str(stack.root / "replay-agent.log"),
+            "MARKER_DIR": str(markers),
+            "PROTOCOL": "tokens",
+            "TURNS": "5",
+            "MAX_TOKENS": "3",
+        },
+    ).model_dump(mode="json")
+    config = TrainingConfig.model_validate(data)
+    await asyncio.to_thread(stack.start_trainer_worker, "trainer")
+    try:
+        handle = await start_training(stack.client, config, stack.trainer_queue)
+        summary = await training_result(stack, handle, 240)
+    finally:
+        stack.processes.pop("trainer").stop()
+    check_finished_run(summary, config)
+    counters = summary.counters
+    assert counters.groups_branched == counters.groups_trained + counters.groups_dropped_stale
+    assert (counters.seeds_not_branched, counters.branches_broken) == (0, 0), counters
+
+    store = stack.store()
+    rollout_ids = sorted(
+        folder.name for folder in stack.store_dir.iterdir() if folder.name.startswith(run_id)
+    )
+    results = {
+        rollout_id: await stack.client.get_workflow_handle(
+            rollout_workflow_id(rollout_id), result_type=RolloutResult
+        ).result()
+        for rollout_id in rollout_ids
+    }
+    served = {line["call_id"] for line in stack.policy_responses()}
+    # In sync mode the run starts exactly the groups it trains: the masked calls are the
+    # branches' prefixes and each seed's own k.
+    masked = {seed: 0 for seed in results if seed.endswith(".0")}
+    for rollout_id, result in results.items():
+        if rollout_id in masked:
+            continue
+        seed_id = rollout_id.rsplit(".", 1)[0] + ".0"
+        seed = results[seed_id]
+        calls = store.read_sync(rollout_id, call_ids=result.call_ids)
+        k = result.prefix_calls
+        assert 1 <= k < seed.calls and result.prefix_diverged_at is None, result
+        assert [r.replayed_from for r in calls[:k]] == seed.call_ids[:k]
+        assert not served & {r.call_id for r in calls[:k]}
+        assert {r.call_id for r in calls[k:]} <= served
+        masked[rollout_id] = masked[seed_id] = k
+    trained = [r["trainer"] for r in read_metrics(Path(config.run_dir or ""))]
+    assert sum(t["aggregation/prefix_masked_calls"] for t in trained) == sum(masked.values())
