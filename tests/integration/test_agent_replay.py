@@ -9,6 +9,7 @@ import asyncio
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,11 +20,13 @@ from darl.workflows.contracts import (
     LocalAgentSpec,
     PrefixSpec,
     ReplaySpec,
+    RewardSpec,
     RolloutResult,
     RolloutSpec,
     rollout_workflow_id,
 )
 from darl.workflows.training_config import TrainingConfig
+from darl.workflows.training_messages import TrainingSummary
 from tests.integration.replay_checks import (
     REPLAY_AGENT,
     Scenario,
@@ -45,6 +48,8 @@ from tests.integration.training_stack import (
 )
 
 pytestmark = pytest.mark.integration
+
+ARITHMETIC_TASKS = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "tasks.jsonl"
 
 
 async def _replay(stack: Stack, scenario: Scenario):
@@ -309,36 +314,30 @@ async def test_a_branch_that_leaves_its_prefix_early_says_where(stack: Stack) ->
     assert [r.replayed_from is not None for r in final] == [True] * 2 + [False] * 3
 
 
-async def test_a_branching_training_run_trains_the_continuations(stack: Stack) -> None:
-    """Branching groups of a multi-turn agent, trained for 2 steps on the real stack: every
-    group branched at its seed's most surprising call (the trainer read the seed's logprobs
-    from the store), every branch reproduced its prefix without the policy generating it
-    again, every rollout is accounted for, and the trainer masked exactly the prefixes: the
-    seed's k calls and each branch's `prefix_calls`."""
-    run_id = f"branching-{uuid.uuid4().hex[:8]}"
-    markers = stack.root / "replay-markers"
-    markers.mkdir(exist_ok=True)
+async def _branching_run(
+    stack: Stack,
+    agent: LocalAgentSpec,
+    branch_at: str,
+    reward: RewardSpec | None = None,
+    **overrides: Any,
+) -> tuple[TrainingConfig, TrainingSummary]:
+    """2 steps of 2 branching groups of 3 with `agent` (and `reward`, else the demo's), on the
+    module's stack and a trainer worker of its own."""
     config = training_config(
         stack,
-        run_id,
+        f"branching-{uuid.uuid4().hex[:8]}",
         2,
         group_size=3,
         batch_size=2,
         min_group_size=3,
         equal_reward_groups="train",
-        groups={"mode": "branch", "branch_at": "surprisal"},
+        groups={"mode": "branch", "branch_at": branch_at},
+        **overrides,
     )
     data = config.model_dump(mode="json")
-    data["rollout"]["agent"] = LocalAgentSpec(
-        command=["{python}", REPLAY_AGENT],
-        env={
-            "AGENT_LOG": str(stack.root / "replay-agent.log"),
-            "MARKER_DIR": str(markers),
-            "PROTOCOL": "tokens",
-            "TURNS": "5",
-            "MAX_TOKENS": "3",
-        },
-    ).model_dump(mode="json")
+    data["rollout"]["agent"] = agent.model_dump(mode="json")
+    if reward is not None:
+        data["rollout"]["reward"] = reward.model_dump(mode="json")
     config = TrainingConfig.model_validate(data)
     await asyncio.to_thread(stack.start_trainer_worker, "trainer")
     try:
@@ -347,13 +346,19 @@ async def test_a_branching_training_run_trains_the_continuations(stack: Stack) -
     finally:
         stack.processes.pop("trainer").stop()
     check_finished_run(summary, config)
-    counters = summary.counters
-    assert counters.groups_branched == counters.groups_trained + counters.groups_dropped_stale
-    assert (counters.seeds_not_branched, counters.branches_broken) == (0, 0), counters
+    return config, summary
 
+
+async def _check_branches(stack: Stack, config: TrainingConfig, summary: TrainingSummary) -> None:
+    """Every group branched; every branch reproduced its prefix without the policy generating
+    it again and went live after it; the trainer masked exactly the prefixes: each branch's
+    `prefix_calls` and its seed's k."""
+    counters = summary.counters
+    assert counters.groups_branched == counters.groups_trained, counters
+    assert (counters.seeds_not_branched, counters.branches_broken) == (0, 0), counters
     store = stack.store()
     rollout_ids = sorted(
-        folder.name for folder in stack.store_dir.iterdir() if folder.name.startswith(run_id)
+        folder.name for folder in stack.store_dir.iterdir() if folder.name.startswith(config.run_id)
     )
     results = {
         rollout_id: await stack.client.get_workflow_handle(
@@ -362,9 +367,9 @@ async def test_a_branching_training_run_trains_the_continuations(stack: Stack) -
         for rollout_id in rollout_ids
     }
     served = {line["call_id"] for line in stack.policy_responses()}
-    # In sync mode the run starts exactly the groups it trains: the masked calls are the
-    # branches' prefixes and each seed's own k.
+    # In sync mode the run starts exactly the groups it trains.
     masked = {seed: 0 for seed in results if seed.endswith(".0")}
+    assert len(masked) == counters.groups_trained
     for rollout_id, result in results.items():
         if rollout_id in masked:
             continue
@@ -375,7 +380,41 @@ async def test_a_branching_training_run_trains_the_continuations(stack: Stack) -
         assert 1 <= k < seed.calls and result.prefix_diverged_at is None, result
         assert [r.replayed_from for r in calls[:k]] == seed.call_ids[:k]
         assert not served & {r.call_id for r in calls[:k]}
-        assert {r.call_id for r in calls[k:]} <= served
+        assert calls[k:] and {r.call_id for r in calls[k:]} <= served
         masked[rollout_id] = masked[seed_id] = k
     trained = [r["trainer"] for r in read_metrics(Path(config.run_dir or ""))]
     assert sum(t["aggregation/prefix_masked_calls"] for t in trained) == sum(masked.values())
+
+
+async def test_a_branching_training_run_trains_the_continuations(stack: Stack) -> None:
+    """A 5-call agent in branching groups, each branched at its seed's most surprising call
+    (the trainer read the seed's logprobs from the store)."""
+    markers = stack.root / "replay-markers"
+    markers.mkdir(exist_ok=True)
+    agent = LocalAgentSpec(
+        command=["{python}", REPLAY_AGENT],
+        env={
+            "AGENT_LOG": str(stack.root / "replay-agent.log"),
+            "MARKER_DIR": str(markers),
+            "PROTOCOL": "tokens",
+            "TURNS": "5",
+            "MAX_TOKENS": "3",
+        },
+    )
+    config, summary = await _branching_run(stack, agent, "surprisal")
+    await _check_branches(stack, config, summary)
+
+
+async def test_the_calculator_example_trains_in_branching_groups(stack: Stack) -> None:
+    """The multi-turn arithmetic example (examples/arithmetic/calculator_agent.py: an
+    expression, the calculator tool, an answer), unchanged: each branch replays its seed's
+    expression call and samples the answer again; the reward is the example's."""
+    agent = LocalAgentSpec(command=["{python}", "-m", "darl.examples.arithmetic.calculator_agent"])
+    config, summary = await _branching_run(
+        stack,
+        agent,
+        "uniform",
+        RewardSpec(function="numeric_match", answer_key="answer"),
+        dataset={"path": str(ARITHMETIC_TASKS)},
+    )
+    await _check_branches(stack, config, summary)
