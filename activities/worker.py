@@ -15,9 +15,10 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from darl.activities.agent_contract import ContractIssuer
 from darl.activities.gateway_notifier import GatewayNotifier
+from darl.activities.http import http_session
 from darl.activities.rollout_activities import RolloutActivities
 from darl.activities.runners.base import AgentRunner
-from darl.activities.runners.http import HttpAgentRunner, http_session
+from darl.activities.runners.http import HttpAgentRunner
 from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
 from darl.activities.runners.local import LocalProcessRunner
 from darl.activities.trainer_reports import ReportActivities, TrainerReports

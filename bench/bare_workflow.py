@@ -1,10 +1,17 @@
-"""The floor a Temporal server puts under any rollout: the server's CPU for a bare workflow that
-runs one activity and completes (no search attributes, no signal, no report), measured on the
-same server right after the training benchmark's run, so the two figures compare."""
+"""The floors Temporal puts under any rollout, measured on the same server right after the
+training benchmark's run, so the figures compare: the server's CPU for a bare workflow that runs
+one activity and completes (no search attributes, no signal, no report), and the CPU of the
+Python SDK's worker that runs it, alone in a process of its own (no DARL code, the SDK's default
+data converter, no tracing): what a rollout worker spends before DARL does anything.
+
+    python -m bench.bare_workflow --target HOST:PORT --namespace NS --task-queue Q
+runs that worker until its stdin closes (`measure_floor` starts it)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import sys
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -34,17 +41,103 @@ class BareWorkflow:
 class Floor:
     workflows: int
     server_cpu_seconds: float
+    worker_cpu_seconds: float
 
     @property
     def ms_per_workflow(self) -> float:
         return 1000 * self.server_cpu_seconds / max(self.workflows, 1)
 
+    @property
+    def worker_ms_per_workflow(self) -> float:
+        return 1000 * self.worker_cpu_seconds / max(self.workflows, 1)
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
 
 async def measure_floor(client: Client, server_pid: int, count: int = 400) -> Floor:
     """Start `count` bare workflows (as the trainer starts rollouts: many at once, not waiting
-    on results) and wait until visibility counts them completed."""
+    on results) on a worker in a process of its own, and wait until visibility counts them
+    completed."""
     queue = f"bench-bare-{uuid.uuid4().hex[:8]}"
     server = psutil.Process(server_pid)
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.bare_workflow",
+        "--target",
+        client.service_client.config.target_host,
+        "--namespace",
+        client.namespace,
+        "--task-queue",
+        queue,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        return await _measured(client, server, psutil.Process(worker.pid), worker, queue, count)
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+        await worker.wait()
+
+
+async def _measured(
+    client: Client,
+    server: psutil.Process,
+    worker: psutil.Process,
+    child: asyncio.subprocess.Process,
+    queue: str,
+    count: int,
+) -> Floor:
+    if child.stdout is None or child.stdin is None:
+        raise RuntimeError("the floor's worker has no pipes")
+    async with asyncio.timeout(60):
+        ready = await child.stdout.readline()
+    if ready.strip() != b"polling":
+        raise RuntimeError(f"the floor's worker did not start: {ready!r}")
+    before, worker_before = server.cpu_times(), _cpu(worker)
+    gate = asyncio.Semaphore(STARTS_AT_ONCE)
+
+    async def start() -> None:
+        async with gate:
+            await client.start_workflow(
+                BareWorkflow.run, id=f"{queue}-{uuid.uuid4().hex}", task_queue=queue
+            )
+
+    await asyncio.gather(*(start() for _ in range(count)))
+    query = f'TaskQueue = "{queue}" AND ExecutionStatus = "Completed"'
+    async with asyncio.timeout(300):
+        while (await client.count_workflows(query)).count < count:
+            await asyncio.sleep(0.5)
+    after, worker_after = server.cpu_times(), _cpu(worker)
+    used = (after.user + after.system) - (before.user + before.system)
+    child.stdin.close()
+    async with asyncio.timeout(30):
+        await child.wait()
+    return Floor(count, used, worker_after - worker_before)
+
+
+def report_floor(floor: Floor, rollout_server_ms: float, rollout_worker_ms: float) -> None:
+    print(
+        f"Temporal server floor: a bare one-activity workflow costs "
+        f"{floor.ms_per_workflow:.1f} ms of server CPU ({floor.workflows} measured after the "
+        f"run, on the same server); a trained rollout costs {rollout_server_ms:.1f} ms, "
+        f"{rollout_server_ms / max(floor.ms_per_workflow, 1e-9):.2f}x that"
+    )
+    print(
+        f"Python SDK worker floor: running it costs {floor.worker_ms_per_workflow:.1f} ms of "
+        f"worker CPU (a process of its own, no DARL code); the rollout worker spends "
+        f"{rollout_worker_ms:.1f} ms a trained rollout, "
+        f"{rollout_worker_ms / max(floor.worker_ms_per_workflow, 1e-9):.2f}x that"
+    )
+
+
+async def serve(target: str, namespace: str, queue: str) -> None:
+    """The floor's worker: polls `queue` until stdin closes."""
+    client = await Client.connect(target, namespace=namespace)
     async with Worker(
         client,
         task_queue=queue,
@@ -52,29 +145,14 @@ async def measure_floor(client: Client, server_pid: int, count: int = 400) -> Fl
         activities=[nothing],
         workflow_runner=UnsandboxedWorkflowRunner(),
     ):
-        before = server.cpu_times()
-        gate = asyncio.Semaphore(STARTS_AT_ONCE)
-
-        async def start() -> None:
-            async with gate:
-                await client.start_workflow(
-                    BareWorkflow.run, id=f"{queue}-{uuid.uuid4().hex}", task_queue=queue
-                )
-
-        await asyncio.gather(*(start() for _ in range(count)))
-        query = f'TaskQueue = "{queue}" AND ExecutionStatus = "Completed"'
-        async with asyncio.timeout(300):
-            while (await client.count_workflows(query)).count < count:
-                await asyncio.sleep(0.5)
-        after = server.cpu_times()
-    used = (after.user + after.system) - (before.user + before.system)
-    return Floor(count, used)
+        print("polling", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
 
-def report_floor(floor: Floor, rollout_server_ms: float) -> None:
-    print(
-        f"Temporal server floor: a bare one-activity workflow costs "
-        f"{floor.ms_per_workflow:.1f} ms of server CPU ({floor.workflows} measured after the "
-        f"run, on the same server); a trained rollout costs {rollout_server_ms:.1f} ms, "
-        f"{rollout_server_ms / max(floor.ms_per_workflow, 1e-9):.2f}x that"
-    )
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="the floor's bare worker")
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--task-queue", required=True)
+    args = parser.parse_args()
+    asyncio.run(serve(args.target, args.namespace, args.task_queue))

@@ -71,7 +71,7 @@ PROTOCOLS = {
 }
 
 
-async def main(calls: int, clients: int, fsync: bool, rate: float) -> None:
+async def main(calls: int, clients: int, fsync: bool, rate: float, long_only: bool) -> None:
     root = Path(tempfile.mkdtemp(prefix="darl-bench-"))
     env = await start_dev_server()
     proc_env = process_env(env)
@@ -95,6 +95,12 @@ async def main(calls: int, clients: int, fsync: bool, rate: float) -> None:
         worker = start_worker(root, proc_env, gateway_url, queue)
         processes.append(worker)
         worker.wait_ready()
+        if long_only:
+            rollouts = await idle_rollouts(env, queue, 1)
+            await long_context(
+                gateway_url, upstream_url, rollouts[0], gateway.pid, root / "store" / rollouts[0]
+            )
+            return
         rollouts = await idle_rollouts(env, queue, clients)
         through_gateway = gateway_targets(gateway_url, rollouts)
         direct = [(f"{upstream_url}/v1/chat/completions", {})] * clients
@@ -247,7 +253,7 @@ async def long_context(
                     through.append(time.perf_counter() - t0)
                     cpu += cpu_seconds({"gateway": gateway_pid})["gateway"] - before
                 messages.append(answer["choices"][0]["message"])
-                tokens = len(answer["prompt_token_ids"]) + len(answer["choices"][0]["token_ids"])
+                tokens = answer["usage"]["total_tokens"]
             rows.append((target, Phase("direct", direct, 1.0), Phase("gateway", through, 1.0), cpu))
     calls = len(messages) // 2
     size = sum(f.stat().st_size for f in store.glob("attempt-*.jsonl"))
@@ -329,8 +335,11 @@ if __name__ == "__main__":
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--fsync", action="store_true", help="fsync each record")
     parser.add_argument("--rate", type=float, default=300.0, help="calls/s of the paced phase")
+    parser.add_argument(
+        "--long-context-only", action="store_true", help="run the long-context phase alone"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.calls, args.clients, args.fsync, args.rate))
+    asyncio.run(main(args.calls, args.clients, args.fsync, args.rate, args.long_context_only))
     # The Temporal SDK's runtime can crash at interpreter exit (sdk-python #300): leave now.
     sys.stdout.flush()
     os._exit(0)

@@ -217,7 +217,10 @@ def report(figures: Figures, continue_after: int) -> None:
     print(f"  {'all':<16}{used:>8.1f} s  {used / max(rollouts, 1) * 1000:>7.1f} ms/rollout")
     if figures.server is not None:
         report_server(figures.server, rollouts)
-    report_floor(figures.floor, figures.cpu_seconds["temporal"] / max(rollouts, 1) * 1000)
+    per_rollout = {
+        name: used / max(rollouts, 1) * 1000 for name, used in figures.cpu_seconds.items()
+    }
+    report_floor(figures.floor, per_rollout["temporal"], per_rollout["worker"])
     print(f"Rollouts/s of the run: {rollouts / figures.seconds:.1f}")
 
 

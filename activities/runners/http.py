@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass
 
 import aiohttp
-from opentelemetry.instrumentation.aiohttp_client import create_trace_config
 from pydantic import ValidationError
 
 from darl.activities.agent_contract import AgentContract, env_map_values
 from darl.activities.errors import agent_lost_error, agent_service_unavailable, agent_spec_error
+from darl.activities.http import http_session
 from darl.activities.runners.base import (
     LOG_TAIL_BYTES,
     AgentRunner,
@@ -58,16 +58,6 @@ REPORT_FIELDS = ("reward", "answer", "metadata")
 # (uvicorn's default), so the worker closes it first and never POSTs an attempt on a
 # connection the service is closing. DARL's own servers keep theirs 75 s (deploy/serving.py).
 AGENT_KEEP_ALIVE_SECONDS = 4.0
-
-
-def http_session(max_connections: int, keep_alive_seconds: float) -> aiohttp.ClientSession:
-    """A pooled HTTP session for the worker's calls (agent services, the gateway's admin API),
-    traced: each request joins the rollout's trace. aiohttp, not httpx: a request costs the
-    worker about a quarter of httpx's CPU (docs/benchmarks.md)."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=keep_alive_seconds),
-        trace_configs=[create_trace_config()],
-    )
 
 
 @dataclass(frozen=True)

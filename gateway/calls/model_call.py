@@ -82,6 +82,8 @@ class ModelCall:
     translation: Translation | None = None
     # Recorded, as answered or as failed: an agent that leaves after that leaves nothing to say.
     settled: bool = False
+    # Whether the agent asked for the prompt's token ids (DARL forces them upstream anyway).
+    prompt_ids_asked: bool = False
 
     @property
     def protocol(self) -> str:

@@ -50,6 +50,8 @@ from darl.gateway.metrics import GatewayMetrics
 from darl.gateway.protocols.chat.capture import (
     CaptureError,
     StreamAssembler,
+    answer_as_asked,
+    asked_for_prompt_ids,
     require_token_ids,
     split_sse,
     sse_data,
@@ -138,10 +140,13 @@ class ModelCallProxy:
             if translation is not None:
                 body = translation.chat
             stream = validate_body(endpoint, body)
+            prompt_ids_asked = asked_for_prompt_ids(body)
             if claims.replay is not None:
                 # The model is the record's: no policy server is asked to name it.
                 forced = self.force(body, endpoint, claims.mode, model="")
-                replayed = await self.replayer.answer(endpoint, claims, forced, translation, stream)
+                replayed = await self.replayer.answer(
+                    endpoint, claims, forced, translation, stream, prompt_ids_asked
+                )
                 if replayed is not None:
                     return replayed
             upstream = self.pool.pick(claims.rollout_id)
@@ -155,6 +160,7 @@ class ModelCallProxy:
                 upstream=upstream,
                 deadline=time.monotonic() + self.settings.call_deadline_seconds,
                 translation=translation,
+                prompt_ids_asked=prompt_ids_asked,
             )
             return await (self._streamed(call) if stream else self._whole(call))
         except ClientGone:
@@ -215,8 +221,9 @@ class ModelCallProxy:
             return Response(
                 json_codec.dumps(answer), media_type="application/json", headers=call.headers()
             )
-        # The agent gets the policy server's bytes as they came.
-        return Response(reply.body, media_type="application/json", headers=call.headers())
+        # The agent gets the policy server's bytes as they came, its prompt's ids if it asked.
+        passed_on = answer_as_asked(call.endpoint, reply.body, data, call.prompt_ids_asked)
+        return Response(passed_on, media_type="application/json", headers=call.headers())
 
     async def _refused(
         self, call: ModelCall, status: int, body: bytes, content_type: str
@@ -343,6 +350,10 @@ class ModelCallProxy:
                             except (CaptureError, ValueError) as err:
                                 failure = str(err)
                                 break
+                            if translated is None:
+                                event = answer_as_asked(
+                                    call.endpoint, event, chunk, call.prompt_ids_asked, event=True
+                                )
                             if ends:
                                 held.append((event, chunk))
                                 continue

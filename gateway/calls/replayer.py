@@ -57,9 +57,11 @@ class Replayer:
         forwarded: dict[str, Any],
         translation: Translation | None,
         stream: bool,
+        prompt_ids_asked: bool,
     ) -> Response | None:
         """The recorded answer to this request of a replaying attempt, recorded as its call;
-        None when the record holds no answer to it (the call goes live)."""
+        None when the record holds no answer to it (the call goes live). The agent gets it as
+        it would get it live: its prompt's token ids only if it asked for them."""
         started = time.monotonic()
         session = await self.book.session(claims)
         protocol = translation.protocol if translation is not None else endpoint
@@ -98,7 +100,14 @@ class Replayer:
         if stream:
             include_usage = bool((forwarded.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(
-                _events(endpoint, stored.response, translation, answered_as, include_usage),
+                _events(
+                    endpoint,
+                    stored.response,
+                    translation,
+                    answered_as,
+                    include_usage,
+                    prompt_ids_asked,
+                ),
                 media_type="text/event-stream",
                 headers=headers,
             )
@@ -106,6 +115,8 @@ class Replayer:
             body = translation.answer(stored.response, answered_as)
         else:
             body = {**stored.response, "usage": usage_of(endpoint, stored.response)}
+            if not prompt_ids_asked:
+                body = with_prompt_token_ids(endpoint, body, None)
         return Response(json.dumps(body), media_type="application/json", headers=headers)
 
     async def _replayed_call(
@@ -180,9 +191,11 @@ async def _events(
     translation: Translation | None,
     answered_as: str,
     include_usage: bool,
+    prompt_ids_asked: bool,
 ) -> AsyncIterator[bytes]:
-    """The recorded answer as the stream of the agent's protocol."""
-    chunks = answer_chunks(endpoint, response, include_usage)
+    """The recorded answer as the stream of the agent's protocol (a translation reads the
+    prompt's size from its ids)."""
+    chunks = answer_chunks(endpoint, response, include_usage, prompt_ids_asked or bool(translation))
     if translation is None:
         for chunk in chunks:
             yield f"data: {json.dumps(chunk)}\n\n".encode()

@@ -211,9 +211,8 @@ async def test_text_completions_are_captured_whole_and_streamed(stack: Stack) ->
     rollout_id = await stack.start_idle_rollout("ctl")
     headers = {"Authorization": f"Bearer {stack.token(rollout_id)}"}
     url = f"{stack.gateway_url}/rollouts/{rollout_id}/v1/completions"
-    whole = httpx.post(
-        url, json={"model": "m", "prompt": "2 + 2 =", "max_tokens": 6}, headers=headers, timeout=60
-    )
+    asked = {"model": "m", "prompt": "2 + 2 =", "max_tokens": 6, "return_token_ids": True}
+    whole = httpx.post(url, json=asked, headers=headers, timeout=60)
     assert whole.status_code == 200, whole.text
     record = stored_call(stack, rollout_id, whole.headers["x-darl-call-id"])
     answer = whole.json()["choices"][0]
@@ -227,7 +226,7 @@ async def test_text_completions_are_captured_whole_and_streamed(stack: Stack) ->
     with httpx.stream(
         "POST",
         url,
-        json={"model": "m", "prompt": record.prompt_token_ids, "max_tokens": 6, "stream": True},
+        json={**asked, "prompt": record.prompt_token_ids, "stream": True},
         headers=headers,
         timeout=60,
     ) as response:
@@ -243,6 +242,57 @@ async def test_text_completions_are_captured_whole_and_streamed(stack: Stack) ->
     assert streamed.completion_token_ids() == streamed_ids
     handle = stack.client.get_workflow_handle(f"rollout/{rollout_id}")
     assert await stack.wait_for_calls(handle, 2) == 2
+    await handle.cancel()
+
+
+async def test_the_prompt_ids_go_back_only_to_an_agent_that_asks_for_them(stack: Stack) -> None:
+    """DARL forces `return_token_ids` for the store; an agent that did not ask gets the
+    prompt's ids null, as vLLM answers it (chat and completions, whole and streamed), and
+    every other field as the policy server wrote it."""
+    rollout_id = await stack.start_idle_rollout("ctl")
+    headers = {"Authorization": f"Bearer {stack.token(rollout_id)}"}
+    base = f"{stack.gateway_url}/rollouts/{rollout_id}/v1"
+    cases = [
+        ("chat/completions", CHAT, lambda answer: answer["prompt_token_ids"]),
+        (
+            "completions",
+            {"model": "m", "prompt": "2 + 2 =", "max_tokens": 3},
+            lambda answer: answer["choices"][0]["prompt_token_ids"],
+        ),
+    ]
+    calls = 0
+    for path, body, prompt_ids in cases:
+        for asked in (False, True):
+            flagged = {**body, "return_token_ids": True} if asked else body
+            whole = httpx.post(f"{base}/{path}", json=flagged, headers=headers, timeout=60)
+            assert whole.status_code == 200, whole.text
+            record = stored_call(stack, rollout_id, whole.headers["x-darl-call-id"])
+            assert record is not None and len(record.prompt_token_ids) > 1
+            expected = record.prompt_token_ids if asked else None
+            assert prompt_ids(whole.json()) == expected
+            if asked:
+                assert whole.json() == record.response
+            elif path == "chat/completions":
+                assert whole.json() == {**record.response, "prompt_token_ids": None}
+            with httpx.stream(
+                "POST",
+                f"{base}/{path}",
+                json={**flagged, "stream": True},
+                headers=headers,
+                timeout=60,
+            ) as response:
+                assert response.status_code == 200
+                chunks = [
+                    json.loads(line[6:])
+                    for line in response.iter_lines()
+                    if line.startswith("data: {")
+                ]
+            streamed = stored_call(stack, rollout_id, response.headers["x-darl-call-id"])
+            assert streamed is not None and streamed.prompt_token_ids == record.prompt_token_ids
+            assert prompt_ids(chunks[0]) == expected
+            calls += 2
+    handle = stack.client.get_workflow_handle(f"rollout/{rollout_id}")
+    assert await stack.wait_for_calls(handle, calls) == calls
     await handle.cancel()
 
 

@@ -140,9 +140,10 @@ async def test_a_chat_answer_is_recorded_as_vllm_sent_it(vllm_stack: VllmStack) 
     assert answer.status_code == 200, answer.text
     assert answer.headers["x-darl-policy-version"] == "0"
     record = stored(vllm_stack, rollout_id, answer.headers["x-darl-call-id"])
-    # The store holds vLLM's answer whole, exactly as the agent received it.
-    assert record.response == answer.json()
-    assert record.prompt_token_ids == answer.json()["prompt_token_ids"]
+    # The store holds vLLM's answer whole, as the agent received it but for the prompt's ids,
+    # which go back only to an agent that asks for them (`return_token_ids`).
+    assert answer.json() == {**record.response, "prompt_token_ids": None}
+    assert len(record.prompt_token_ids) > 1
     content = choice_of(answer.json())["logprobs"]["content"]
     assert len(content) == len(record.completion_token_ids()) == 16
     assert all(len(entry["top_logprobs"]) == 3 for entry in content)
@@ -161,6 +162,7 @@ async def test_a_streamed_chat_is_recorded_as_vllm_streamed_it(vllm_stack: VllmS
         "max_tokens": 24,
         "top_logprobs": 2,
         "stream_options": {"include_usage": True},
+        "return_token_ids": True,
     }
     call_id, chunks = stream(vllm_stack, rollout_id, "chat/completions", body)
     # vLLM sends the prompt ids in the first chunk, each token's id and logprob entry in its
@@ -191,7 +193,13 @@ async def test_a_streamed_chat_is_recorded_as_vllm_streamed_it(vllm_stack: VllmS
 
 async def test_completions_are_recorded_as_vllm_answered(vllm_stack: VllmStack) -> None:
     rollout_id = await vllm_stack.start_idle_rollout("vllm-completions")
-    body = {"model": "policy", "prompt": "2 + 2 =", "max_tokens": 12, "logprobs": 2}
+    body = {
+        "model": "policy",
+        "prompt": "2 + 2 =",
+        "max_tokens": 12,
+        "logprobs": 2,
+        "return_token_ids": True,
+    }
     answer = post(vllm_stack, rollout_id, "completions", body)
     assert answer.status_code == 200, answer.text
     whole = stored(vllm_stack, rollout_id, answer.headers["x-darl-call-id"])

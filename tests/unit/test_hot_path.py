@@ -17,7 +17,13 @@ from pydantic import ValidationError
 from darl.deploy import telemetry
 from darl.gateway import json_codec
 from darl.gateway.errors import BadRequestError
-from darl.gateway.protocols.chat.prompt_ids import CaptureError, RawTokenIds, answer_of
+from darl.gateway.protocols.chat.capture import answer_as_asked
+from darl.gateway.protocols.chat.prompt_ids import (
+    CaptureError,
+    RawTokenIds,
+    _common_bytes,
+    answer_of,
+)
 from darl.gateway.protocols.chat.protocol import (
     CHAT,
     COMPLETIONS,
@@ -221,6 +227,58 @@ def test_answer_of_reads_what_json_codec_reads(
     # A key that only ends in an escaped quote and the name is not the prompt's ids.
     lookalike = json.dumps({'x"prompt_token_ids': ids, **fields}).encode()
     assert answer_of(CHAT, lookalike) == json_codec.loads(lookalike)
+
+
+@given(
+    fields=st.dictionaries(st.sampled_from(["id", "choices", "usage", "x"]), ANSWER_VALUES),
+    ids=st.one_of(IDS, ANSWER_VALUES),
+    position=st.integers(0, 4),
+    separators=st.sampled_from([(",", ":"), (", ", ": ")]),
+)
+def test_an_agent_that_did_not_ask_gets_the_prompt_ids_null(
+    fields: dict[str, Any], ids: Any, position: int, separators: tuple[str, str]
+) -> None:
+    """The answer passed on to an agent that did not ask for `return_token_ids` reads as the
+    policy server's with `prompt_token_ids` null, keys in their order; a flat array is cut out
+    of the bytes, every other byte as it came (also inside an SSE event). One that asked gets
+    the bytes as they came."""
+    items = list(fields.items())
+    items.insert(min(position, len(items)), ("prompt_token_ids", ids))
+    body = json.dumps(dict(items), separators=separators).encode()
+    read = answer_of(CHAT, body)
+    assert answer_as_asked(CHAT, body, read, asked=True) is body
+    passed_on = answer_as_asked(CHAT, body, read, asked=False)
+    expected = {**json_codec.loads(body), "prompt_token_ids": None}
+    assert json_codec.loads(passed_on) == expected
+    assert list(json_codec.loads(passed_on)) == list(expected)
+    if isinstance(read["prompt_token_ids"], RawTokenIds):
+        array = read["prompt_token_ids"].raw
+        at = body.index(array, body.index(b'"prompt_token_ids"'))
+        assert passed_on == body[:at] + b"null" + body[at + len(array) :]
+        event = b"data: " + body + b"\n\n"
+        assert answer_as_asked(CHAT, event, read, asked=False, event=True) == (
+            b"data: " + passed_on + b"\n\n"
+        )
+
+
+def test_a_completion_that_did_not_ask_gets_each_choices_prompt_ids_null() -> None:
+    choice = {"index": 0, "text": "4", "token_ids": [9], "prompt_token_ids": [1, 2]}
+    body = json.dumps({"id": "c", "choices": [choice, {**choice, "index": 1}]}).encode()
+    read = answer_of("completions", body)
+    passed_on = json_codec.loads(answer_as_asked("completions", body, read, asked=False))
+    assert [c["prompt_token_ids"] for c in passed_on["choices"]] == [None, None]
+    assert passed_on["choices"][1] == {**choice, "index": 1, "prompt_token_ids": None}
+    event = answer_as_asked("completions", b"data: " + body + b"\n\n", read, False, event=True)
+    assert json_codec.loads(event.removeprefix(b"data: ").removesuffix(b"\n\n")) == passed_on
+
+
+@given(shared=st.binary(max_size=600), a=st.binary(max_size=40), b=st.binary(max_size=40))
+def test_common_bytes_is_the_naive_count(shared: bytes, a: bytes, b: bytes) -> None:
+    first, second = shared + a, shared + b
+    naive = 0
+    while naive < min(len(first), len(second)) and first[naive] == second[naive]:
+        naive += 1
+    assert _common_bytes(first, second) == naive == _common_bytes(second, first)
 
 
 def test_answer_of_refuses_what_json_codec_refuses() -> None:

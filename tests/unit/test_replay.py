@@ -5,6 +5,7 @@ recorded answer as a stream in every protocol, and what the token and the store 
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -270,7 +271,7 @@ def assembled(chunks: list[dict[str, Any]], endpoint: str = CHAT) -> dict[str, A
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_recorded_chat_answer_streams_back_to_itself(case: str) -> None:
     recorded = assembled(chat_chunks(*CASES[case]))
-    again = assembled(answer_chunks(CHAT, recorded, include_usage=True))
+    again = assembled(answer_chunks(CHAT, recorded, include_usage=True, prompt_ids_asked=True))
     assert again.pop("usage") == {
         "prompt_tokens": 3,
         "completion_tokens": len(recorded["choices"][0]["token_ids"]),
@@ -302,7 +303,10 @@ def test_a_recorded_completion_with_two_choices_streams_back_to_itself() -> None
         "object": "text_completion",
         "choices": [choice(0), choice(1)],
     }
-    again = assembled(answer_chunks("completions", recorded, include_usage=False), "completions")
+    again = assembled(
+        answer_chunks("completions", recorded, include_usage=False, prompt_ids_asked=True),
+        "completions",
+    )
     assert again == recorded
 
 
@@ -310,7 +314,9 @@ def test_a_recorded_completion_with_two_choices_streams_back_to_itself() -> None
 def test_a_recorded_answer_streams_in_the_responses_protocol(case: str) -> None:
     recorded = assembled(chat_chunks(*CASES[case]))
     translation = responses_with_a_tool()
-    body, _ = translated(translation, answer_chunks(CHAT, recorded, include_usage=False))
+    body, _ = translated(
+        translation, answer_chunks(CHAT, recorded, include_usage=False, prompt_ids_asked=True)
+    )
     with openai_reading(body).responses.stream(model="m", input="hi") as stream:
         events = list(stream)
     final = events[-1].response  # type: ignore[union-attr]
@@ -324,7 +330,9 @@ def test_a_recorded_answer_streams_in_the_responses_protocol(case: str) -> None:
 def test_a_recorded_answer_streams_in_the_messages_protocol(case: str) -> None:
     recorded = assembled(chat_chunks(*CASES[case]))
     translation = messages_with_a_tool()
-    body, _ = translated(translation, answer_chunks(CHAT, recorded, include_usage=False))
+    body, _ = translated(
+        translation, answer_chunks(CHAT, recorded, include_usage=False, prompt_ids_asked=True)
+    )
     with anthropic_reading(body).messages.stream(
         model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
     ) as events:
@@ -462,6 +470,18 @@ def test_the_presets_keep_what_changes_an_answer(preset: str, kept: str) -> None
     assert Normalizer((preset,)).apply(kept) == kept
 
 
+def replayer_over(store: DirectoryTrajectoryStore) -> Replayer:
+    """A replayer on `store` that serves strict matches only (no policy server to tokenize)."""
+    registry = RolloutRegistry(None, store)  # type: ignore[arg-type]
+    metrics = GatewayMetrics()
+    delivery = EventDelivery(registry, store, metrics, interval_seconds=3600)
+
+    async def no_tokenizer(*_: Any) -> list[int]:
+        raise AssertionError("a strict match needs no tokenizer")
+
+    return Replayer(ReplayBook(store), store, registry, delivery, metrics, no_tokenizer)
+
+
 async def test_a_call_whose_record_may_have_been_written_is_never_offered_again(
     tmp_path: Path,
 ) -> None:
@@ -474,20 +494,45 @@ async def test_a_call_whose_record_may_have_been_written_is_never_offered_again(
         async def append(self, record: CallRecord) -> CallRecord:
             raise OSError("the append's answer was lost")
 
-    failing = FailingAppends(tmp_path)
-    registry = RolloutRegistry(None, failing)  # type: ignore[arg-type]
-    metrics = GatewayMetrics()
-    delivery = EventDelivery(registry, failing, metrics, interval_seconds=3600)
-
-    async def no_tokenizer(*_: Any) -> list[int]:
-        raise AssertionError("a strict match needs no tokenizer")
-
-    replayer = Replayer(ReplayBook(failing), failing, registry, delivery, metrics, no_tokenizer)
+    replayer = replayer_over(FailingAppends(tmp_path))
     claims = TokenClaims("r", 2, "train", 2**31, replay=ReplayClaim(sources=(1,)))
     forwarded = request("a")
     with pytest.raises(OSError):
-        await replayer.answer(CHAT, claims, forwarded, None, stream=False)
-    assert await replayer.answer(CHAT, claims, forwarded, None, stream=False) is None
+        await replayer.answer(CHAT, claims, forwarded, None, stream=False, prompt_ids_asked=False)
+    assert (
+        await replayer.answer(CHAT, claims, forwarded, None, stream=False, prompt_ids_asked=False)
+        is None
+    )
+
+
+async def test_a_replayed_answer_holds_the_prompt_ids_only_if_the_agent_asked(
+    tmp_path: Path,
+) -> None:
+    """As live (see `answer_as_asked`): whole or streamed, the recorded prompt's ids go back
+    only to an agent that asked for them; the store keeps them either way."""
+    store = DirectoryTrajectoryStore(tmp_path)
+    await store.append(record("a", request("a")))
+    replayer = replayer_over(store)
+
+    async def replayed(attempt: int, stream: bool, asked: bool) -> bytes:
+        claims = TokenClaims("r", attempt, "train", 2**31, replay=ReplayClaim(sources=(1,)))
+        answer = await replayer.answer(
+            CHAT, claims, request("a"), None, stream=stream, prompt_ids_asked=asked
+        )
+        assert answer is not None
+        if not stream:
+            return bytes(answer.body)
+        return b"".join([part async for part in answer.body_iterator])  # type: ignore[attr-defined]
+
+    assert json.loads(await replayed(2, False, False))["prompt_token_ids"] is None
+    assert json.loads(await replayed(3, False, True))["prompt_token_ids"] == [1, 2]
+    for attempt, asked, ids in ((4, False, None), (5, True, [1, 2])):
+        events = (await replayed(attempt, True, asked)).split(b"\n\n")
+        first = json.loads(events[0].removeprefix(b"data: "))
+        assert first["prompt_token_ids"] == ids
+    kept = await store.read("r")
+    assert [r.attempt for r in kept] == [1, 2, 3, 4, 5]
+    assert all(r.prompt_token_ids == [1, 2] for r in kept)
 
 
 async def test_a_branch_continues_a_responses_conversation_it_was_replayed(

@@ -139,8 +139,8 @@ def test_what_the_policy_server_wrote_reads_back_as_written(backend: Backend) ->
     the infinity as null)."""
     answer = json_codec.loads(
         b'{"id": "x0", "prompt_token_ids": [1, 2], "choices": [{"index": 0, "message": '
-        b'{"role": "assistant", "content": "\u00e9t\u00e9"}, "token_ids": [7], "logprobs": '
-        b'{"content": [{"token": "\u00e9", "logprob": -Infinity}]}}]}'
+        b'{"role": "assistant", "content": "\\u00e9t\\u00e9"}, "token_ids": [7], "logprobs": '
+        b'{"content": [{"token": "\\u00e9", "logprob": -Infinity}]}}]}'
     )
     record = replace(chat_record(0, [1, 2], [7], []), response=answer)
     root = backend.fresh()

@@ -8,8 +8,9 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from darl.gateway import json_codec
 from darl.gateway.protocols.chat.prompt_ids import CaptureError as CaptureError
-from darl.gateway.protocols.chat.prompt_ids import RawTokenIds
+from darl.gateway.protocols.chat.prompt_ids import RawTokenIds, null_prompt_ids
 from darl.gateway.protocols.chat.protocol import CHAT, Endpoint
 
 
@@ -26,13 +27,47 @@ def prompt_token_ids(endpoint: Endpoint, response: dict[str, Any]) -> Sequence[i
 
 
 def with_prompt_token_ids(
-    endpoint: Endpoint, response: dict[str, Any], ids: Sequence[int]
+    endpoint: Endpoint, response: dict[str, Any], ids: Sequence[int] | None
 ) -> dict[str, Any]:
     """`response` with `ids` as its prompt's token ids, where the endpoint carries them."""
     if endpoint == CHAT:
         return {**response, "prompt_token_ids": ids}
     choices = [{**choice, "prompt_token_ids": ids} for choice in response.get("choices") or []]
     return {**response, "choices": choices}
+
+
+def asked_for_prompt_ids(body: dict[str, Any]) -> bool:
+    """Whether the agent's own request asked for the prompt's token ids (`return_token_ids`).
+    DARL forces the flag upstream for the store whatever the agent says, but gives the prompt's
+    ids back only to an agent that asked, as vLLM does: they grow with the conversation (a 48k
+    token prompt is ~200 KB on every call), and an agent that never reads them would pay for
+    them on every call."""
+    return body.get("return_token_ids") is True
+
+
+def answer_as_asked(
+    endpoint: Endpoint, body: bytes, answer: dict[str, Any], asked: bool, event: bool = False
+) -> bytes:
+    """What the agent gets of the policy server's `body` (an answer, or with `event` one SSE
+    event), which `answer_of` read as `answer`: the bytes as they came, except that an agent
+    that did not ask for the prompt's token ids gets them `null` (see `asked_for_prompt_ids`).
+    A chat answer's ids are cut out of the bytes; an answer that needs more (a completion's, on
+    each choice) is written again from `answer`."""
+    if asked or not _holds_prompt_ids(endpoint, answer):
+        return body
+    if isinstance(answer.get("prompt_token_ids"), RawTokenIds):
+        nulled = null_prompt_ids(body)
+        if nulled is not None:
+            return nulled
+    written = json_codec.dumps(with_prompt_token_ids(endpoint, answer, None))
+    return b"data: " + written + b"\n\n" if event else written
+
+
+def _holds_prompt_ids(endpoint: Endpoint, answer: dict[str, Any]) -> bool:
+    if endpoint == CHAT:
+        return answer.get("prompt_token_ids") is not None
+    choices = answer.get("choices") or []
+    return any(isinstance(c, dict) and c.get("prompt_token_ids") is not None for c in choices)
 
 
 def completion_token_ids(response: dict[str, Any], choice: int = 0) -> list[int]:
@@ -229,16 +264,17 @@ class StreamAssembler:
 
 
 def answer_chunks(
-    endpoint: Endpoint, response: dict[str, Any], include_usage: bool
+    endpoint: Endpoint, response: dict[str, Any], include_usage: bool, prompt_ids_asked: bool
 ) -> list[dict[str, Any]]:
     """A whole answer as the chunks of a stream, the inverse of `StreamAssembler` (a recorded
     answer replayed to an agent that streams): per choice an opening chunk (the role, and the
-    prompt's token ids as vLLM sends them) and one with all its tokens, text, tool calls,
+    prompt's token ids as vLLM sends them, `null` unless `prompt_ids_asked`, as
+    `answer_as_asked` gives a live stream) and one with all its tokens, text, tool calls,
     logprobs and finish reason; then the usage, if asked for."""
     chat = endpoint == CHAT
     head: dict[str, Any] = {k: response[k] for k in ("id", "created", "model") if k in response}
     head["object"] = "chat.completion.chunk" if chat else "text_completion"
-    prompt_ids = prompt_token_ids(endpoint, response)
+    prompt_ids = prompt_token_ids(endpoint, response) if prompt_ids_asked else None
     chunks: list[dict[str, Any]] = []
     for choice in response.get("choices") or []:
         index = choice.get("index", 0)

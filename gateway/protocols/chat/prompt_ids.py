@@ -135,6 +135,18 @@ def answer_of(endpoint: Endpoint, body: bytes) -> Any:
     return json_codec.loads(body)
 
 
+def null_prompt_ids(body: bytes) -> bytes | None:
+    """`body` (a chat answer or a stream event whose one `"prompt_token_ids"` holds a flat array)
+    with that array made `null` and every other byte as it came; None when `_ids_span` finds no
+    such array. Only for a body `answer_of` read with its ids as a RawTokenIds, where the array
+    is known to sit at the top level."""
+    span = _ids_span(body)
+    if span is None:
+        return None
+    start, end = span
+    return b"".join((body[:start], b"null", body[end:]))
+
+
 def _is_zero(value: Any) -> bool:
     """The 0 put in the array's place (not a later duplicate of the key, nor False)."""
     return type(value) is int and value == 0
@@ -169,12 +181,21 @@ _SPACE = (b" ", b"\t", b"\n", b"\r")
 
 def _common_bytes(a: bytes, b: bytes) -> int:
     """How many leading bytes `a` and `b` share, by memcmp (no copies): the whole shorter one,
-    else a binary search."""
+    else a binary search, after a gallop back from the end. A prompt that extends the previous
+    one parts from it within its last few bytes (where the previous array closed), so the
+    gallop finds the bounds in a few comparisons instead of the ~18 a 200 KB search takes."""
     n = min(len(a), len(b))
     view = memoryview(b)
     if a.startswith(view[:n]):
         return n
     low, high = 0, n  # a[:low] == b[:low], a[:high] != b[:high]
+    step = 1
+    while step < n:
+        if a.startswith(view[: n - step]):
+            low = n - step
+            break
+        high = n - step
+        step *= 4
     while high - low > 1:
         mid = (low + high) // 2
         if a.startswith(view[:mid]):
