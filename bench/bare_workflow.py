@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import uuid
 from dataclasses import dataclass
@@ -62,7 +63,6 @@ async def measure_floor(client: Client, server_pid: int, count: int = 400) -> Fl
     on results) on a worker in a process of its own, and wait until visibility counts them
     completed."""
     queue = f"bench-bare-{uuid.uuid4().hex[:8]}"
-    server = psutil.Process(server_pid)
     worker = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -77,27 +77,32 @@ async def measure_floor(client: Client, server_pid: int, count: int = 400) -> Fl
         stdout=asyncio.subprocess.PIPE,
     )
     try:
-        return await _measured(client, server, psutil.Process(worker.pid), worker, queue, count)
+        return await _measured(client, psutil.Process(server_pid), worker, queue, count)
     finally:
-        if worker.returncode is None:
+        # Its stdin closed, the worker stops polling and leaves; one that does not is killed.
+        if worker.stdin is not None:
+            worker.stdin.close()
+        try:
+            await asyncio.wait_for(worker.wait(), 30)
+        except TimeoutError:
             worker.kill()
-        await worker.wait()
+            await worker.wait()
 
 
 async def _measured(
     client: Client,
     server: psutil.Process,
-    worker: psutil.Process,
     child: asyncio.subprocess.Process,
     queue: str,
     count: int,
 ) -> Floor:
-    if child.stdout is None or child.stdin is None:
-        raise RuntimeError("the floor's worker has no pipes")
+    if child.stdout is None:
+        raise RuntimeError("the floor's worker has no stdout")
     async with asyncio.timeout(60):
         ready = await child.stdout.readline()
     if ready.strip() != b"polling":
         raise RuntimeError(f"the floor's worker did not start: {ready!r}")
+    worker = psutil.Process(child.pid)
     before, worker_before = server.cpu_times(), _cpu(worker)
     gate = asyncio.Semaphore(STARTS_AT_ONCE)
 
@@ -114,9 +119,6 @@ async def _measured(
             await asyncio.sleep(0.5)
     after, worker_after = server.cpu_times(), _cpu(worker)
     used = (after.user + after.system) - (before.user + before.system)
-    child.stdin.close()
-    async with asyncio.timeout(30):
-        await child.wait()
     return Floor(count, used, worker_after - worker_before)
 
 
@@ -156,3 +158,6 @@ if __name__ == "__main__":
     parser.add_argument("--task-queue", required=True)
     args = parser.parse_args()
     asyncio.run(serve(args.target, args.namespace, args.task_queue))
+    # The Temporal SDK's runtime can crash at interpreter exit (sdk-python #300): leave now.
+    sys.stdout.flush()
+    os._exit(0)

@@ -222,7 +222,7 @@ class ModelCallProxy:
                 json_codec.dumps(answer), media_type="application/json", headers=call.headers()
             )
         # The agent gets the policy server's bytes as they came, its prompt's ids if it asked.
-        passed_on = answer_as_asked(call.endpoint, reply.body, data, call.prompt_ids_asked)
+        passed_on = answer_as_asked(call.endpoint, reply.body, data, asked=call.prompt_ids_asked)
         return Response(passed_on, media_type="application/json", headers=call.headers())
 
     async def _refused(
@@ -352,7 +352,11 @@ class ModelCallProxy:
                                 break
                             if translated is None:
                                 event = answer_as_asked(
-                                    call.endpoint, event, chunk, call.prompt_ids_asked, event=True
+                                    call.endpoint,
+                                    event,
+                                    chunk,
+                                    asked=call.prompt_ids_asked,
+                                    event=True,
                                 )
                             if ends:
                                 held.append((event, chunk))

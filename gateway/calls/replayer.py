@@ -195,7 +195,8 @@ async def _events(
 ) -> AsyncIterator[bytes]:
     """The recorded answer as the stream of the agent's protocol (a translation reads the
     prompt's size from its ids)."""
-    chunks = answer_chunks(endpoint, response, include_usage, prompt_ids_asked or bool(translation))
+    with_ids = prompt_ids_asked or translation is not None
+    chunks = answer_chunks(endpoint, response, include_usage, with_prompt_ids=with_ids)
     if translation is None:
         for chunk in chunks:
             yield f"data: {json.dumps(chunk)}\n\n".encode()

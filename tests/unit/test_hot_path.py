@@ -268,7 +268,9 @@ def test_a_completion_that_did_not_ask_gets_each_choices_prompt_ids_null() -> No
     passed_on = json_codec.loads(answer_as_asked("completions", body, read, asked=False))
     assert [c["prompt_token_ids"] for c in passed_on["choices"]] == [None, None]
     assert passed_on["choices"][1] == {**choice, "index": 1, "prompt_token_ids": None}
-    event = answer_as_asked("completions", b"data: " + body + b"\n\n", read, False, event=True)
+    event = answer_as_asked(
+        "completions", b"data: " + body + b"\n\n", read, asked=False, event=True
+    )
     assert json_codec.loads(event.removeprefix(b"data: ").removesuffix(b"\n\n")) == passed_on
 
 

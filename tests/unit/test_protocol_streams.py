@@ -13,7 +13,7 @@ import httpx2
 import openai
 import pytest
 
-from darl.gateway.protocols.chat.capture import StreamAssembler
+from darl.gateway.protocols.chat.capture import StreamAssembler, split_sse, sse_data
 from darl.gateway.protocols.messages.protocol import MessagesRequest
 from darl.gateway.protocols.messages.translation import MessagesTranslation
 from darl.gateway.protocols.responses.protocol import ResponsesRequest
@@ -317,3 +317,14 @@ def test_a_messages_stream_sends_a_call_it_never_showed() -> None:
     got = [b.model_dump(mode="json") for b in final.content]
     assert without_none(got) == without_none(translation.answer(recorded, CALL_ID)["content"])
     assert [b.type for b in final.content] == ["text", "tool_use"]
+
+
+def test_an_sse_event_is_split_only_at_line_ends() -> None:
+    """A chunk whose text holds U+2028, U+2029 or U+0085 unescaped (as pydantic writes JSON)
+    is one data line; CRLF and CR end lines as SSE says."""
+    chunk = {"choices": [{"delta": {"content": "a\u2028b\u2029c\x85d"}, "index": 0}]}
+    written = json.dumps(chunk, ensure_ascii=False)
+    buffer = bytearray(f"data: {written}\n\nid: 1\r\ndata: [DONE]\r\n\n".encode())
+    first, second = split_sse(buffer)
+    assert json.loads(sse_data(first) or "") == chunk
+    assert sse_data(second) == "[DONE]"

@@ -271,7 +271,7 @@ def assembled(chunks: list[dict[str, Any]], endpoint: str = CHAT) -> dict[str, A
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_recorded_chat_answer_streams_back_to_itself(case: str) -> None:
     recorded = assembled(chat_chunks(*CASES[case]))
-    again = assembled(answer_chunks(CHAT, recorded, include_usage=True, prompt_ids_asked=True))
+    again = assembled(answer_chunks(CHAT, recorded, include_usage=True, with_prompt_ids=True))
     assert again.pop("usage") == {
         "prompt_tokens": 3,
         "completion_tokens": len(recorded["choices"][0]["token_ids"]),
@@ -304,7 +304,7 @@ def test_a_recorded_completion_with_two_choices_streams_back_to_itself() -> None
         "choices": [choice(0), choice(1)],
     }
     again = assembled(
-        answer_chunks("completions", recorded, include_usage=False, prompt_ids_asked=True),
+        answer_chunks("completions", recorded, include_usage=False, with_prompt_ids=True),
         "completions",
     )
     assert again == recorded
@@ -315,7 +315,7 @@ def test_a_recorded_answer_streams_in_the_responses_protocol(case: str) -> None:
     recorded = assembled(chat_chunks(*CASES[case]))
     translation = responses_with_a_tool()
     body, _ = translated(
-        translation, answer_chunks(CHAT, recorded, include_usage=False, prompt_ids_asked=True)
+        translation, answer_chunks(CHAT, recorded, include_usage=False, with_prompt_ids=True)
     )
     with openai_reading(body).responses.stream(model="m", input="hi") as stream:
         events = list(stream)
@@ -331,7 +331,7 @@ def test_a_recorded_answer_streams_in_the_messages_protocol(case: str) -> None:
     recorded = assembled(chat_chunks(*CASES[case]))
     translation = messages_with_a_tool()
     body, _ = translated(
-        translation, answer_chunks(CHAT, recorded, include_usage=False, prompt_ids_asked=True)
+        translation, answer_chunks(CHAT, recorded, include_usage=False, with_prompt_ids=True)
     )
     with anthropic_reading(body).messages.stream(
         model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
@@ -533,6 +533,26 @@ async def test_a_replayed_answer_holds_the_prompt_ids_only_if_the_agent_asked(
     kept = await store.read("r")
     assert [r.attempt for r in kept] == [1, 2, 3, 4, 5]
     assert all(r.prompt_token_ids == [1, 2] for r in kept)
+
+
+async def test_a_replayed_messages_stream_counts_its_prompt_whatever_the_agent_asked(
+    tmp_path: Path,
+) -> None:
+    """A translation reads the prompt's size from the recorded ids: they reach it even though
+    an Anthropic agent never asks for `return_token_ids`."""
+    store = DirectoryTrajectoryStore(tmp_path)
+    await store.append(replace(record("a", request("hi")), protocol="messages"))
+    claims = TokenClaims("r", 2, "train", 2**31, replay=ReplayClaim(sources=(1,)))
+    answer = await replayer_over(store).answer(
+        CHAT, claims, request("hi"), messages_with_a_tool(), stream=True, prompt_ids_asked=False
+    )
+    assert answer is not None
+    body = b"".join([part async for part in answer.body_iterator])  # type: ignore[attr-defined]
+    with anthropic_reading(body).messages.stream(
+        model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+    ) as events:
+        started = next(e for e in events if e.type == "message_start")
+    assert started.message.usage.input_tokens == 2  # the record's [1, 2]
 
 
 async def test_a_branch_continues_a_responses_conversation_it_was_replayed(

@@ -46,7 +46,7 @@ def asked_for_prompt_ids(body: dict[str, Any]) -> bool:
 
 
 def answer_as_asked(
-    endpoint: Endpoint, body: bytes, answer: dict[str, Any], asked: bool, event: bool = False
+    endpoint: Endpoint, body: bytes, answer: dict[str, Any], *, asked: bool, event: bool = False
 ) -> bytes:
     """What the agent gets of the policy server's `body` (an answer, or with `event` one SSE
     event), which `answer_of` read as `answer`: the bytes as they came, except that an agent
@@ -125,9 +125,11 @@ def split_sse(buffer: bytearray) -> Iterator[bytes]:
 
 
 def sse_data(event: bytes) -> str | None:
-    lines = [
-        line[5:].lstrip() for line in event.decode("utf-8").splitlines() if line.startswith("data:")
-    ]
+    """The event's data: its `data:` lines, joined. Lines end where SSE ends them (CRLF, LF or
+    CR), not where `str.splitlines` would: a policy server may write U+2028 or U+0085 unescaped
+    inside a JSON string (pydantic does), and cutting there would lose the chunk."""
+    text = event.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    lines = [line[5:].lstrip() for line in text.split("\n") if line.startswith("data:")]
     return "\n".join(lines) if lines else None
 
 
@@ -264,17 +266,17 @@ class StreamAssembler:
 
 
 def answer_chunks(
-    endpoint: Endpoint, response: dict[str, Any], include_usage: bool, prompt_ids_asked: bool
+    endpoint: Endpoint, response: dict[str, Any], include_usage: bool, with_prompt_ids: bool
 ) -> list[dict[str, Any]]:
     """A whole answer as the chunks of a stream, the inverse of `StreamAssembler` (a recorded
     answer replayed to an agent that streams): per choice an opening chunk (the role, and the
-    prompt's token ids as vLLM sends them, `null` unless `prompt_ids_asked`, as
-    `answer_as_asked` gives a live stream) and one with all its tokens, text, tool calls,
-    logprobs and finish reason; then the usage, if asked for."""
+    prompt's token ids as vLLM sends them, `null` unless `with_prompt_ids`, as
+    `answer_as_asked` gives a live stream to an agent that did not ask) and one with all its
+    tokens, text, tool calls, logprobs and finish reason; then the usage, if asked for."""
     chat = endpoint == CHAT
     head: dict[str, Any] = {k: response[k] for k in ("id", "created", "model") if k in response}
     head["object"] = "chat.completion.chunk" if chat else "text_completion"
-    prompt_ids = prompt_token_ids(endpoint, response) if prompt_ids_asked else None
+    prompt_ids = prompt_token_ids(endpoint, response) if with_prompt_ids else None
     chunks: list[dict[str, Any]] = []
     for choice in response.get("choices") or []:
         index = choice.get("index", 0)
