@@ -1,6 +1,6 @@
-"""Closing an attempt at the gateway once its agent has ended: the gateway then refuses the
-attempt's calls and hands over its call events (rule 1), and says what DARL's infrastructure
-did to the attempt (rule 7)."""
+"""Opening an attempt at the gateway before its agent starts, and closing it once the agent
+has ended: the gateway then refuses the attempt's calls and hands over its call events (rule
+1), and says what DARL's infrastructure did to the attempt (rule 7)."""
 
 from __future__ import annotations
 
@@ -127,11 +127,13 @@ class GatewayNotifier:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    async def was_closed(self, rollout_id: str, attempt: int) -> bool:
-        """Whether the gateway closed the attempt already (True too if it cannot tell)."""
-        url = f"{self._admin_url}/admin/rollouts/{rollout_id}/attempts/{attempt}"
+    async def open_attempt(self, rollout_id: str, attempt: int) -> bool:
+        """Tell the gateway the attempt's workflow runs and its agent is about to start (its
+        calls then ask Temporal nothing); returns whether the gateway had closed the attempt
+        already (True too if it cannot tell: a gateway down, or one older than the route)."""
+        url = f"{self._admin_url}/admin/rollouts/{rollout_id}/attempts/{attempt}/open"
         try:
-            async with self._session.get(
+            async with self._session.post(
                 url, headers=self._headers, timeout=LOOKUP_TIMEOUT
             ) as response:
                 if response.status != 200:

@@ -10,9 +10,10 @@ is computed right there, so Temporal schedules nothing else for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from temporalio import activity
@@ -124,6 +125,20 @@ async def refuse_a_second_run(client: Client, rollout_id: str) -> None:
         )
 
 
+def not_retried(err: Exception) -> bool:
+    """Whether Temporal will not retry the running activity after `err`: a non-retryable
+    error, or its retry policy's last try."""
+    if isinstance(err, ApplicationError) and err.non_retryable:
+        return True
+    info = activity.info()
+    policy = info.retry_policy
+    if policy is None:
+        return False
+    if isinstance(err, ApplicationError) and err.type in (policy.non_retryable_error_types or ()):
+        return True
+    return 0 < policy.maximum_attempts <= info.attempt
+
+
 class RolloutActivities:
     def __init__(
         self,
@@ -153,11 +168,12 @@ class RolloutActivities:
         if request.attempt == 1:
             # A rollout id that already ran returns its result, whatever its reward now is.
             await self._refuse_a_second_run(request.spec.rollout_id)
-        _check_reward(request.spec)
-        contract = self._contract(
-            request.spec, request.attempt, current_traceparent(), request.replay_from
-        )
-        return await runner.launch(request, contract)
+        async with self._closed_if_it_cannot_start(request.spec.rollout_id, request.attempt):
+            _check_reward(request.spec)
+            contract = self._contract(
+                request.spec, request.attempt, current_traceparent(), request.replay_from
+            )
+            return await runner.launch(request, contract)
 
     @activity.defn(name=AWAIT_AGENT)
     async def await_agent(self, request: AwaitRequest) -> AgentExit:
@@ -167,10 +183,12 @@ class RolloutActivities:
         if request.attempt == 1 and request.handle.kind == "http":
             # An agent HTTP service has no launch: its attempt starts here.
             await self._refuse_a_second_run(request.spec.rollout_id)
-            _check_reward(request.spec)
-        contract = self._contract(
-            request.spec, request.attempt, current_traceparent(), request.replay_from
-        )
+            async with self._closed_if_it_cannot_start(request.spec.rollout_id, 1):
+                _check_reward(request.spec)
+        async with self._closed_if_it_cannot_start(request.spec.rollout_id, request.attempt):
+            contract = self._contract(
+                request.spec, request.attempt, current_traceparent(), request.replay_from
+            )
         try:
             agent_exit = await runner.wait(request, contract, activity.heartbeat)
         except asyncio.CancelledError:
@@ -310,11 +328,26 @@ class RolloutActivities:
             ) from err
 
     async def _refuse_a_second_run(self, rollout_id: str) -> None:
-        """Only an attempt 1 the gateway already closed can be an earlier execution's (or
-        this one's, retried after its close): then Temporal's visibility, which costs the
-        server ~10 ms a query on the dev server's SQLite, is asked which it was."""
-        if self._notifier is None or await self._notifier.was_closed(rollout_id, 1):
+        """Open attempt 1 at the gateway (its calls then cost the server no describe). Only
+        an attempt 1 the gateway already closed can be an earlier execution's (or this one's,
+        retried after its close): then Temporal's visibility, which costs the server ~10 ms a
+        query on the dev server's SQLite, is asked which it was."""
+        if self._notifier is None or await self._notifier.open_attempt(rollout_id, 1):
             await refuse_a_second_run(self._client, rollout_id)
+
+    @contextlib.asynccontextmanager
+    async def _closed_if_it_cannot_start(
+        self, rollout_id: str, attempt: int
+    ) -> AsyncIterator[None]:
+        """An attempt opened at the gateway whose agent cannot start is closed there when
+        Temporal will not retry this activity: the gateway took the opening as its word that
+        the attempt runs, and would otherwise take calls for a rollout that has ended."""
+        try:
+            yield
+        except Exception as err:
+            if not_retried(err):
+                await self._close_quietly(rollout_id, attempt)
+            raise
 
     async def _close_quietly(self, rollout_id: str, attempt: int) -> None:
         """Close an attempt that ends without a result to score (cancelled, lost)."""

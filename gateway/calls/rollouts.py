@@ -2,13 +2,15 @@
 workflow started with, and the signals that put its model calls and the agent's report into
 its workflow.
 
-A call for a rollout the gateway has not seen asks Temporal once (describe); the worker tells
-the gateway when an attempt's agent ended (see `delivery`), which the store remembers for a
-gateway that starts later and for the other replicas sharing the store; a signal that finds
-the workflow closed marks the rollout closed. So a closed rollout's calls are refused before
-any policy server is called, by whichever replica they reach: the store's closed mark is
-looked at again on every call (a stat on the directory store, ~7 us), or once per
-`closed_recheck_seconds` where looking costs a request.
+A call for a rollout the gateway has not seen asks Temporal once (describe), unless the worker
+running the rollout's activity said the workflow runs (`opened`: it opens attempt 1 through
+the gateway before the agent starts, which saves the server a describe per rollout). The
+worker tells the gateway when an attempt's agent ended (see `delivery`), which the store
+remembers for a gateway that starts later and for the other replicas sharing the store; a
+signal that finds the workflow closed marks the rollout closed. So a closed rollout's calls
+are refused before any policy server is called, by whichever replica they reach: the store's
+closed mark is looked at again on every call (a stat on the directory store, ~7 us), or once
+per `closed_recheck_seconds` where looking costs a request.
 """
 
 from __future__ import annotations
@@ -126,6 +128,18 @@ class RolloutRegistry:
             self._closed.put(rollout_id, True)
             raise rollout_closed(rollout_id)
         self._open.put(rollout_id, True)
+
+    async def opened(self, rollout_id: str, attempt: int) -> bool:
+        """The worker's word that the rollout's workflow runs: it is running the attempt's
+        activity, and its agent is about to start. Returns whether the attempt had ended
+        already (then nothing is opened: its calls stay refused). Otherwise the attempt's
+        first call asks Temporal nothing, as if this gateway had described the workflow now;
+        a workflow that ends later is found as it is after a describe, by the attempt's close
+        or by a signal that finds it closed."""
+        if await self.ended(rollout_id, attempt):
+            return True
+        self._open.put(rollout_id, True)
+        return False
 
     async def started(self, rollout_id: str) -> StartedRollout:
         """The spec the rollout's workflow started with: the input of its history's first

@@ -1,6 +1,6 @@
 """The routes the trainer and the rollout workers call (the admin key guards them): pause and
-resume around a weight sync, the upstreams, an attempt's closed mark and its close; and the
-operator's health and metrics."""
+resume around a weight sync, the upstreams, an attempt's closed mark, its opening and its
+close; and the operator's health and metrics."""
 
 from __future__ import annotations
 
@@ -138,6 +138,16 @@ async def attempt_state(request: Request, rollout_id: str, attempt: int) -> Atte
     closed = gateway.registry.is_closed(rollout_id, attempt) or await gateway.store.is_closed(
         rollout_id, attempt
     )
+    return AttemptState(closed=closed)
+
+
+@router.post("/admin/rollouts/{rollout_id}/attempts/{attempt}/open", dependencies=ADMIN)
+async def open_attempt(request: Request, rollout_id: str, attempt: int) -> AttemptState:
+    """The worker's word that the rollout's workflow runs and the attempt's agent is about to
+    start: the attempt's calls need not ask Temporal whether it runs. Answers whether the
+    attempt was closed already (by this gateway or an earlier one), as the GET does; a closed
+    attempt stays closed."""
+    closed = await gateway_of(request).registry.opened(rollout_id, attempt)
     return AttemptState(closed=closed)
 
 

@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from darl.workflows.contracts import LocalAgentSpec, RolloutSpec
+from darl.workflows.contracts import LocalAgentSpec, RolloutSpec, rollout_workflow_id
+from darl.workflows.names import ROLLOUT_WORKFLOW
 from darl.workflows.rollout_status import RolloutStatus
 from tests.integration.stack import ADMIN_KEY, Stack
 
@@ -170,10 +171,11 @@ class TestRefusedBeforeThePolicyServer:
             "has ended",
         )
 
-    async def test_finished_rollout_the_gateway_never_heard_of(
+    async def test_a_rollout_whose_agent_could_not_start(
         self, stack: Stack, http: httpx.Client
     ) -> None:
-        """An agent that never started (so no worker told the gateway): Temporal says."""
+        """The worker opened the attempt at the gateway, then could not start its agent: it
+        closes the attempt there, so its calls are refused."""
         spec = RolloutSpec(
             run_id="bad-input",
             rollout_id=f"never-{uuid.uuid4().hex[:8]}",
@@ -184,6 +186,30 @@ class TestRefusedBeforeThePolicyServer:
         assert result.status == RolloutStatus.FAILED_AGENT
         response = http.post(
             chat_url(spec.rollout_id), json=CHAT, headers=bearer(stack.token(spec.rollout_id))
+        )
+        assert_refused(response, 409, "attempt 1 of rollout")
+
+    async def test_finished_rollout_the_gateway_never_heard_of(
+        self, stack: Stack, http: httpx.Client
+    ) -> None:
+        """A rollout no worker ran (no worker polls its queue), so none opened it at the
+        gateway: Temporal says it has ended."""
+        rollout_id = f"unrun-{uuid.uuid4().hex[:8]}"
+        spec = RolloutSpec(
+            run_id="bad-input",
+            rollout_id=rollout_id,
+            task={},
+            agent=LocalAgentSpec(command=["true"]),
+        )
+        handle = await stack.client.start_workflow(
+            ROLLOUT_WORKFLOW,
+            spec,
+            id=rollout_workflow_id(rollout_id),
+            task_queue=f"nobody-{uuid.uuid4().hex[:8]}",
+        )
+        await handle.terminate("a test: the rollout ends before any worker ran it")
+        response = http.post(
+            chat_url(rollout_id), json=CHAT, headers=bearer(stack.token(rollout_id))
         )
         assert_refused(response, 409, "has finished")
 

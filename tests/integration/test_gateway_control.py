@@ -163,6 +163,27 @@ async def test_models_are_listed_for_the_rollouts_token(stack: Stack) -> None:
     await stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
 
 
+async def test_an_attempt_opened_by_the_worker_asks_temporal_nothing(stack: Stack) -> None:
+    # A rollout without a workflow: its calls are 404 (the gateway asks Temporal), unless the
+    # admin API was told it runs, as the worker tells it before the agent starts.
+    ghost = f"ghost-{uuid.uuid4().hex[:8]}"
+    assert call(stack, ghost).status_code == 404
+    opened = f"opened-{uuid.uuid4().hex[:8]}"
+    with stack.admin() as admin:
+        assert admin.post(f"/admin/rollouts/{opened}/attempts/1/open").json() == {"closed": False}
+    assert httpx.post(f"{stack.gateway_url}/admin/rollouts/x/attempts/1/open").status_code == 401
+    assert call(stack, opened).status_code == 200
+    # A closed attempt stays closed: the open answers so, and its calls are refused.
+    rollout_id = await stack.start_idle_rollout("ctl")
+    with stack.admin() as admin:
+        assert admin.post(f"/admin/rollouts/{rollout_id}/attempts/1/close", json={}).is_success
+        assert admin.post(f"/admin/rollouts/{rollout_id}/attempts/1/open").json() == {
+            "closed": True
+        }
+    assert call(stack, rollout_id).status_code == 409
+    await stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
+
+
 def test_admin_state_lists_upstreams(stack: Stack) -> None:
     with stack.admin() as admin:
         state = admin.get("/admin/state").json()

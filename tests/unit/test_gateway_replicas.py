@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from darl.gateway.calls.rollouts import RolloutRegistry
 from darl.gateway.calls.traffic import UpstreamPool
+from darl.gateway.errors import RolloutFinishedError
 from darl.gateway.journal.base import SILENT_AFTER_SECONDS, GatewayJournal
 from darl.gateway.store.directory import DirectoryTrajectoryStore
 from darl.trainer.gateway_replicas import GatewayReplicas
@@ -187,6 +188,23 @@ async def test_a_replica_refuses_an_attempt_another_closed(tmp_path: Path) -> No
     assert not await c.ended("r", 2)
     await store.mark_closed("r", 2)
     assert not await c.ended("r", 2)
+
+
+async def test_an_attempt_the_worker_opened_asks_temporal_nothing(tmp_path: Path) -> None:
+    store = DirectoryTrajectoryStore(tmp_path)
+    registry = RolloutRegistry(NoTemporal(), store)  # type: ignore[arg-type]
+    assert not await registry.opened("r", 1)
+    await registry.check_open("r", 1)  # NoTemporal: a describe would fail the test
+    # An attempt closed (here by another replica) is not opened again: its calls stay refused.
+    await store.mark_closed("s", 1)
+    assert await registry.opened("s", 1)
+    with pytest.raises(RolloutFinishedError):
+        await registry.check_open("s", 1)
+    # Nor does opening one attempt reopen another the gateway closed.
+    registry.close_attempt("r", 1)
+    assert await registry.opened("r", 1)
+    with pytest.raises(RolloutFinishedError):
+        await registry.check_open("r", 1)
 
 
 def test_every_replica_pins_a_rollout_to_the_same_upstream() -> None:

@@ -7,16 +7,19 @@ retry to re-attach to (rule 3); killing it would turn a Temporal outage into a f
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 from temporalio.activity import ActivityCancellationDetails
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from darl.activities.agent_contract import ContractIssuer
-from darl.activities.rollout_activities import RolloutActivities
+from darl.activities.rollout_activities import RolloutActivities, not_retried
 from darl.activities.runners.local import LocalProcessRunner, stop_leftover_agents
 from darl.workflows.contracts import (
     AwaitRequest,
@@ -73,3 +76,27 @@ async def test_only_the_rollouts_own_cancellation_kills_its_agent(
         assert alive is not killed
     finally:
         stop_leftover_agents(tmp_path / "agents", grace_seconds=1)
+
+
+@pytest.mark.parametrize(
+    ("attempt", "policy", "error", "expected"),
+    [
+        (1, RetryPolicy(maximum_attempts=3), RuntimeError("flaky"), False),
+        (3, RetryPolicy(maximum_attempts=3), RuntimeError("flaky"), True),
+        (9, RetryPolicy(maximum_attempts=0), RuntimeError("flaky"), False),  # retried forever
+        (1, None, RuntimeError("flaky"), False),
+        (1, None, ApplicationError("bad", non_retryable=True), True),
+        (
+            1,
+            RetryPolicy(non_retryable_error_types=["Bad"]),
+            ApplicationError("x", type="Bad"),
+            True,
+        ),
+    ],
+)
+def test_an_attempt_is_closed_only_where_temporal_will_not_retry_the_activity(
+    attempt: int, policy: RetryPolicy | None, error: Exception, expected: bool
+) -> None:
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=attempt, retry_policy=policy)
+    assert env.run(not_retried, error) is expected

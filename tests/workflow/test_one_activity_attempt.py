@@ -15,10 +15,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
+import pytest
 from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHandle, WorkflowHistory
+from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
@@ -71,6 +72,8 @@ class FakeStack:
     def __init__(self, events: list[ModelCallEvent]) -> None:
         self.events = events
         self.closes: list[dict] = []
+        # The other admin requests: "METHOD path".
+        self.admin: list[str] = []
         self.close_answers: list[web.Response] = []
         self.agent_posts = 0
         # The agent answers once this is set (a cleared one holds it: a hung agent).
@@ -88,6 +91,7 @@ class FakeStack:
             events = [e.model_dump(mode="json") for e in self.events] if returned else None
             return web.json_response({"closed": True, "events": events, "infra_incidents": []})
         if path.startswith("/admin/rollouts/"):
+            self.admin.append(f"{request.method} {path}")
             return web.json_response({"closed": False})
         self.agent_posts += 1
         await self.release.wait()
@@ -201,6 +205,8 @@ async def test_the_close_s_events_and_the_reward_come_back_in_one_activity(
     assert stack.closes == [
         {"started_at": stack.closes[0]["started_at"], "return_events_up_to": 256}
     ]
+    # Opened at the gateway before the agent's POST: its calls then ask Temporal nothing.
+    assert stack.admin == [f"POST /admin/rollouts/{s.rollout_id}/attempts/1/open"]
     # One activity, no timer, no signal, no patch marker, one upsert (the final status): 12
     # events (a report to a trainer adds its local activity's marker: 1 more).
     assert scheduled_activities(history) == ["await_agent"]
@@ -210,6 +216,23 @@ async def test_the_close_s_events_and_the_reward_come_back_in_one_activity(
     assert "EVENT_TYPE_MARKER_RECORDED" not in types
     assert types.count("EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES") == 1, types
     assert len(types) == 12, types
+
+
+async def test_an_attempt_opened_whose_agent_cannot_start_is_closed(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """The reward is checked after the attempt was opened at the gateway (a rollout id that
+    ran returns its result whatever its reward now is): one that cannot work fails the rollout
+    at once, and the attempt is closed at the gateway, which would otherwise take its calls."""
+    s = http_spec(reward=RewardSpec(function="no_such_reward_function"))
+    stack = FakeStack([])
+    async with worker(time_skipping_env, tmp_path, stack) as queue:
+        handle = await start(time_skipping_env, s, queue)
+        with pytest.raises(WorkflowFailureError) as failed:
+            await asyncio.wait_for(handle.result(), TIMEOUT)
+    assert "the reward cannot work" in str(failed.value.cause)
+    assert stack.admin == [f"POST /admin/rollouts/{s.rollout_id}/attempts/1/open"]
+    assert len(stack.closes) == 1 and stack.agent_posts == 0
 
 
 async def test_the_report_to_the_trainer_rides_in_the_last_workflow_task(
