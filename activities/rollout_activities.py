@@ -134,7 +134,9 @@ def not_retried(err: Exception) -> bool:
     policy = info.retry_policy
     if policy is None:
         return False
-    if isinstance(err, ApplicationError) and err.type in (policy.non_retryable_error_types or ()):
+    # Temporal matches an error's type, or the class name of an error that has none.
+    kind = err.type if isinstance(err, ApplicationError) else type(err).__name__
+    if kind in (policy.non_retryable_error_types or ()):
         return True
     return 0 < policy.maximum_attempts <= info.attempt
 
@@ -206,9 +208,10 @@ class RolloutActivities:
                 self._close_quietly(request.spec.rollout_id, request.attempt), interval
             )
             raise
-        except ApplicationError as err:
-            # A retryable failure leaves the agent running for the retry to re-attach to.
-            if err.non_retryable:
+        except Exception as err:
+            # A failure Temporal retries leaves the agent running for the retry to re-attach
+            # to; past the last try the attempt is over, and its calls are refused.
+            if not_retried(err):
                 await self._close_quietly(request.spec.rollout_id, request.attempt)
             raise
         agent_exit = await self._closed(request, agent_exit)
@@ -313,8 +316,11 @@ class RolloutActivities:
     @activity.defn(name=STOP_AGENT)
     async def stop_agent(self, request: LaunchRequest) -> None:
         """Stop an attempt whose launch was cancelled (there may be no handle yet)."""
-        await self._runner(request.spec).stop(request)
-        await self._close_quietly(request.spec.rollout_id, request.attempt)
+        try:
+            await self._runner(request.spec).stop(request)
+        finally:
+            # Closed even when stopping failed: the rollout was cancelled either way.
+            await self._close_quietly(request.spec.rollout_id, request.attempt)
 
     @activity.defn(name=COMPUTE_REWARD)
     async def compute_reward(self, request: RewardRequest) -> float:

@@ -136,7 +136,9 @@ class RolloutRegistry:
         first call asks Temporal nothing, as if this gateway had described the workflow now;
         a workflow that ends later is found as it is after a describe, by the attempt's close
         or by a signal that finds it closed."""
-        if await self.ended(rollout_id, attempt):
+        # The store itself, not a recent look at it (`closed_recheck_seconds`): the answer
+        # decides whether the worker asks Temporal about an earlier run (rule 7).
+        if self.is_closed(rollout_id, attempt) or await self._store.is_closed(rollout_id, attempt):
             return True
         self._open.put(rollout_id, True)
         return False

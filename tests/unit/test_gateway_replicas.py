@@ -205,6 +205,13 @@ async def test_an_attempt_the_worker_opened_asks_temporal_nothing(tmp_path: Path
     assert await registry.opened("r", 1)
     with pytest.raises(RolloutFinishedError):
         await registry.check_open("r", 1)
+    # The opening looks at the store itself, not at a recent look (the worker's rule 7 check
+    # depends on its answer): an attempt another replica closed a moment ago is closed.
+    lazy = RolloutRegistry(NoTemporal(), store, closed_recheck_seconds=60)  # type: ignore[arg-type]
+    assert not await lazy.ended("t", 1)
+    await store.mark_closed("t", 1)
+    assert not await lazy.ended("t", 1)  # believed open for closed_recheck_seconds
+    assert await lazy.opened("t", 1)
 
 
 def test_every_replica_pins_a_rollout_to_the_same_upstream() -> None:

@@ -76,6 +76,8 @@ class FakeStack:
         self.admin: list[str] = []
         self.close_answers: list[web.Response] = []
         self.agent_posts = 0
+        # Answers the agent service gives first (an outage), before its real one.
+        self.agent_answers: list[web.Response] = []
         # The agent answers once this is set (a cleared one holds it: a hung agent).
         self.release = asyncio.Event()
         self.release.set()
@@ -94,6 +96,8 @@ class FakeStack:
             self.admin.append(f"{request.method} {path}")
             return web.json_response({"closed": False})
         self.agent_posts += 1
+        if self.agent_answers:
+            return self.agent_answers.pop(0)
         await self.release.wait()
         return web.json_response({"answer": "2"})
 
@@ -233,6 +237,22 @@ async def test_an_attempt_opened_whose_agent_cannot_start_is_closed(
     assert "the reward cannot work" in str(failed.value.cause)
     assert stack.admin == [f"POST /admin/rollouts/{s.rollout_id}/attempts/1/open"]
     assert len(stack.closes) == 1 and stack.agent_posts == 0
+
+
+async def test_a_failed_try_that_is_retried_leaves_the_attempt_open(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """An agent service that is down fails await_agent's try, which Temporal retries: the
+    attempt stays open for the retry (the last try's close: test_rollout_activities)."""
+    s = http_spec(max_attempts=1)
+    stack = FakeStack([call_event(s, "c0", 0)])
+    stack.agent_answers = [web.Response(status=503, text="restarting")]
+    async with worker(time_skipping_env, tmp_path, stack) as queue:
+        result = await asyncio.wait_for(
+            (await start(time_skipping_env, s, queue)).result(), TIMEOUT
+        )
+    assert result.status == RolloutStatus.SUCCEEDED and stack.agent_posts == 2
+    assert len(stack.closes) == 1  # the attempt's own close, after its agent ended
 
 
 async def test_the_report_to_the_trainer_rides_in_the_last_workflow_task(
