@@ -5,6 +5,7 @@ not the gateway's)."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import httpx
 from temporalio.testing import WorkflowEnvironment
 
 from bench.load import (
+    ADMIN,
     Phase,
     cpu_seconds,
     drive,
@@ -86,6 +88,10 @@ async def compare_stores(
             (name, None, calls),
             (f"{name} @{paced_rate:g}/s", paced_rate, calls // 4),
         ):
+            # The phase before's events still queued would ride in this phase's signals: the
+            # paced phase would carry the saturated one's batches, more of them for the store
+            # that served more calls a second.
+            await delivered_all(url)
             before, signals0 = cpu_seconds(watched), delivery(url)
             phase = await drive(label, targets, n, rate)
             after, signals1 = cpu_seconds(watched), delivery(url)
@@ -106,6 +112,16 @@ async def compare_stores(
             f"  {name:<22}{phase.rate:>9.0f}{phase.pct(0.5):>9.2f}{phase.pct(0.99):>9.2f}"
             f"{figures}{per_signal:>15.1f}"
         )
+
+
+async def delivered_all(gateway_url: str, timeout: float = 30.0) -> None:
+    """Wait until the gateway holds no call event it has yet to signal (`/admin/state`)."""
+    async with httpx.AsyncClient(
+        base_url=gateway_url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
+    ) as admin:
+        async with asyncio.timeout(timeout):
+            while (await admin.get("/admin/state")).json()["undelivered_events"]:
+                await asyncio.sleep(0.1)
 
 
 def delivery(gateway_url: str) -> tuple[float, float]:
