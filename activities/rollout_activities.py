@@ -170,7 +170,7 @@ class RolloutActivities:
         if request.attempt == 1:
             # A rollout id that already ran returns its result, whatever its reward now is.
             await self._refuse_a_second_run(request.spec.rollout_id)
-        async with self._closed_if_it_cannot_start(request.spec.rollout_id, request.attempt):
+        async with self._closed_if_not_retried(request.spec.rollout_id, request.attempt):
             _check_reward(request.spec)
             contract = self._contract(
                 request.spec, request.attempt, current_traceparent(), request.replay_from
@@ -182,38 +182,37 @@ class RolloutActivities:
         """Heartbeats while the agent runs; a retry after a worker crash re-attaches to it.
         Cancellation kills the agent before the cancellation completes."""
         runner = self._runner(request.spec)
-        if request.attempt == 1 and request.handle.kind == "http":
-            # An agent HTTP service has no launch: its attempt starts here.
+        # An agent HTTP service has no launch: its attempt starts here.
+        starts_here = request.attempt == 1 and request.handle.kind == "http"
+        if starts_here:
             await self._refuse_a_second_run(request.spec.rollout_id)
-            async with self._closed_if_it_cannot_start(request.spec.rollout_id, 1):
+        # A failure Temporal retries leaves the agent running for the retry to re-attach to;
+        # past the last try the attempt is over, and its calls are refused.
+        async with self._closed_if_not_retried(request.spec.rollout_id, request.attempt):
+            if starts_here:
                 _check_reward(request.spec)
-        async with self._closed_if_it_cannot_start(request.spec.rollout_id, request.attempt):
             contract = self._contract(
                 request.spec, request.attempt, current_traceparent(), request.replay_from
             )
-        try:
-            agent_exit = await runner.wait(request, contract, activity.heartbeat)
-        except asyncio.CancelledError:
-            details = activity.cancellation_details()
-            if activity.is_worker_shutdown() or details is None or not details.cancel_requested:
-                # The worker is stopping, or the server gave up on this try (its heartbeat
-                # timed out while Temporal was unreachable): not the rollout. Leave the agent
-                # running and its attempt open for the retry to re-attach to.
+            try:
+                agent_exit = await runner.wait(request, contract, activity.heartbeat)
+            except asyncio.CancelledError:
+                details = activity.cancellation_details()
+                if activity.is_worker_shutdown() or details is None or not details.cancel_requested:
+                    # The worker is stopping, or the server gave up on this try (its
+                    # heartbeat timed out while Temporal was unreachable): not the rollout.
+                    # Leave the agent running and its attempt open for the retry to
+                    # re-attach to.
+                    raise
+                # Killing can take the kill grace and closing a retry or two: keep
+                # heartbeating, or the server would time the activity out before the agent
+                # is really gone.
+                interval = agent_heartbeat_interval(request.spec.timeouts.heartbeat_seconds)
+                await heartbeating(runner.kill(request.handle), interval)
+                await heartbeating(
+                    self._close_quietly(request.spec.rollout_id, request.attempt), interval
+                )
                 raise
-            # Killing can take the kill grace and closing a retry or two: keep heartbeating, or
-            # the server would time the activity out before the agent is really gone.
-            interval = agent_heartbeat_interval(request.spec.timeouts.heartbeat_seconds)
-            await heartbeating(runner.kill(request.handle), interval)
-            await heartbeating(
-                self._close_quietly(request.spec.rollout_id, request.attempt), interval
-            )
-            raise
-        except Exception as err:
-            # A failure Temporal retries leaves the agent running for the retry to re-attach
-            # to; past the last try the attempt is over, and its calls are refused.
-            if not_retried(err):
-                await self._close_quietly(request.spec.rollout_id, request.attempt)
-            raise
         agent_exit = await self._closed(request, agent_exit)
         if request.one_activity and request.spec.reward.grader is not None:
             agent_exit = await self._graded(runner, request, agent_exit)
@@ -342,10 +341,8 @@ class RolloutActivities:
             await refuse_a_second_run(self._client, rollout_id)
 
     @contextlib.asynccontextmanager
-    async def _closed_if_it_cannot_start(
-        self, rollout_id: str, attempt: int
-    ) -> AsyncIterator[None]:
-        """An attempt opened at the gateway whose agent cannot start is closed there when
+    async def _closed_if_not_retried(self, rollout_id: str, attempt: int) -> AsyncIterator[None]:
+        """An attempt whose agent cannot start, or be awaited, is closed at the gateway when
         Temporal will not retry this activity: the gateway took the opening as its word that
         the attempt runs, and would otherwise take calls for a rollout that has ended."""
         try:

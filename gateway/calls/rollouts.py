@@ -138,10 +138,17 @@ class RolloutRegistry:
         or by a signal that finds it closed."""
         # The store itself, not a recent look at it (`closed_recheck_seconds`): the answer
         # decides whether the worker asks Temporal about an earlier run (rule 7).
-        if self.is_closed(rollout_id, attempt) or await self._store.is_closed(rollout_id, attempt):
+        if await self.was_closed(rollout_id, attempt):
             return True
         self._open.put(rollout_id, True)
         return False
+
+    async def was_closed(self, rollout_id: str, attempt: int) -> bool:
+        """Whether the attempt was closed, through this process or in the store (by another
+        replica or an earlier gateway): the store is looked at now, whatever the recheck."""
+        return self.is_closed(rollout_id, attempt) or await self._store.is_closed(
+            rollout_id, attempt
+        )
 
     async def started(self, rollout_id: str) -> StartedRollout:
         """The spec the rollout's workflow started with: the input of its history's first

@@ -134,10 +134,7 @@ async def set_upstreams(request: Request) -> GatewayState:
 @router.get("/admin/rollouts/{rollout_id}/attempts/{attempt}", dependencies=ADMIN)
 async def attempt_state(request: Request, rollout_id: str, attempt: int) -> AttemptState:
     """Whether the attempt was closed (its agent ended), by this gateway or an earlier one."""
-    gateway = gateway_of(request)
-    closed = gateway.registry.is_closed(rollout_id, attempt) or await gateway.store.is_closed(
-        rollout_id, attempt
-    )
+    closed = await gateway_of(request).registry.was_closed(rollout_id, attempt)
     return AttemptState(closed=closed)
 
 
