@@ -9,9 +9,11 @@ from work here, so some of the event loop's polling shows as `Runner.run`'s own 
 idle thread pool's wait as `_worker`'s. And a share is not what removing a frame would save:
 FastAPI's routing and dependency injection look like a tenth of the gateway's samples, yet
 serving the agents' calls past them measured no less CPU per call. Check a cut with
-`make bench`.
+`make bench`. `--gil` samples only the thread holding the GIL: Python's own work, without the
+loop's polling or the waits inside socket calls (a long context's loopback send shows as
+`StreamWriter._writelines` otherwise).
 
-    make profile-gateway      # or: .venv/bin/python -m bench.gateway_profile [--calls 2000]
+    make profile-gateway      # or: .venv/bin/python -m bench.gateway_profile [--calls 2000] [--gil]
 """
 
 from __future__ import annotations
@@ -87,12 +89,15 @@ def summarize(raw: Path, top: int) -> None:
             print(f"    {n / total:6.1%}  {name}")
 
 
-async def sampled(name: str, pid: int, out: Path, work: Awaitable[object]) -> None:
+async def sampled(
+    name: str, pid: int, out: Path, work: Awaitable[object], gil: bool = False
+) -> None:
     """Await `work` while py-spy samples the gateway, then print where its CPU went."""
     raw = out / f"{name}.txt"
     spy = await asyncio.create_subprocess_exec(
         shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"),
         "record",
+        *(["--gil"] if gil else []),
         "--pid",
         str(pid),
         "--rate",
@@ -122,7 +127,7 @@ async def phase(name: str, targets: list[tuple[str, dict[str, str]]], calls: int
     print(f"\n{name}: {len(done.latencies)} calls, p50 {done.pct(0.5):.2f} ms, {done.rate:.0f}/s")
 
 
-async def main(calls: int, top_clients: int, gateway_vars: list[str]) -> None:
+async def main(calls: int, top_clients: int, gateway_vars: list[str], gil: bool) -> None:
     root = Path(tempfile.mkdtemp(prefix="darl-profile-"))
     env = await start_dev_server()
     proc_env = process_env(env)
@@ -148,13 +153,13 @@ async def main(calls: int, top_clients: int, gateway_vars: list[str]) -> None:
             ("1 client", 1, calls // 4),
             (f"{top_clients} clients", top_clients, calls),
         ):
-            await sampled(name, gateway.pid, root, phase(name, targets[:clients], n))
+            await sampled(name, gateway.pid, root, phase(name, targets[:clients], n), gil)
         [long_rollout] = await idle_rollouts(env, queue, 1)
         rollouts.append(long_rollout)
         grow = long_context(
             gateway_url, upstream_url, long_rollout, gateway.pid, root / "store" / long_rollout
         )
-        await sampled("long context", gateway.pid, root, grow)
+        await sampled("long context", gateway.pid, root, grow, gil)
     finally:
         for rollout_id in rollouts:
             await env.client.get_workflow_handle(rollout_workflow_id(rollout_id)).cancel()
@@ -169,7 +174,10 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--gateway-env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument(
+        "--gil", action="store_true", help="sample only the thread holding the GIL (py-spy --gil)"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.calls, args.clients, args.gateway_env))
+    asyncio.run(main(args.calls, args.clients, args.gateway_env, args.gil))
     sys.stdout.flush()
     os._exit(0)
