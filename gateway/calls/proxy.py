@@ -125,11 +125,13 @@ class ModelCallProxy:
         claims: TokenClaims,
         body: dict[str, Any],
         spoken: type[Translation] | None = None,
+        sent: bytes | None = None,
     ) -> Response:
         """One agent call: `body` as the endpoint's own, or in the protocol `spoken`, which
-        translates it into a chat call. A call that fails is recorded as failed (status,
-        error, latency, retries) before the agent hears of it. An attempt that resumes by
-        replay gets the recorded answer to a request the record holds (rule 10)."""
+        translates it into a chat call; `sent`, the bytes `body` was read from. A call that
+        fails is recorded as failed (status, error, latency, retries) before the agent hears
+        of it. An attempt that resumes by replay gets the recorded answer to a request the
+        record holds (rule 10)."""
         started = time.monotonic()
         call: ModelCall | None = None
         protocol = protocol_of(endpoint, spoken)
@@ -161,6 +163,8 @@ class ModelCallProxy:
                 deadline=time.monotonic() + self.settings.call_deadline_seconds,
                 translation=translation,
                 prompt_ids_asked=prompt_ids_asked,
+                # The store compares a conversation as sent, if the agent sent it as it is.
+                sent_body=sent if translation is None and endpoint == CHAT else None,
             )
             return await (self._streamed(call) if stream else self._whole(call))
         except ClientGone:

@@ -28,7 +28,7 @@ from darl.gateway.protocols.messages.translation import (
 from darl.gateway.protocols.responses.protocol import ResponsesRequest
 from darl.gateway.protocols.responses.translation import ResponsesTranslation
 from darl.gateway.protocols.translation import Translation, parse_request
-from darl.gateway.routes.bodies import documented, read_json_object
+from darl.gateway.routes.bodies import documented, json_object, read_body, read_json_object
 from darl.gateway.routes.dependencies import RolloutClaims, gateway_of
 from darl.gateway.state import Gateway
 from darl.workflows.contracts import AgentReport
@@ -71,8 +71,8 @@ async def proxy_call(
     """An agent's model call: in the endpoint's own shape, or in the protocol `spoken`
     (translated to a chat call)."""
     gateway = gateway_of(request)
-    body = await read_json_object(request, gateway.settings.max_body_bytes)
-    work = gateway.proxy.handle(request, endpoint, claims, body, spoken)
+    sent = await read_body(request, gateway.settings.max_body_bytes)
+    work = gateway.proxy.handle(request, endpoint, claims, json_object(sent), spoken, sent=sent)
     return await noting_incidents(gateway, claims, work)
 
 

@@ -18,14 +18,26 @@ from darl.gateway.errors import (
 
 async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
     """The request body as a JSON object, refusing bodies over `limit` bytes (413)."""
+    return json_object(await read_body(request, limit))
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body's bytes, refusing bodies over `limit` bytes (413)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLargeError(f"request body over {limit} bytes")
-    body = bytearray()
+    chunks: list[bytes] = []
+    size = 0
     async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
             raise BodyTooLargeError(f"request body over {limit} bytes")
+    return b"".join(chunks)
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """`body` read as a JSON object (400 if it is not one)."""
     try:
         value = json_codec.loads(body)
     except (ValueError, UnicodeDecodeError) as err:

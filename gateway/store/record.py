@@ -47,6 +47,9 @@ class CallRecord:
     # Matched its record only under the rollout's normalizers: the prompt differs from the
     # recorded one in spans they ignore (slightly off-policy, as a stale call is).
     replay_normalized: bool = False
+    # On a live chat call, the request's messages as the JSON the agent sent, one
+    # `msgspec.Raw` each (see `codec.messages_as_sent`); never stored, nor read back.
+    sent_messages: Sequence[Any] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.protocol:

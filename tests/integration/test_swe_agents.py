@@ -12,6 +12,8 @@ Every rollout of the module runs at once, in one stack; the tests read their res
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import shutil
 import subprocess
 import sys
@@ -335,13 +337,22 @@ def test_a_context_overflow_ends_the_episode_at_once(
     assert graded(outcomes[f"{agent}/overflow"]).reward == 0.0
 
 
-def test_a_fifty_call_episode_is_stored_as_deltas(outcomes: dict[str, Outcome]) -> None:
+def test_a_fifty_call_episode_is_stored_as_deltas(
+    outcomes: dict[str, Outcome], swe_stack: ScriptedStack
+) -> None:
     outcome = outcomes["darl/long"]
     assert graded(outcome).reward == 1.0
     assert outcome.result.calls == LONG_EPISODE_CALLS
     # Each prompt holds the ones before it, so the prompts' tokens grow with the square of
     # the calls; the store keeps each prompt as its delta to the one before.
     assert outcome.store_bytes < outcome.result.prompt_tokens
+    # And each request's messages as the previous request's, all of them kept (the agent's
+    # SDK sends them again byte for byte), and what is new.
+    [attempt] = (swe_stack.store_dir / outcome.result.rollout_id).glob("attempt-*.jsonl")
+    deltas = [json.loads(line)["messages"] for line in attempt.read_text().splitlines()]
+    assert len(deltas) == LONG_EPISODE_CALLS
+    for before, after in itertools.pairwise(deltas):
+        assert after["base"] == before["base"] + len(before["items"]), (before, after)
 
 
 @pytest.mark.parametrize("agent", [DARL_AGENT, MINI_AGENT])

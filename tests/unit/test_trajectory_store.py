@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from darl.gateway import json_codec
 from darl.gateway.store.base import TrajectoryStore
+from darl.gateway.store.codec import Tail, encode_record, messages_as_sent
 from darl.gateway.store.directory import DirectoryTrajectoryStore
 from darl.gateway.store.record import CallRecord
 from darl.gateway.store.s3 import S3TrajectoryStore
@@ -103,16 +104,30 @@ def conversation(steps: list[tuple[bool, list[int], list[int]]]) -> list[CallRec
     return records
 
 
+def as_sent(record: CallRecord, spaced: bool = False) -> CallRecord:
+    """`record` as the gateway makes it of a chat call that came as the agent sent it: with
+    its messages as the JSON they were read from (`spaced`: written by another client)."""
+    separators = (", ", ": ") if spaced else (",", ":")
+    sent = json.dumps(record.request, separators=separators).encode()
+    return replace(record, sent_messages=messages_as_sent(sent))
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.tuples(st.booleans(), token_lists, token_lists), min_size=1, max_size=8),
     st.integers(0, 8),
+    st.lists(st.sampled_from([None, False, True]), min_size=8, max_size=8),
 )
 def test_records_read_back_whole_across_a_restart(
-    backend: Backend, steps: list, restart_at: int
+    backend: Backend, steps: list, restart_at: int, sent: list[bool | None]
 ) -> None:
+    """Whatever the calls: extending or starting over, read or sent (in either spacing), with
+    a restart anywhere."""
     root = backend.fresh()
-    records = conversation(steps)
+    records = [
+        record if how is None else as_sent(record, spaced=how)
+        for record, how in zip(conversation(steps), sent, strict=False)
+    ]
 
     async def write() -> None:
         store = backend.open(root)
@@ -167,6 +182,48 @@ def test_storage_grows_with_the_trajectory_not_with_turns_times_prompt(tmp_path:
     assert full_prompt_ids > 10 * stored_prompt_ids
     stored_messages = sum(len(json.loads(line)["messages"]["items"]) for line in lines)
     assert stored_messages == 1 + turns - 1
+
+
+def test_a_conversation_as_sent_is_compared_as_sent(tmp_path: Path) -> None:
+    """Messages sent again byte for byte are kept from the previous line, as equal dicts are;
+    sent again in other bytes (another spacing), they are stored again; a call between read
+    and sent ones is compared message by message. Every call reads back whole."""
+    compact = conversation([(True, [1], [2])] * 5)
+    records = [
+        as_sent(compact[0]),
+        as_sent(compact[1]),
+        as_sent(compact[2], spaced=True),
+        compact[3],  # a translated call: no bytes of its messages
+        as_sent(compact[4]),
+    ]
+    store = DirectoryTrajectoryStore(tmp_path)
+
+    async def write() -> None:
+        for record in records:
+            await store.append(record)
+
+    asyncio.run(write())
+    lines = [json.loads(line) for line in store.path("r1", 1).read_text().splitlines()]
+    assert [line["messages"]["base"] for line in lines] == [0, 1, 0, 3, 4]
+    assert [len(line["messages"]["items"]) for line in lines] == [1, 1, 3, 1, 1]
+    read = store.read_sync("r1")
+    assert [r.request for r in read] == [r.request for r in compact]
+
+
+def test_a_tail_keeps_the_bytes_of_a_conversation_sent_not_its_dicts() -> None:
+    """The previous call's messages as sent are all a tail needs: their dicts go with their
+    request (a coding agent's ~950 a call, freed cold a call later otherwise); read from the
+    bytes when a call that was not sent needs them."""
+    first, second = conversation([(True, [1], [2])] * 2)
+    tail = Tail()
+    tail.advance(as_sent(first))
+    assert tail.messages == []
+    assert tail.previous_messages() == first.request["messages"]
+    line = encode_record(second, tail)
+    assert line["messages"] == {"base": 1, "items": second.request["messages"][1:]}
+    tail.advance(second)
+    assert tail.sent_messages is None
+    assert tail.messages == second.request["messages"]
 
 
 def test_a_torn_last_line_is_skipped_and_earlier_ones_kept(tmp_path: Path) -> None:
