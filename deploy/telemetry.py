@@ -29,13 +29,22 @@ class TelemetryConfigError(DeployError, ValueError):
     """An OTEL_TRACES_EXPORTER that names no exporter DARL has."""
 
 
-def _exporters() -> list[SpanExporter]:
+def _exporter_names() -> list[str]:
     default = "otlp" if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") else "none"
     names = [n.strip() for n in os.environ.get("OTEL_TRACES_EXPORTER", default).split(",")]
+    return [name for name in names if name not in ("", "none")]
+
+
+def exports_traces() -> bool:
+    """Whether this process's spans go anywhere: an exporter is named and the SDK is on."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return False
+    return bool(_exporter_names())
+
+
+def _exporters() -> list[SpanExporter]:
     exporters: list[SpanExporter] = []
-    for name in names:
-        if name in ("", "none"):
-            continue
+    for name in _exporter_names():
         if name == "console":
             exporters.append(ConsoleSpanExporter())
         elif name == "otlp":

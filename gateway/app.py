@@ -104,7 +104,13 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
                 await asyncio.to_thread(gateway.journal.went_down)
             await gateway.forwarder.aclose()
 
-    app = FastAPI(title="DARL gateway", lifespan=lifespan)
+    # Untraced, FastAPI's own OpenTelemetry (which traces whenever a provider is installed)
+    # is off too; traced, the instrumentation below makes the spans, and FastAPI's stands by.
+    app = FastAPI(
+        title="DARL gateway",
+        lifespan=lifespan,
+        telemetry=None if settings.traced else {"tracing": False},
+    )
     app.state.gateway = gateway
     install_error_handlers(app)
     with_body_schemas(app)
@@ -113,9 +119,10 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
     app.include_router(agl.router)
     app.include_router(admin.router)
     app.add_middleware(RequestCounter, metrics=gateway.metrics)
-    FastAPIInstrumentor.instrument_app(
-        app, excluded_urls="healthz,metrics", exclude_spans=["receive", "send"]
-    )
+    if settings.traced:
+        FastAPIInstrumentor.instrument_app(
+            app, excluded_urls="healthz,metrics", exclude_spans=["receive", "send"]
+        )
     return TokenTraceContext(app)
 
 

@@ -24,7 +24,7 @@ from darl.deploy.cli.support import (
 )
 from darl.deploy.serving import serve_app
 from darl.deploy.store_options import StoreUrl, open_checked_store, store_location
-from darl.deploy.telemetry import configure_tracing
+from darl.deploy.telemetry import configure_tracing, exports_traces
 from darl.deploy.temporal_connection import (
     DEFAULT_ADDRESS,
     DEFAULT_NAMESPACE,
@@ -152,6 +152,7 @@ def gateway(
 
     location = store_location(store_url, store_dir)
     store = open_checked_store(location, fsync=store_fsync)
+    configure_tracing("darl-gateway")
     settings = GatewaySettings(
         token_secret=secret("DARL_TOKEN_SECRET", home).encode(),
         admin_key=secret("DARL_ADMIN_KEY", home),
@@ -173,8 +174,8 @@ def gateway(
             if closed_recheck_seconds is not None
             else (1.0 if location.is_s3 else 0.0)
         ),
+        traced=exports_traces(),
     )
-    configure_tracing("darl-gateway")
 
     async def main(stop: asyncio.Event) -> None:
         client = await connect(TemporalSettings.from_env(temporal_address, namespace))

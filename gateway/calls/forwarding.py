@@ -88,9 +88,14 @@ class Forwarder:
     """Owns the gateway's pooled connections to the policy servers (`start` / `aclose`)."""
 
     def __init__(
-        self, retry: RetrySettings, api_key: str | None = None, rng: random.Random | None = None
+        self,
+        retry: RetrySettings,
+        api_key: str | None = None,
+        rng: random.Random | None = None,
+        traced: bool = True,
     ) -> None:
         self._retry = retry
+        self._traced = traced
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -100,12 +105,17 @@ class Forwarder:
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=1024, limit_per_host=0, keepalive_timeout=30),
-            trace_configs=[create_trace_config()],
+            trace_configs=[create_trace_config()] if self._traced else None,
         )
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+    @property
+    def traced(self) -> bool:
+        """Whether its calls make client spans (and inject their own trace context)."""
+        return self._traced
 
     @property
     def session(self) -> aiohttp.ClientSession:

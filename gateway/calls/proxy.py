@@ -426,7 +426,7 @@ class ModelCallProxy:
                 call.forwarded,
                 call.deadline,
                 stream,
-                headers={"X-Darl-Call-Id": call.call_id},
+                headers=call.upstream_headers(trace_context=not self.forwarder.traced),
             ),
         )
         call.retries = reply.retries

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from opentelemetry import trace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as OtlpSpan
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import BaseModel
@@ -87,9 +88,11 @@ def exporter() -> InMemorySpanExporter:
     return spans
 
 
-async def test_one_trace_covers_the_rollout(
-    dev_env: WorkflowEnvironment, exporter: InMemorySpanExporter, tmp_path: Path
-) -> None:
+async def rollout_in_process(
+    dev_env: WorkflowEnvironment, tmp_path: Path, traced_gateway: bool = True
+) -> tuple[RolloutResult, str]:
+    """One rollout of the arithmetic agent with every component in this process; its result
+    and the policy server's URL."""
     client = await connect(
         TemporalSettings(address=dev_env.client.service_client.config.target_host)
     )
@@ -101,7 +104,10 @@ async def test_one_trace_covers_the_rollout(
         async with served(create_policy_app(policy), tmp_path, "policy") as policy_url:
             gateway_app = create_app(
                 GatewaySettings(
-                    token_secret=settings_secret, admin_key="admin", upstreams=(policy_url,)
+                    token_secret=settings_secret,
+                    admin_key="admin",
+                    upstreams=(policy_url,),
+                    traced=traced_gateway,
                 ),
                 DirectoryTrajectoryStore(tmp_path / "store"),
                 client,
@@ -134,11 +140,23 @@ async def test_one_trace_covers_the_rollout(
                     )
     finally:
         await asyncio.to_thread(policy.engine.stop)
-    assert result.status == RolloutStatus.SUCCEEDED, result.error
+    return result, policy_url
 
+
+def rollout_trace(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
     spans = exporter.get_finished_spans()
     root = next(s for s in spans if s.name == "StartWorkflow:RolloutWorkflow")
-    in_trace = [s for s in spans if s.context.trace_id == root.context.trace_id]
+    return [s for s in spans if s.context.trace_id == root.context.trace_id]
+
+
+async def test_one_trace_covers_the_rollout(
+    dev_env: WorkflowEnvironment, exporter: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    exporter.clear()
+    result, policy_url = await rollout_in_process(dev_env, tmp_path)
+    assert result.status == RolloutStatus.SUCCEEDED, result.error
+
+    in_trace = rollout_trace(exporter)
     names = {s.name for s in in_trace}
     assert {
         *ROLLOUT_SPANS,
@@ -152,6 +170,31 @@ async def test_one_trace_covers_the_rollout(
         and s.attributes.get("url.full", s.attributes.get("http.url", "")).startswith(policy_url)
     ]
     assert upstream_calls, "the gateway's call to the policy server is in the trace"
+
+
+async def test_a_gateway_that_exports_nothing_hands_the_trace_on(
+    dev_env: WorkflowEnvironment, exporter: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    """A gateway whose spans would go nowhere makes none: the policy server gets the trace
+    context the agent's call came with (here its rollout token's, the launch's span), so the
+    policy server's span is a child of the launch, and the trace holds no gateway span."""
+    exporter.clear()
+    result, policy_url = await rollout_in_process(dev_env, tmp_path, traced_gateway=False)
+    assert result.status == RolloutStatus.SUCCEEDED, result.error
+
+    in_trace = rollout_trace(exporter)
+    names = {s.name for s in in_trace}
+    assert "POST /rollouts/{rollout_id}/v1/chat/completions" not in names, sorted(names)
+    assert not [
+        s
+        for s in exporter.get_finished_spans()
+        if s.kind == trace.SpanKind.CLIENT
+        and s.attributes.get("url.full", s.attributes.get("http.url", "")).startswith(policy_url)
+    ], "the gateway made a client span"
+    launch = next(s for s in in_trace if s.name == "RunActivity:launch_agent")
+    served = [s for s in in_trace if s.name == "POST /v1/chat/completions"]
+    assert served, sorted(names)
+    assert {s.parent.span_id for s in served if s.parent} == {launch.context.span_id}
 
 
 # --- every starter: components as real processes exporting OTLP ----------------------------

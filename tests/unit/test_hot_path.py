@@ -137,6 +137,40 @@ def test_a_process_that_exports_nothing_samples_only_under_a_sampled_caller(
     assert made[-1]["sampler"] is None  # the SDK reads OTEL_TRACES_SAMPLER itself
 
 
+@pytest.mark.parametrize(
+    ("env", "exports"),
+    [
+        ({}, False),
+        ({"OTEL_TRACES_EXPORTER": "none"}, False),
+        ({"OTEL_TRACES_SAMPLER": "always_on"}, False),  # sampled, and still dropped
+        ({"OTEL_TRACES_EXPORTER": "console"}, True),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, True),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
+                "OTEL_TRACES_EXPORTER": "none",
+            },
+            False,
+        ),
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}, False),
+    ],
+)
+def test_a_process_exports_traces_only_where_an_exporter_is_named(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], exports: bool
+) -> None:
+    """What decides whether the gateway makes spans of its own (`GatewaySettings.traced`)."""
+    for name in (
+        "OTEL_TRACES_EXPORTER",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_TRACES_SAMPLER",
+        "OTEL_SDK_DISABLED",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert telemetry.exports_traces() is exports
+
+
 # Ids that share digit prefixes (1, 12, 123), so a byte prefix can end inside an id.
 IDS = st.lists(st.sampled_from([0, 1, 2, 12, 123, 1234, 21, 10]), max_size=40)
 
