@@ -23,7 +23,7 @@ from darl.gateway.routes import admin, agent, agl
 from darl.gateway.routes.bodies import with_body_schemas
 from darl.gateway.state import Gateway, GatewaySettings
 from darl.gateway.store.base import TrajectoryStore
-from darl.gateway.tracing import TokenTraceContext
+from darl.gateway.tracing import HandedOnContext, TokenTraceContext
 
 log = logging.getLogger(__name__)
 
@@ -119,14 +119,17 @@ def create_app(settings: GatewaySettings, store: TrajectoryStore, temporal: Clie
     app.include_router(agl.router)
     app.include_router(admin.router)
     app.add_middleware(RequestCounter, metrics=gateway.metrics)
-    if settings.traced:
-        FastAPIInstrumentor.instrument_app(
-            app, excluded_urls="healthz,metrics", exclude_spans=["receive", "send"]
-        )
+    if not settings.traced:
+        return TokenTraceContext(HandedOnContext(app))
+    FastAPIInstrumentor.instrument_app(
+        app, excluded_urls="healthz,metrics", exclude_spans=["receive", "send"]
+    )
     return TokenTraceContext(app)
 
 
 def unwrap(app: Any) -> FastAPI:
-    """The FastAPI app inside the tracing wrapper (for tests and the server's lifespan)."""
-    inner: FastAPI = app.app if isinstance(app, TokenTraceContext) else app
+    """The FastAPI app inside the tracing wrappers (for tests and the server's lifespan)."""
+    while isinstance(app, TokenTraceContext | HandedOnContext):
+        app = app.app
+    inner: FastAPI = app
     return inner

@@ -1,10 +1,15 @@
-"""Joins an agent's calls to its rollout's trace when the agent sends no `traceparent`: the
-rollout token carries the trace context of the rollout's launch, and this ASGI wrapper hands it
-to the OpenTelemetry middleware as if the agent had sent it."""
+"""Trace context around the gateway's spans. `TokenTraceContext` joins an agent's calls to its
+rollout's trace when the agent sends no `traceparent`: the rollout token carries the trace
+context of the rollout's launch, and this ASGI wrapper hands it on as if the agent had sent
+it. `HandedOnContext`, in a gateway that makes no spans of its own (`GatewaySettings.traced`),
+makes the request's trace context current, so the calls the gateway makes for it carry it on
+to the policy server as it came (see `Forwarder`)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from opentelemetry import context, propagate
 
 from darl.gateway.auth import presented_key_from_headers
 from darl.workflows.rollout_token import TokenError, decode_claims
@@ -35,4 +40,28 @@ class TokenTraceContext:
             return scope
         if not traceparent:
             return scope
-        return {**scope, "headers": [*headers, (b"traceparent", traceparent.encode("latin-1"))]}
+        # A `tracestate` sent without its `traceparent` belongs to no trace (W3C Trace
+        # Context): it must not ride along with the token's.
+        kept = [(name, value) for name, value in headers if name != b"tracestate"]
+        return {**scope, "headers": [*kept, (b"traceparent", traceparent.encode("latin-1"))]}
+
+
+class HandedOnContext:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        fields = propagate.get_global_textmap().fields
+        carrier = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in scope.get("headers") or []
+            if name.decode("latin-1") in fields
+        }
+        attached = context.attach(propagate.extract(carrier))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            context.detach(attached)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from opentelemetry import propagate
 from opentelemetry.instrumentation.aiohttp_client import create_trace_config
 
 from darl.gateway import json_codec
@@ -112,10 +113,14 @@ class Forwarder:
         if self._session is not None:
             await self._session.close()
 
-    @property
-    def traced(self) -> bool:
-        """Whether its calls make client spans (and inject their own trace context)."""
-        return self._traced
+    def _with_context(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        """Untraced, `headers` and the current trace context (the agent's call's, made
+        current by `HandedOnContext`), which traced calls get from their client span."""
+        if self._traced:
+            return headers
+        carried = dict(headers)
+        propagate.inject(carried)
+        return carried
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -180,7 +185,7 @@ class Forwarder:
         else:
             client_timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect)
         response = await self.session.post(
-            url, data=payload, headers=headers, timeout=client_timeout
+            url, data=payload, headers=self._with_context(headers), timeout=client_timeout
         )
         reply = UpstreamReply(response.status, response.headers, retries, _response=response)
         if stream:
@@ -194,7 +199,9 @@ class Forwarder:
 
     async def get_json(self, url: str, timeout: float = 10.0) -> Any:
         async with self.session.get(
-            url, headers=self._headers, timeout=aiohttp.ClientTimeout(total=timeout)
+            url,
+            headers=self._with_context(self._headers),
+            timeout=aiohttp.ClientTimeout(total=timeout),
         ) as response:
             response.raise_for_status()
             return await response.json()

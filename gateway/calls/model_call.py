@@ -23,9 +23,6 @@ from darl.workflows.rollout_token import TokenClaims
 
 T = TypeVar("T")
 
-# W3C Trace Context and Baggage: what OpenTelemetry's default propagators read and write.
-TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
-
 
 class ClientGone(Exception):
     """The agent went away while its call was at work."""
@@ -113,19 +110,6 @@ class ModelCall:
         if self.served_version is None:
             raise RuntimeError("recording a call whose weights' version is unknown")
         return self.served_version
-
-    def upstream_headers(self, trace_context: bool) -> dict[str, str]:
-        """What the policy server is told besides the body: the call's id and, with
-        `trace_context`, the trace context the agent's call came with (its own, or its rollout
-        token's), as it came: a gateway that makes no spans hands it on itself, so the policy
-        server's spans hang from the agent's."""
-        headers = {"X-Darl-Call-Id": self.call_id}
-        if trace_context:
-            for name in TRACE_HEADERS:
-                value = self.request.headers.get(name)
-                if value is not None:
-                    headers[name] = value
-        return headers
 
     def headers(self) -> dict[str, str]:
         version = self.served_version

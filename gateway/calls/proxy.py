@@ -426,7 +426,7 @@ class ModelCallProxy:
                 call.forwarded,
                 call.deadline,
                 stream,
-                headers=call.upstream_headers(trace_context=not self.forwarder.traced),
+                headers={"X-Darl-Call-Id": call.call_id},
             ),
         )
         call.retries = reply.retries

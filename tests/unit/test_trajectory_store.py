@@ -210,6 +210,30 @@ def test_a_conversation_as_sent_is_compared_as_sent(tmp_path: Path) -> None:
     assert [r.request for r in read] == [r.request for r in compact]
 
 
+def test_a_replica_whose_tail_holds_bytes_catches_up_on_anothers_calls(
+    backend: Backend,
+) -> None:
+    """Two gateways append to one attempt, each call sent as it came: the one whose tail holds
+    the bytes of its last call reads the other's call against them (the directory store on
+    its next append, the S3 store when its write finds the sequence taken), and every call
+    reads back whole."""
+    records = [as_sent(r) for r in conversation([(True, [1], [2])] * 4)]
+    root = backend.fresh()
+    one, other = backend.open(root), backend.open(root)
+
+    async def write() -> None:
+        for store, record in zip((one, other, one, other), records, strict=True):
+            await store.append(record)
+
+    asyncio.run(write())
+    read = backend.open(root).read_sync("r1")
+    assert [r.sequence for r in read] == [0, 1, 2, 3]
+    assert [r.request for r in read] == [r.request for r in records]
+    if backend.name == "directory":  # and each line kept all of the call before it
+        lines = DirectoryTrajectoryStore(root).path("r1", 1).read_text().splitlines()
+        assert [json.loads(line)["messages"]["base"] for line in lines] == [0, 1, 2, 3]
+
+
 def test_a_tail_keeps_the_bytes_of_a_conversation_sent_not_its_dicts() -> None:
     """The previous call's messages as sent are all a tail needs: their dicts go with their
     request (a coding agent's ~950 a call, freed cold a call later otherwise); read from the
