@@ -56,9 +56,9 @@ class HandedOnContext:
             return
         fields = propagate.get_global_textmap().fields
         carrier = {
-            name.decode("latin-1"): value.decode("latin-1")
+            key: value.decode("latin-1")
             for name, value in scope.get("headers") or []
-            if name.decode("latin-1") in fields
+            if (key := name.decode("latin-1")) in fields
         }
         attached = context.attach(propagate.extract(carrier))
         try:

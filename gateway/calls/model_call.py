@@ -145,5 +145,9 @@ class ModelCall:
             prompt_token_ids=prompt_ids,
             protocol=self.protocol,
             exchange=self.translation.exchange if self.translation else {},
-            sent_messages=None if self.sent_body is None else messages_as_sent(self.sent_body),
+            sent_messages=(
+                None
+                if self.sent_body is None
+                else messages_as_sent(self.sent_body, self.forwarded.get("messages"))
+            ),
         )

@@ -58,13 +58,17 @@ class _SentChat(msgspec.Struct):
 _SENT_CHAT = msgspec.json.Decoder(_SentChat)
 
 
-def messages_as_sent(body: bytes) -> list[msgspec.Raw] | None:
-    """A chat request's messages as the JSON text the agent sent, one `msgspec.Raw` a message
-    (views into `body`, not copies); None when its messages are not an array."""
+def messages_as_sent(body: bytes, messages: Any) -> list[msgspec.Raw] | None:
+    """`messages`, a chat request's as read from `body`, as the JSON text the agent sent them
+    in, one `msgspec.Raw` a message (views into `body`, not copies); None when `body` does not
+    hold them as an array of as many."""
     try:
-        return _SENT_CHAT.decode(body).messages
+        sent = _SENT_CHAT.decode(body).messages
     except msgspec.DecodeError:
         return None
+    if sent is None or not isinstance(messages, list) or len(sent) != len(messages):
+        return None
+    return sent
 
 
 @dataclass
@@ -101,12 +105,9 @@ class Tail:
         self.next_sequence = record.sequence + 1
         self.prompt_ids = record.prompt_token_ids
         self.completion_ids = record.completion_token_ids()
-        messages = record.request.get("messages") or []
         sent = record.sent_messages
-        if sent is not None and len(sent) == len(messages):
-            self.messages, self.sent_messages = [], sent
-        else:
-            self.messages, self.sent_messages = list(messages), None
+        self.sent_messages = sent
+        self.messages = [] if sent is not None else list(record.request.get("messages") or [])
         prompt = record.request.get("prompt")
         self.prompt_text = prompt if isinstance(prompt, str) else ""
 
@@ -228,9 +229,8 @@ def encode_record(record: CallRecord, tail: Tail) -> dict[str, Any]:
 def kept_messages(tail: Tail, messages: list[Any], sent: Sequence[Any] | None) -> int:
     """How many leading messages `messages` shares with the previous request: compared as
     sent when both requests have them so, else message by message."""
-    before = tail.sent_messages
-    if sent is not None and before is not None and len(sent) == len(messages):
-        return common_prefix(before, sent)
+    if sent is not None and tail.sent_messages is not None:
+        return common_prefix(tail.sent_messages, sent)
     return common_prefix(tail.previous_messages(), messages)
 
 

@@ -48,7 +48,8 @@ class CallRecord:
     # recorded one in spans they ignore (slightly off-policy, as a stale call is).
     replay_normalized: bool = False
     # On a live chat call, the request's messages as the JSON the agent sent, one
-    # `msgspec.Raw` each (see `codec.messages_as_sent`); never stored, nor read back.
+    # `msgspec.Raw` each, as many as `request["messages"]` (see `codec.messages_as_sent`);
+    # never stored, nor read back.
     sent_messages: Sequence[Any] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:

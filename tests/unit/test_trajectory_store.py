@@ -109,7 +109,7 @@ def as_sent(record: CallRecord, spaced: bool = False) -> CallRecord:
     its messages as the JSON they were read from (`spaced`: written by another client)."""
     separators = (", ", ": ") if spaced else (",", ":")
     sent = json.dumps(record.request, separators=separators).encode()
-    return replace(record, sent_messages=messages_as_sent(sent))
+    return replace(record, sent_messages=messages_as_sent(sent, record.request["messages"]))
 
 
 @settings(max_examples=60, deadline=None)
@@ -232,6 +232,17 @@ def test_a_replica_whose_tail_holds_bytes_catches_up_on_anothers_calls(
     if backend.name == "directory":  # and each line kept all of the call before it
         lines = DirectoryTrajectoryStore(root).path("r1", 1).read_text().splitlines()
         assert [json.loads(line)["messages"]["base"] for line in lines] == [0, 1, 2, 3]
+
+
+def test_bytes_that_do_not_hold_the_messages_read_give_none() -> None:
+    """A call's messages as sent are only ever the ones its request holds, one for one: other
+    bytes (other messages, none, no array) leave the call to be compared message by message."""
+    two = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    sent = json.dumps({"messages": two}).encode()
+    assert [json.loads(bytes(m)) for m in messages_as_sent(sent, two) or []] == two
+    assert messages_as_sent(sent, two[:1]) is None
+    assert messages_as_sent(b'{"messages": 3}', two) is None
+    assert messages_as_sent(b'{"prompt": "a"}', []) is None
 
 
 def test_a_tail_keeps_the_bytes_of_a_conversation_sent_not_its_dicts() -> None:
