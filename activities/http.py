@@ -1,17 +1,30 @@
-"""The rollout worker's HTTP client: one pooled, traced aiohttp session per use (the agent
-services' POSTs, the gateway's admin API)."""
+"""The rollout worker's HTTP client: one pooled aiohttp session per use (the agent services'
+POSTs, the gateway's admin API), whose requests carry the rollout's trace context."""
 
 from __future__ import annotations
 
 import aiohttp
+from opentelemetry import propagate
 from opentelemetry.instrumentation.aiohttp_client import create_trace_config
 
 
-def http_session(max_connections: int, keep_alive_seconds: float) -> aiohttp.ClientSession:
-    """A pooled HTTP session for the worker's calls (agent services, the gateway's admin API),
-    traced: each request joins the rollout's trace. aiohttp, not httpx: a request costs the
-    worker about a quarter of httpx's CPU (docs/benchmarks.md)."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=keep_alive_seconds),
-        trace_configs=[create_trace_config()],
-    )
+def http_session(
+    max_connections: int, keep_alive_seconds: float, traced: bool = True
+) -> aiohttp.ClientSession:
+    """A pooled HTTP session for the worker's calls (agent services, the gateway's admin API).
+    Traced, each request is a client span in the rollout's trace. Untraced (the worker exports
+    no spans: `RolloutWorkerSettings.traced`), it makes none and sends the current trace
+    context as it is, so what the request reaches still joins the rollout's trace. aiohttp,
+    not httpx: a request costs the worker about a quarter of httpx's CPU
+    (docs/benchmarks.md)."""
+    connector = aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=keep_alive_seconds)
+    if traced:
+        return aiohttp.ClientSession(connector=connector, trace_configs=[create_trace_config()])
+    return aiohttp.ClientSession(connector=connector, middlewares=(_hand_on_context,))
+
+
+async def _hand_on_context(
+    request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+) -> aiohttp.ClientResponse:
+    propagate.inject(request.headers)
+    return await handler(request)

@@ -44,6 +44,9 @@ class RolloutWorkerSettings:
     max_concurrent_agents: int = 256
     # Runs `kubernetes` agents as Jobs when set.
     kubernetes: KubernetesSettings | None = None
+    # Client spans for the worker's HTTP requests; `darl worker` sets it from whether the
+    # process exports traces (an untraced request still carries the rollout's trace context).
+    traced: bool = True
 
 
 @contextlib.asynccontextmanager
@@ -60,10 +63,12 @@ async def build_worker(
     async with contextlib.AsyncExitStack() as resources:
         if admin_session is None:
             admin_session = await resources.enter_async_context(
-                http_session(ADMIN_CONNECTIONS, ADMIN_KEEP_ALIVE_SECONDS)
+                http_session(ADMIN_CONNECTIONS, ADMIN_KEEP_ALIVE_SECONDS, settings.traced)
             )
         if runners is None:
-            owned = HttpAgentRunner(max_attempts=settings.max_concurrent_agents)
+            owned = HttpAgentRunner(
+                max_attempts=settings.max_concurrent_agents, traced=settings.traced
+            )
             resources.push_async_callback(owned.aclose)
             runners = {
                 LocalProcessRunner.kind: LocalProcessRunner(settings.agents_dir),

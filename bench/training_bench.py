@@ -10,6 +10,10 @@ sustains; each trainer run's history length; each process's CPU seconds per roll
 server CPU of a bare one-activity workflow on the same server (the floor under any rollout).
 
     .venv/bin/python -m bench.training_bench [--steps 12] [--continue-as-new-after 1000]
+        [--worker-tasks]
+
+`--worker-tasks` also splits the rollout worker's CPU by thread and by kind of asyncio task
+(`bench/task_cpu.py`; the counting costs the worker ~2-3 us a task step).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import psutil
 from rich.console import Console
 from temporalio.client import Client, WorkflowExecutionStatus
 
+from bench import task_cpu
 from bench.bare_workflow import Floor, measure_floor, report_floor
 from bench.temporal_cost import (
     Cost,
@@ -73,6 +78,8 @@ class Figures:
     failures: list[str]
     # A bare one-activity workflow on the same server, measured after the run.
     floor: Floor
+    # The rollout worker's CPU by thread and task over the run (--worker-tasks).
+    worker_tasks: dict | None = None
 
 
 def cpu_seconds(pid: int) -> float:
@@ -147,7 +154,9 @@ async def trainer_runs(client: Client, run_id: str, cost: Cost) -> list[TrainerR
     return runs
 
 
-async def measure(stack: DevStack, steps: int, continue_after: int, sample: int) -> Figures:
+async def measure(
+    stack: DevStack, steps: int, continue_after: int, sample: int, tasks_file: Path | None
+) -> Figures:
     run_id = time.strftime("bench-%m%d-%H%M%S")
     config = demo_config(stack, run_id, steps).model_copy(
         update={"continue_as_new_after_events": continue_after}
@@ -157,6 +166,7 @@ async def measure(stack: DevStack, steps: int, continue_after: int, sample: int)
         f"{config.mode.value} GRPO, {config.batch_size} groups x {config.group_size} rollouts "
         f"a step, {steps} steps, continue-as-new after {continue_after} events"
     )
+    tasks_before = task_cpu.snapshot(tasks_file) if tasks_file else None
     cpu_before = stack_cpu(stack)
     server_before = server_counts(stack)
     started = time.monotonic()
@@ -172,6 +182,7 @@ async def measure(stack: DevStack, steps: int, continue_after: int, sample: int)
     seconds = time.monotonic() - started
     cpu_after = stack_cpu(stack)
     server_after = server_counts(stack)
+    tasks_after = task_cpu.snapshot(tasks_file, newer_than=time.time()) if tasks_file else None
     trainer_cost = Cost()
     return Figures(
         summary=summary,
@@ -183,6 +194,9 @@ async def measure(stack: DevStack, steps: int, continue_after: int, sample: int)
         server=server_after.minus(server_before) if server_after and server_before else None,
         failures=await failures(client, run_id),
         floor=await measure_floor(client, temporal_pid(stack)),
+        worker_tasks=(
+            task_cpu.minus(tasks_after, tasks_before) if tasks_after and tasks_before else None
+        ),
     )
 
 
@@ -221,16 +235,29 @@ def report(figures: Figures, continue_after: int) -> None:
         name: used / max(rollouts, 1) * 1000 for name, used in figures.cpu_seconds.items()
     }
     report_floor(figures.floor, per_rollout["temporal"], per_rollout["worker"])
+    if figures.worker_tasks is not None:
+        task_cpu.report(figures.worker_tasks, rollouts)
     print(f"Rollouts/s of the run: {rollouts / figures.seconds:.1f}")
 
 
-def main(steps: int, continue_after: int, sample: int) -> None:
+def count_worker_tasks(home: Path) -> Path:
+    """Make the stack's rollout worker count its CPU by task (bench/worker_tasks): where."""
+    repository = Path(__file__).resolve().parent.parent
+    hook = repository / "bench" / "worker_tasks"
+    paths = [str(hook), str(repository), *filter(None, [os.environ.get("PYTHONPATH")])]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+    os.environ["DARL_BENCH_TASK_CPU"] = str(home / "worker-tasks.json")
+    return home / "worker-tasks.json"
+
+
+def main(steps: int, continue_after: int, sample: int, worker_tasks: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="darl-training-bench-") as home:
         stack = DevStack(Path(home), PORTS, ui=False, model="digits", agent_service=AGENT_SERVICE)
+        tasks_file = count_worker_tasks(Path(home)) if worker_tasks else None
         print(f"starting the dev stack in {home} (Temporal on {PORTS.temporal})...")
         stack.start()
         try:
-            figures = asyncio.run(measure(stack, steps, continue_after, sample))
+            figures = asyncio.run(measure(stack, steps, continue_after, sample, tasks_file))
         finally:
             stack.stop()
     report(figures, continue_after)
@@ -241,8 +268,13 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--continue-as-new-after", type=int, default=1000)
     parser.add_argument("--history-sample", type=int, default=20, help="rollouts to inspect")
+    parser.add_argument(
+        "--worker-tasks",
+        action="store_true",
+        help="split the rollout worker's CPU by thread and by kind of asyncio task",
+    )
     args = parser.parse_args()
-    main(args.steps, args.continue_as_new_after, args.history_sample)
+    main(args.steps, args.continue_as_new_after, args.history_sample, args.worker_tasks)
     # The Temporal SDK's runtime can crash at interpreter exit (sdk-python #300): leave now.
     sys.stdout.flush()
     os._exit(0)

@@ -35,6 +35,18 @@ def _exporter_names() -> list[str]:
     return [name for name in names if name not in ("", "none")]
 
 
+# Whether the provider `configure_tracing` installed in this process exports; None until it
+# has run (a provider installed otherwise, a test's say, is taken to export).
+_installed_exports: bool | None = None
+
+
+def drops_spans() -> bool:
+    """Whether every span this process makes is dropped: `configure_tracing` installed its
+    provider with no exporter. Such a span is worth its context (the ids it hands on), not
+    its cost."""
+    return _installed_exports is False
+
+
 def exports_traces() -> bool:
     """Whether this process's spans go anywhere: an exporter is named and the SDK is on."""
     if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
@@ -71,6 +83,8 @@ def configure_tracing(service_name: str) -> ReplaySafeTracerProvider | None:
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+    global _installed_exports
+    _installed_exports = bool(exporters)
     return provider
 
 

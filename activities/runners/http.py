@@ -74,13 +74,17 @@ class HttpAgentRunner(AgentRunner):
     kind = "http"
 
     def __init__(
-        self, session: aiohttp.ClientSession | None = None, max_attempts: int = 256
+        self,
+        session: aiohttp.ClientSession | None = None,
+        max_attempts: int = 256,
+        traced: bool = True,
     ) -> None:
         """`session` is borrowed (not closed here); without one the runner keeps a pool of its
-        own with room for `max_attempts` attempts at once, each holding a connection for as
-        long as its agent runs (aiohttp's default pool of 100 would queue the rest)."""
+        own (`traced` as `http_session` says) with room for `max_attempts` attempts at once,
+        each holding a connection for as long as its agent runs (aiohttp's default pool of 100
+        would queue the rest)."""
         self._owns_session = session is None
-        self.session = session or http_session(max_attempts, AGENT_KEEP_ALIVE_SECONDS)
+        self.session = session or http_session(max_attempts, AGENT_KEEP_ALIVE_SECONDS, traced)
 
     async def launch(self, request: LaunchRequest, contract: AgentContract) -> AgentHandle:
         agent = request.spec.agent

@@ -265,6 +265,7 @@ def worker(
         task_queue=task_queue,
         max_concurrent_agents=max_concurrent_agents,
         kubernetes=kubernetes,
+        traced=exports_traces(),
     )
     configure_tracing("darl-rollout-worker")
 

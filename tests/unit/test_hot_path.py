@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -122,19 +123,34 @@ def test_a_process_that_exports_nothing_samples_only_under_a_sampled_caller(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     made: list[Any] = []
-    monkeypatch.setattr(telemetry, "create_tracer_provider", lambda **kw: made.append(kw))
+    processors: list[Any] = []
+
+    def provider(**kw: Any) -> Any:
+        made.append(kw)
+        return SimpleNamespace(add_span_processor=processors.append)
+
+    monkeypatch.setattr(telemetry, "create_tracer_provider", provider)
     monkeypatch.setattr(telemetry.trace, "set_tracer_provider", lambda provider: None)
+    monkeypatch.setattr(telemetry, "_installed_exports", None)
     for name in ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(telemetry, "BatchSpanProcessor", lambda exporter: exporter)
+    assert not telemetry.drops_spans()  # a provider installed otherwise is taken to export
 
     telemetry.configure_tracing("test")
     assert isinstance(made[-1]["sampler"], ParentBased)
     assert "AlwaysOffSampler" in made[-1]["sampler"].get_description()
+    assert telemetry.drops_spans()
 
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
     telemetry.configure_tracing("test")
     assert made[-1]["sampler"] is None  # the SDK reads OTEL_TRACES_SAMPLER itself
+    assert telemetry.drops_spans()  # sampled, and still dropped
+
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    telemetry.configure_tracing("test")
+    assert len(processors) == 1
+    assert not telemetry.drops_spans()
 
 
 @pytest.mark.parametrize(
