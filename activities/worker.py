@@ -46,6 +46,8 @@ class RolloutWorkerSettings:
     kubernetes: KubernetesSettings | None = None
     # Client spans for the worker's HTTP requests; `darl worker` sets it from whether the
     # process exports traces (an untraced request still carries the rollout's trace context).
+    # Its activities' spans follow the installed provider instead (`drops_spans`): the two
+    # differ only under OTEL_SDK_DISABLED=true, where every span is a no-op anyway.
     traced: bool = True
 
 

@@ -4,10 +4,12 @@ worker (`python -m bench.training_bench --worker-tasks`). Prints figures; assert
 Every task the process's event loop creates runs its coroutine through a wrapper that reads
 the thread's CPU clock around each step, and charges it to the coroutine's name (its
 `__qualname__`): what one kind of task costs a step at a time, its own steps only (a task it
-starts is a task of its own). What no task runs (the event loop, protocol callbacks, the
-collector) is the main thread's remainder. Threads are read from /proc: the main thread, the
-Temporal SDK's core (tokio) and its workflow pool (`temporal_workflow_*`), which runs the
-workflows' code.
+starts is a task of its own). The collector runs in whatever step allocated when a
+generation filled up: its passes are timed on their own (`gc.callbacks`, thread by thread)
+and taken out of the step they ran in. What neither a task nor the collector runs (the event
+loop, protocol callbacks) is the main thread's remainder. Threads are read from /proc: the
+main thread, the Temporal SDK's core (tokio) and its workflow pool (`temporal_workflow_*`),
+which runs the workflows' code.
 
 The process writes its figures to a JSON file every two seconds (components leave with
 os._exit, which skips atexit); the benchmark takes a `snapshot` before the run and one after,
@@ -18,6 +20,7 @@ steps on uvloop: 1.1-1.7 us a step bare, 3.5-4.1 us wrapped).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import threading
@@ -30,29 +33,58 @@ from typing import Any
 _DUMP_EVERY_SECONDS = 2.0
 
 
+class _Collector:
+    """The collector's CPU, by the thread its passes ran on."""
+
+    def __init__(self) -> None:
+        self.seconds: Counter[int] = Counter()
+        self._started: dict[int, float] = {}
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        thread, now = threading.get_ident(), time.thread_time()
+        if phase == "start":
+            self._started[thread] = now
+        else:
+            self.seconds[thread] += now - self._started.pop(thread, now)
+
+
 class _Timed(Coroutine[Any, Any, Any]):
-    """A coroutine whose every step's CPU is charged to `name`."""
+    """A coroutine whose every step's CPU, less the collector's passes in it, is charged to
+    `name`."""
 
-    __slots__ = ("_coroutine", "_cpu", "_name")
+    __slots__ = ("_collector", "_coroutine", "_cpu", "_name")
 
-    def __init__(self, coroutine: Coroutine[Any, Any, Any], name: str, cpu: Counter[str]) -> None:
+    def __init__(
+        self,
+        coroutine: Coroutine[Any, Any, Any],
+        name: str,
+        cpu: Counter[str],
+        collector: _Collector,
+    ) -> None:
         self._coroutine = coroutine
         self._name = name
         self._cpu = cpu
+        self._collector = collector
+
+    def _charge(self, started: float, collected: float) -> None:
+        during = self._collector.seconds[threading.get_ident()] - collected
+        self._cpu[self._name] += time.thread_time() - started - during
 
     def send(self, value: Any) -> Any:
+        collected = self._collector.seconds[threading.get_ident()]
         started = time.thread_time()
         try:
             return self._coroutine.send(value)
         finally:
-            self._cpu[self._name] += time.thread_time() - started
+            self._charge(started, collected)
 
     def throw(self, *args: Any) -> Any:
+        collected = self._collector.seconds[threading.get_ident()]
         started = time.thread_time()
         try:
             return self._coroutine.throw(*args)
         finally:
-            self._cpu[self._name] += time.thread_time() - started
+            self._charge(started, collected)
 
     def close(self) -> None:
         self._coroutine.close()
@@ -92,6 +124,9 @@ def install(out: str) -> None:
 
     cpu: Counter[str] = Counter()
     tasks: Counter[str] = Counter()
+    collector = _Collector()
+    gc.callbacks.append(collector)
+    main = threading.get_ident()
     new_event_loop = uvloop.new_event_loop
 
     def factory(
@@ -99,7 +134,7 @@ def install(out: str) -> None:
     ) -> asyncio.Task[Any]:
         name = getattr(coroutine, "__qualname__", type(coroutine).__name__)
         tasks[name] += 1
-        return asyncio.Task(_Timed(coroutine, name, cpu), loop=loop, **kwargs)
+        return asyncio.Task(_Timed(coroutine, name, cpu, collector), loop=loop, **kwargs)
 
     def timed_loop() -> asyncio.AbstractEventLoop:
         loop = new_event_loop()
@@ -114,6 +149,10 @@ def install(out: str) -> None:
             figures = {
                 "tasks": {name: [tasks[name], cpu[name]] for name in list(cpu)},
                 "threads": _thread_cpu(),
+                "collector": {
+                    "main thread": collector.seconds[main],
+                    "other threads": sum(collector.seconds.values()) - collector.seconds[main],
+                },
                 "process": time.process_time(),
             }
             Path(out + ".part").write_text(json.dumps(figures))
@@ -145,6 +184,10 @@ def minus(after: dict, before: dict) -> dict:
             kind: seconds - before["threads"].get(kind, 0.0)
             for kind, seconds in after["threads"].items()
         },
+        "collector": {
+            where: seconds - before["collector"].get(where, 0.0)
+            for where, seconds in after["collector"].items()
+        },
     }
 
 
@@ -163,5 +206,9 @@ def report(figures: dict, rollouts: int, top: int = 14) -> None:
             f"  {name[:60]:<60}{seconds * per:>8.2f}{count / max(rollouts, 1):>7.2f}"
             f"{seconds / max(count, 1) * 1000:>9.3f}"
         )
-    outside = (main - in_tasks) * per
-    print(f"  {'outside any task (event loop, callbacks, collector)':<60}{outside:>8.2f}")
+    collected = figures["collector"]["main thread"]
+    print(f"  {'the collector':<60}{collected * per:>8.2f}")
+    outside = (main - in_tasks - collected) * per
+    print(f"  {'outside any task (the event loop, protocol callbacks)':<60}{outside:>8.2f}")
+    elsewhere = figures["collector"]["other threads"] * per
+    print(f"The collector on the worker's other threads: {elsewhere:.2f} ms per rollout")

@@ -166,7 +166,7 @@ async def measure(
         f"{config.mode.value} GRPO, {config.batch_size} groups x {config.group_size} rollouts "
         f"a step, {steps} steps, continue-as-new after {continue_after} events"
     )
-    tasks_before = task_cpu.snapshot(tasks_file) if tasks_file else None
+    tasks_before = task_cpu.snapshot(tasks_file, newer_than=time.time()) if tasks_file else None
     cpu_before = stack_cpu(stack)
     server_before = server_counts(stack)
     started = time.monotonic()
@@ -242,9 +242,8 @@ def report(figures: Figures, continue_after: int) -> None:
 
 def count_worker_tasks(home: Path) -> Path:
     """Make the stack's rollout worker count its CPU by task (bench/worker_tasks): where."""
-    repository = Path(__file__).resolve().parent.parent
-    hook = repository / "bench" / "worker_tasks"
-    paths = [str(hook), str(repository), *filter(None, [os.environ.get("PYTHONPATH")])]
+    hook = Path(__file__).resolve().parent / "worker_tasks"
+    paths = [str(hook), *filter(None, [os.environ.get("PYTHONPATH")])]
     os.environ["PYTHONPATH"] = os.pathsep.join(paths)
     os.environ["DARL_BENCH_TASK_CPU"] = str(home / "worker-tasks.json")
     return home / "worker-tasks.json"

@@ -83,8 +83,9 @@ def configure_tracing(service_name: str) -> ReplaySafeTracerProvider | None:
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
-    global _installed_exports
-    _installed_exports = bool(exporters)
+    if trace.get_tracer_provider() is provider:  # OpenTelemetry keeps the first one set
+        global _installed_exports
+        _installed_exports = bool(exporters)
     return provider
 
 

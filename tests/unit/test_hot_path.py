@@ -130,7 +130,9 @@ def test_a_process_that_exports_nothing_samples_only_under_a_sampled_caller(
         return SimpleNamespace(add_span_processor=processors.append)
 
     monkeypatch.setattr(telemetry, "create_tracer_provider", provider)
-    monkeypatch.setattr(telemetry.trace, "set_tracer_provider", lambda provider: None)
+    installed: list[Any] = []
+    monkeypatch.setattr(telemetry.trace, "set_tracer_provider", installed.append)
+    monkeypatch.setattr(telemetry.trace, "get_tracer_provider", lambda: installed[-1])
     monkeypatch.setattr(telemetry, "_installed_exports", None)
     for name in ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER"):
         monkeypatch.delenv(name, raising=False)
@@ -150,6 +152,13 @@ def test_a_process_that_exports_nothing_samples_only_under_a_sampled_caller(
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
     telemetry.configure_tracing("test")
     assert len(processors) == 1
+    assert not telemetry.drops_spans()
+
+    # A provider OpenTelemetry refused (one was set before) says nothing of the one in use.
+    monkeypatch.setattr(telemetry, "_installed_exports", None)
+    monkeypatch.setattr(telemetry.trace, "set_tracer_provider", lambda provider: None)
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER")
+    telemetry.configure_tracing("test")
     assert not telemetry.drops_spans()
 
 

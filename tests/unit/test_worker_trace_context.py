@@ -1,13 +1,15 @@
 """A rollout worker that exports no spans makes none where a span would only be dropped, and
 still hands the rollout's trace context on: its activities run in the context their workflow
 sent (`drops_spans`), and its HTTP requests (the agent service's POST, the gateway's admin
-calls; `RolloutWorkerSettings.traced=False`) carry the current context as it is. A real
+calls; `RolloutWorkerSettings.traced=False`, which `darl worker` sets where nothing
+exports) carry the current context as it is. A real
 aiohttp server on loopback keeps the headers it got; a real SDK tracer provider, sampling as
 `configure_tracing`'s does where nothing exports, makes the activity's spans."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -17,14 +19,25 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from temporalio.converter import PayloadConverter
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput
+from typer.testing import CliRunner
 
+import darl.activities.worker as worker_module
 from darl.activities.http import http_session
 from darl.activities.rollout_activities import current_traceparent
 from darl.activities.runners.http import HttpAgentRunner
+from darl.activities.worker import RolloutWorkerSettings
 from darl.deploy import telemetry
+from darl.deploy.cli import app, components
 from darl.deploy.temporal_tracing import TRACE_HEADER, DarlTracingInterceptor
 
 ACTIVITY = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture(autouse=True)
+def provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process's provider as configure_tracing makes it where nothing exports (a span
+    of its own would show as a new span id in what is handed on)."""
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", TracerProvider(sampler=ParentBased(ALWAYS_OFF)))
 
 
 @pytest.fixture
@@ -72,6 +85,17 @@ async def test_an_untraced_request_carries_the_current_trace_context_as_it_is(
     assert seen[0]["baggage"] == "user=7"
 
 
+async def test_a_traced_request_carries_a_span_of_its_own(
+    server: tuple[str, list[dict[str, str]]],
+) -> None:
+    url, seen = server
+    await post_in({"traceparent": ACTIVITY}, url, traced=True)
+    _, trace_id, span_id, _ = seen[0]["traceparent"].split("-")
+    _, parent_trace_id, parent_span_id, _ = ACTIVITY.split("-")
+    assert trace_id == parent_trace_id
+    assert span_id != parent_span_id
+
+
 async def test_an_untraced_request_with_no_trace_context_sends_none(
     server: tuple[str, list[dict[str, str]]],
 ) -> None:
@@ -111,8 +135,6 @@ class HandsOn(ActivityInboundInterceptor):
 
 
 async def traceparent_in_activity(monkeypatch: pytest.MonkeyPatch, drops: bool) -> str | None:
-    # The process's provider as configure_tracing makes it where nothing exports.
-    monkeypatch.setattr(trace, "_TRACER_PROVIDER", TracerProvider(sampler=ParentBased(ALWAYS_OFF)))
     monkeypatch.setattr(telemetry, "_installed_exports", not drops)
     header = PayloadConverter.default.to_payloads([{"traceparent": ACTIVITY}])[0]
     chain = DarlTracingInterceptor().intercept_activity(HandsOn())
@@ -135,3 +157,19 @@ async def test_where_spans_export_an_activity_hands_on_a_span_of_its_own(
     _, parent_trace_id, parent_span_id, _ = ACTIVITY.split("-")
     assert trace_id == parent_trace_id
     assert span_id != parent_span_id
+
+
+@pytest.mark.parametrize(("exporter", "traced"), [("none", False), ("console", True)])
+def test_darl_worker_traces_its_requests_only_where_it_exports(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, exporter: str, traced: bool
+) -> None:
+    settings: list[RolloutWorkerSettings] = []
+    monkeypatch.setattr(worker_module, "build_worker", lambda client, made: settings.append(made))
+    monkeypatch.setattr(components, "run_worker", lambda build, *args: build(None, None))
+    monkeypatch.setattr(components, "configure_tracing", lambda name: None)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", exporter)
+    monkeypatch.setenv("DARL_TOKEN_SECRET", "secret")
+    monkeypatch.setenv("DARL_ADMIN_KEY", "admin")
+    result = CliRunner().invoke(app, ["worker", "--agents-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert [made.traced for made in settings] == [traced]
