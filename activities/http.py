@@ -4,8 +4,9 @@ POSTs, the gateway's admin API), whose requests carry the rollout's trace contex
 from __future__ import annotations
 
 import aiohttp
-from opentelemetry import propagate
 from opentelemetry.instrumentation.aiohttp_client import create_trace_config
+
+from darl.gateway.tracing import hand_on_context
 
 
 def http_session(
@@ -20,11 +21,4 @@ def http_session(
     connector = aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=keep_alive_seconds)
     if traced:
         return aiohttp.ClientSession(connector=connector, trace_configs=[create_trace_config()])
-    return aiohttp.ClientSession(connector=connector, middlewares=(_hand_on_context,))
-
-
-async def _hand_on_context(
-    request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
-) -> aiohttp.ClientResponse:
-    propagate.inject(request.headers)
-    return await handler(request)
+    return aiohttp.ClientSession(connector=connector, middlewares=(hand_on_context,))

@@ -80,6 +80,7 @@ class Figures:
     floor: Floor
     # The rollout worker's CPU by thread and task over the run (--worker-tasks).
     worker_tasks: dict | None = None
+    counted_tasks: bool = False  # --worker-tasks was asked for
 
 
 def cpu_seconds(pid: int) -> float:
@@ -197,6 +198,7 @@ async def measure(
         worker_tasks=(
             task_cpu.minus(tasks_after, tasks_before) if tasks_after and tasks_before else None
         ),
+        counted_tasks=tasks_file is not None,
     )
 
 
@@ -237,6 +239,11 @@ def report(figures: Figures, continue_after: int) -> None:
     report_floor(figures.floor, per_rollout["temporal"], per_rollout["worker"])
     if figures.worker_tasks is not None:
         task_cpu.report(figures.worker_tasks, rollouts)
+    elif figures.counted_tasks:
+        print(
+            "CPU by task: the rollout worker wrote no figures in time (is bench/worker_tasks "
+            "on its PYTHONPATH, and was it started as `worker --gateway-url ...`?)"
+        )
     print(f"Rollouts/s of the run: {rollouts / figures.seconds:.1f}")
 
 

@@ -2,13 +2,16 @@
 rollout's trace when the agent sends no `traceparent`: the rollout token carries the trace
 context of the rollout's launch, and this ASGI wrapper hands it on as if the agent had sent
 it. `HandedOnContext`, in a gateway that makes no spans of its own (`GatewaySettings.traced`),
-makes the request's trace context current, so the calls the gateway makes for it carry it on
-to the policy server as it came (see `Forwarder`)."""
+makes the request's trace context current, and `hand_on_context` (an aiohttp client
+middleware) puts the current context on each request a session sends: the calls the gateway
+makes for an agent's call carry its context on to the policy server as it came (see
+`Forwarder`), and so do the rollout worker's (`darl.activities.http`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 from opentelemetry import context, propagate
 
 from darl.gateway.auth import presented_key_from_headers
@@ -65,3 +68,12 @@ class HandedOnContext:
             await self.app(scope, receive, send)
         finally:
             context.detach(attached)
+
+
+async def hand_on_context(
+    request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+) -> aiohttp.ClientResponse:
+    """The current trace context on `request`, as it is: what an untraced session sends in
+    place of a client span's. aiohttp runs it again for each redirect and retry."""
+    propagate.inject(request.headers)
+    return await handler(request)

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from opentelemetry import propagate
 from opentelemetry.instrumentation.aiohttp_client import create_trace_config
 
 from darl.gateway import json_codec
@@ -26,6 +25,7 @@ from darl.gateway.errors import (
     UpstreamTimeoutError,
     UpstreamUnreachableError,
 )
+from darl.gateway.tracing import hand_on_context
 
 log = logging.getLogger(__name__)
 
@@ -106,21 +106,15 @@ class Forwarder:
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=1024, limit_per_host=0, keepalive_timeout=30),
+            # Untraced, a call carries the agent's call's context (made current by
+            # `HandedOnContext`), which traced calls get from their client span.
             trace_configs=[create_trace_config()] if self._traced else None,
+            middlewares=() if self._traced else (hand_on_context,),
         )
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
-
-    def _with_context(self, headers: Mapping[str, str]) -> Mapping[str, str]:
-        """Untraced, `headers` and the current trace context (the agent's call's, made
-        current by `HandedOnContext`), which traced calls get from their client span."""
-        if self._traced:
-            return headers
-        carried = dict(headers)
-        propagate.inject(carried)
-        return carried
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -185,7 +179,7 @@ class Forwarder:
         else:
             client_timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect)
         response = await self.session.post(
-            url, data=payload, headers=self._with_context(headers), timeout=client_timeout
+            url, data=payload, headers=headers, timeout=client_timeout
         )
         reply = UpstreamReply(response.status, response.headers, retries, _response=response)
         if stream:
@@ -200,7 +194,7 @@ class Forwarder:
     async def get_json(self, url: str, timeout: float = 10.0) -> Any:
         async with self.session.get(
             url,
-            headers=self._with_context(self._headers),
+            headers=self._headers,
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as response:
             response.raise_for_status()
