@@ -10,7 +10,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,6 +24,7 @@ from darl.deploy.processes import ManagedProcess
 from darl.gateway.store.record import CallRecord
 from darl.serving.tiny_model import MODEL_PRESETS, create_model_dir, load_model_dir
 from darl.serving.vllm_server import vllm_python
+from darl.trainer.policy_control import VllmPolicyServer
 from darl.trainer.reference_backend import ReferenceBackend
 from tests.integration.stack import ADMIN_KEY, Stack
 
@@ -79,6 +80,9 @@ class VllmStack(Stack):
                 # was not, and its logprobs differ in the last bits (seen: -4.80144215 against
                 # -4.80144262): asked again, vLLM answers bit for bit only without the cache.
                 "--vllm-arg=--no-enable-prefix-caching",
+                # "Added request <id>." once a call is on its way to the engine: what
+                # `started_held` waits for.
+                "--vllm-arg=--enable-log-requests",
             ],
             self.root / "logs",
             env=self.env(),
@@ -225,13 +229,60 @@ async def vllm_metric(http: httpx.AsyncClient, stack: VllmStack, name: str) -> f
     return float(match.group(1))
 
 
+async def sent_to_held_engine(
+    http: httpx.AsyncClient, stack: VllmStack, call: Coroutine[Any, Any, T]
+) -> asyncio.Task[T]:
+    """Hold vLLM's engine (`/pause?mode=keep`, nothing in flight), run `call` (one model call
+    through the gateway) and return once the engine has it: the call waits there, in flight
+    at the gateway and not a token decoded, until the caller resumes vLLM."""
+    server = VllmPolicyServer(stack.policy_url, http)
+    log = stack.root / "logs" / "vllm.log"
+    await server.pause("keep")
+    try:
+        logged = log.stat().st_size
+        sent = asyncio.create_task(call)
+
+        async def queued() -> bool:
+            # vLLM logs this once the call is in the engine's input, ahead of the resume it
+            # sends next on the same socket: the engine takes the call first.
+            if sent.done():
+                sent.result()  # the call failed before it reached the engine: say why
+            with log.open("rb") as read:
+                read.seek(logged)
+                return b"Added request " in read.read()
+
+        await until(queued, 60, "the call added to vLLM's held engine")
+    except BaseException:
+        await server.resume()
+        raise
+    return sent
+
+
+async def started_held(
+    http: httpx.AsyncClient, stack: VllmStack, call: Coroutine[Any, Any, T]
+) -> asyncio.Task[T]:
+    """Run `call` so that it has just begun decoding in vLLM's engine when this returns
+    (`sent_to_held_engine`, then resumed), with none of it waiting in vLLM's API server. A
+    pause sent next reaches the engine a few tokens in, unless the API server falls behind
+    at once (see `caught_in_flight`).
+
+    Waiting for a call's first tokens instead lost the race often: in a clean-clone CI run
+    the engine had finished all 8000 tokens of a streamed call by the time its first ones
+    reached the test, and the API server took 15 s to answer the pause."""
+    sent = await sent_to_held_engine(http, stack, call)
+    await VllmPolicyServer(stack.policy_url, http).resume()
+    return sent
+
+
 async def caught_in_flight(
     scenario: Callable[[], Awaitable[T | None]], what: str, tries: int = 3
 ) -> T:
     """Run `scenario` until it catches its call in flight inside vLLM (it returns None when
-    the call had ended there before the pause reached the engine). On a small, shared CPU
-    vLLM's API server falls behind its engine, and a request to it can wait behind the
-    answers it is still sending: catching a call mid-flight is then a matter of timing."""
+    the call had ended there before the pause reached the engine). Each try starts its call
+    with `started_held`; what can still make one miss is vLLM's API server falling behind
+    its engine on a small, shared CPU. Measured with a busy loop beside the test, a streamed
+    call's `/resume` was answered 16 s late, once all 8000 of its tokens had been decoded
+    (why vLLM answers that late is not known); whole calls did not miss."""
     for _ in range(tries):
         observed = await scenario()
         if observed is not None:
