@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import logging
 import os
@@ -24,7 +23,7 @@ from temporalio.worker import Worker
 
 from darl.deploy.devstack import SECRETS_FILE, DevPorts
 from darl.deploy.errors import DeployError, single_line
-from darl.deploy.serving import write_ready_file
+from darl.deploy.serving import freeze_built_heap, write_ready_file
 from darl.deploy.stack_file import HOME_DIR, STACK_FILE, FoundStack, find_stack
 from darl.deploy.telemetry import flush_tracing
 from darl.deploy.temporal_connection import (
@@ -156,12 +155,7 @@ def run_worker(
             httpx.AsyncClient(timeout=httpx.Timeout(60.0))
         )
         await running.enter_async_context(build(client, http_client))
-        # Everything imported and built so far lives as long as the worker: keep it out of
-        # the collector's full passes (as serve_app does), which otherwise held a rollout
-        # worker's event loop 84-106 ms each, several times a minute under load. What is
-        # garbage already is collected first rather than kept for good.
-        gc.collect()
-        gc.freeze()
+        freeze_built_heap()
         if ready_file is not None:
             write_ready_file(ready_file, {"task_queue": task_queue})
         log.info("worker polling %s", task_queue)
