@@ -4,9 +4,8 @@ POSTs, the gateway's admin API), whose requests carry the rollout's trace contex
 from __future__ import annotations
 
 import aiohttp
-from opentelemetry.instrumentation.aiohttp_client import create_trace_config
 
-from darl.gateway.tracing import hand_on_context
+from darl.gateway.tracing import client_tracing
 
 
 def http_session(
@@ -19,6 +18,4 @@ def http_session(
     not httpx: a request costs the worker about a quarter of httpx's CPU
     (docs/benchmarks.md)."""
     connector = aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=keep_alive_seconds)
-    if traced:
-        return aiohttp.ClientSession(connector=connector, trace_configs=[create_trace_config()])
-    return aiohttp.ClientSession(connector=connector, middlewares=(hand_on_context,))
+    return aiohttp.ClientSession(connector=connector, **client_tracing(traced))

@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 from opentelemetry import context, propagate
+from opentelemetry.instrumentation.aiohttp_client import create_trace_config
 
 from darl.gateway.auth import presented_key_from_headers
 from darl.workflows.rollout_token import TokenError, decode_claims
@@ -77,3 +78,12 @@ async def hand_on_context(
     place of a client span's. aiohttp runs it again for each redirect and retry."""
     propagate.inject(request.headers)
     return await handler(request)
+
+
+def client_tracing(traced: bool) -> dict[str, Any]:
+    """An aiohttp `ClientSession`'s keywords: traced, a client span for each request, which
+    carries its own context on; untraced, no span, and the current context handed on as it
+    is (`hand_on_context`)."""
+    if traced:
+        return {"trace_configs": [create_trace_config()]}
+    return {"middlewares": (hand_on_context,)}

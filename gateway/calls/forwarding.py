@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from opentelemetry.instrumentation.aiohttp_client import create_trace_config
 
 from darl.gateway import json_codec
 from darl.gateway.errors import (
@@ -25,7 +24,7 @@ from darl.gateway.errors import (
     UpstreamTimeoutError,
     UpstreamUnreachableError,
 )
-from darl.gateway.tracing import hand_on_context
+from darl.gateway.tracing import client_tracing
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +106,8 @@ class Forwarder:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=1024, limit_per_host=0, keepalive_timeout=30),
             # Untraced, a call carries the agent's call's context (made current by
-            # `HandedOnContext`), which traced calls get from their client span.
-            trace_configs=[create_trace_config()] if self._traced else None,
-            middlewares=() if self._traced else (hand_on_context,),
+            # `HandedOnContext`) as it came.
+            **client_tracing(self._traced),
         )
 
     async def aclose(self) -> None:
