@@ -14,6 +14,8 @@ Last, one rollout's conversation grows call by call to 48k tokens, as a coding a
 gateway's CPU per call and the added latency at 8k, 16k, 32k and 48k tokens of context.
 
     make bench            # or: .venv/bin/python -m bench.gateway_bench [--calls 3000]
+    # the long-context phase alone, and against another checkout's gateway in the same run:
+    .venv/bin/python -m bench.gateway_bench --long-context-only [--against PYTHONPATH]
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -71,7 +74,9 @@ PROTOCOLS = {
 }
 
 
-async def main(calls: int, clients: int, fsync: bool, rate: float, long_only: bool) -> None:
+async def main(
+    calls: int, clients: int, fsync: bool, rate: float, long_only: bool, against: str | None
+) -> None:
     root = Path(tempfile.mkdtemp(prefix="darl-bench-"))
     env = await start_dev_server()
     proc_env = process_env(env)
@@ -96,9 +101,28 @@ async def main(calls: int, clients: int, fsync: bool, rate: float, long_only: bo
         processes.append(worker)
         worker.wait_ready()
         if long_only:
-            rollouts = await idle_rollouts(env, queue, 1)
+            gateways = [("gateway", gateway_url, gateway.pid, root / "store")]
+            if against is not None:
+                # Another checkout's DARL in front of this one's (docs/benchmarks.md).
+                other = start_gateway(
+                    root / "against",
+                    {**proc_env, "PYTHONPATH": against},
+                    "gateway",
+                    upstream_url,
+                    "--store-dir",
+                    str(root / "against" / "store"),
+                )
+                processes.append(other)
+                gateways.append(
+                    ("against", other.wait_ready()["url"], other.pid, root / "against" / "store")
+                )
+            rollouts = await idle_rollouts(env, queue, len(gateways))
             await long_context(
-                gateway_url, upstream_url, rollouts[0], gateway.pid, root / "store" / rollouts[0]
+                upstream_url,
+                [
+                    LongGateway(name, url, rollout_id, pid, store / rollout_id)
+                    for (name, url, pid, store), rollout_id in zip(gateways, rollouts, strict=True)
+                ],
             )
             return
         rollouts = await idle_rollouts(env, queue, clients)
@@ -148,8 +172,9 @@ async def main(calls: int, clients: int, fsync: bool, rate: float, long_only: bo
         await compare_protocols(gateway_url, rollouts[0], through_gateway[0][1], gateway.pid, calls)
         [long_rollout] = await idle_rollouts(env, queue, 1)
         rollouts.append(long_rollout)
+        store = root / "store" / long_rollout
         await long_context(
-            gateway_url, upstream_url, long_rollout, gateway.pid, root / "store" / long_rollout
+            upstream_url, [LongGateway("gateway", gateway_url, long_rollout, gateway.pid, store)]
         )
         emulator, s3_gateway, s3_url = start_s3_gateway(root, proc_env, upstream_url, processes)
         await compare_stores(
@@ -212,14 +237,27 @@ TURN_TOKENS = 100
 WINDOW = 40
 
 
-async def long_context(
-    gateway_url: str, upstream_url: str, rollout_id: str, gateway_pid: int, store: Path
-) -> None:
+@dataclass(frozen=True)
+class LongGateway:
+    """A gateway the long-context phase measures, and the rollout its conversation is in."""
+
+    name: str
+    url: str
+    rollout_id: str
+    pid: int
+    store: Path
+
+
+async def long_context(upstream_url: str, gateways: list[LongGateway]) -> None:
     """One client, one conversation growing by TURN_TOKENS a call; around each size in
-    LONG_CONTEXTS, WINDOW calls are timed through the gateway and, with the same body, straight
-    to the upstream (interleaved), and the gateway's CPU is read over the window."""
-    [(url, headers)] = gateway_targets(gateway_url, [rollout_id])
-    headers = {**headers, "Content-Type": "application/json"}
+    LONG_CONTEXTS, WINDOW calls are timed through each gateway and, with the same body,
+    straight to the upstream (interleaved), and each gateway's CPU is read over its calls.
+    Two gateways (this checkout's and another's, `--against`) take the same calls in
+    alternating order, so the machine's drift falls on both alike."""
+    targets = []
+    for gateway in gateways:
+        [(url, headers)] = gateway_targets(gateway.url, [gateway.rollout_id])
+        targets.append((gateway, url, {**headers, "Content-Type": "application/json"}))
     direct_url = f"{upstream_url}/v1/chat/completions"
     messages: list[dict[str, str]] = [{"role": "system", "content": "You fix bugs." * 20}]
     tokens = 0
@@ -233,9 +271,9 @@ async def long_context(
                 return await response.json()
 
         for target in LONG_CONTEXTS:
-            through: list[float] = []
+            through: dict[str, list[float]] = {g.name: [] for g in gateways}
+            cpu = {g.name: 0.0 for g in gateways}
             direct: list[float] = []
-            cpu = 0.0
             while tokens < target:
                 turn = f"Output of step {len(messages)}: " + "ok " * 30
                 messages.append({"role": "user", "content": turn[: TURN_TOKENS - 17]})
@@ -246,30 +284,43 @@ async def long_context(
                     t0 = time.perf_counter()
                     await post(direct_url, payload, {"Content-Type": "application/json"})
                     direct.append(time.perf_counter() - t0)
-                    before = cpu_seconds({"gateway": gateway_pid})["gateway"]
-                t0 = time.perf_counter()
-                answer = await post(url, payload, headers)
-                if timed:
-                    through.append(time.perf_counter() - t0)
-                    cpu += cpu_seconds({"gateway": gateway_pid})["gateway"] - before
+                turn_order = targets if len(messages) % 4 < 2 else targets[::-1]
+                for gateway, url, headers in turn_order:
+                    watched = {gateway.name: gateway.pid}
+                    before = cpu_seconds(watched)[gateway.name]
+                    t0 = time.perf_counter()
+                    answer = await post(url, payload, headers)
+                    if timed:
+                        through[gateway.name].append(time.perf_counter() - t0)
+                        cpu[gateway.name] += cpu_seconds(watched)[gateway.name] - before
                 messages.append(answer["choices"][0]["message"])
                 tokens = answer["usage"]["total_tokens"]
-            rows.append((target, Phase("direct", direct, 1.0), Phase("gateway", through, 1.0), cpu))
+            rows.append((target, Phase("direct", direct, 1.0), through, cpu))
     calls = len(messages) // 2
-    size = sum(f.stat().st_size for f in store.glob("attempt-*.jsonl"))
+    size = sum(f.stat().st_size for f in gateways[0].store.glob("attempt-*.jsonl"))
     print(
         f"\nLong context: one conversation grown by {TURN_TOKENS} tokens a call to "
         f"{tokens} tokens ({calls} calls, store {size / 1e6:.2f} MB); {WINDOW} calls timed "
         "before each size:"
     )
     header = f"{'direct p50':>12}{'gateway p50':>13}{'added p50':>11}{'gateway CPU ms/call':>22}"
+    others = [g.name for g in gateways[1:]]
+    for name in others:
+        header += f"{name + ' p50':>16}{name + ' CPU':>16}{'CPU ratio':>11}"
     print(f"  {'context':>9}{header}")
-    for target, straight, gateway, cpu in rows:
-        added = gateway.pct(0.5) - straight.pct(0.5)
-        print(
-            f"  {target:>9}{straight.pct(0.5):>12.2f}{gateway.pct(0.5):>13.2f}{added:>11.2f}"
-            f"{cpu / len(gateway.latencies) * 1000:>22.2f}"
+    first = gateways[0].name
+    for target, straight, through, cpu in rows:
+        gateway = Phase("gateway", through[first], 1.0)
+        per_call = cpu[first] / len(gateway.latencies) * 1000
+        line = (
+            f"  {target:>9}{straight.pct(0.5):>12.2f}{gateway.pct(0.5):>13.2f}"
+            f"{gateway.pct(0.5) - straight.pct(0.5):>11.2f}{per_call:>22.2f}"
         )
+        for name in others:
+            other = cpu[name] / len(through[name]) * 1000
+            line += f"{Phase(name, through[name], 1.0).pct(0.5):>16.2f}{other:>16.2f}"
+            line += f"{per_call / other:>11.2f}"
+        print(line)
 
 
 def compare(direct: Phase, gateway: Phase) -> None:
@@ -338,8 +389,25 @@ if __name__ == "__main__":
     parser.add_argument(
         "--long-context-only", action="store_true", help="run the long-context phase alone"
     )
+    parser.add_argument(
+        "--against",
+        metavar="PYTHONPATH",
+        help="with --long-context-only: a second gateway run from another checkout's DARL "
+        "(a PYTHONPATH putting it first), taking the same calls in alternating order",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.calls, args.clients, args.fsync, args.rate, args.long_context_only))
+    if args.against and not args.long_context_only:
+        parser.error("--against needs --long-context-only")
+    asyncio.run(
+        main(
+            args.calls,
+            args.clients,
+            args.fsync,
+            args.rate,
+            args.long_context_only,
+            args.against,
+        )
+    )
     # The Temporal SDK's runtime can crash at interpreter exit (sdk-python #300): leave now.
     sys.stdout.flush()
     os._exit(0)

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Awaitable
 from pathlib import Path
 
-from bench.gateway_bench import long_context
+from bench.gateway_bench import LongGateway, long_context
 from bench.load import (
     cpu_seconds,
     drive,
@@ -156,8 +156,9 @@ async def main(calls: int, top_clients: int, gateway_vars: list[str], gil: bool)
             await sampled(name, gateway.pid, root, phase(name, targets[:clients], n), gil)
         [long_rollout] = await idle_rollouts(env, queue, 1)
         rollouts.append(long_rollout)
+        store = root / "store" / long_rollout
         grow = long_context(
-            gateway_url, upstream_url, long_rollout, gateway.pid, root / "store" / long_rollout
+            upstream_url, [LongGateway("gateway", gateway_url, long_rollout, gateway.pid, store)]
         )
         await sampled("long context", gateway.pid, root, grow, gil)
     finally:
