@@ -23,6 +23,14 @@ import orjson
 _DECODER = msgspec.json.Decoder()
 
 
+class RawJSON:
+    """A value held as the JSON text it was read from, `raw`: `dumps` writes that text as it
+    is, where the value sits (a chat request's messages as the agent sent them, say)."""
+
+    __slots__ = ()
+    raw: bytes
+
+
 class NonFinite(float):
     """NaN, Infinity or -Infinity as the standard library reads them. orjson writes no float
     subclass, so `dumps` hands a value holding one to the standard library, which writes it
@@ -44,8 +52,54 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
 
 
 def dumps(value: Any) -> bytes:
-    """`value` as compact JSON (UTF-8, no spaces)."""
+    """`value` as compact JSON (UTF-8, no spaces); a `RawJSON` or a `msgspec.Raw` in it is
+    written as the text it holds."""
     try:
-        return orjson.dumps(value)
+        return orjson.dumps(value, default=_as_written)
     except TypeError:  # orjson.JSONEncodeError: a NonFinite, an integer past 64 bits, ...
-        return json.dumps(value, separators=(",", ":")).encode()
+        return json.dumps(value, separators=(",", ":"), default=_as_read).encode()
+
+
+def _as_written(value: Any) -> orjson.Fragment:
+    if isinstance(value, RawJSON):
+        return orjson.Fragment(value.raw)
+    if isinstance(value, msgspec.Raw):
+        return orjson.Fragment(bytes(value))
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _as_read(value: Any) -> Any:
+    """What the standard library writes in place of a value held as JSON text: that text,
+    read (it writes no text as it is)."""
+    if isinstance(value, RawJSON):
+        return loads(value.raw)
+    if isinstance(value, msgspec.Raw):
+        return loads(memoryview(value))
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def common_bytes(a: bytes, b: bytes) -> int:
+    """How many leading bytes `a` and `b` share, by memcmp (no copies): the whole shorter one,
+    else a binary search, after a gallop back from the end. An array that extends the previous
+    call's (a prompt's ids, a conversation's messages) parts from it within its last few bytes
+    (where the previous array closed), so the gallop finds the bounds in a few comparisons
+    instead of the ~18 a 200 KB search takes."""
+    n = min(len(a), len(b))
+    view = memoryview(b)
+    if a.startswith(view[:n]):
+        return n
+    low, high = 0, n  # a[:low] == b[:low], a[:high] != b[:high]
+    step = 1
+    while step < n:
+        if a.startswith(view[: n - step]):
+            low = n - step
+            break
+        high = n - step
+        step *= 4
+    while high - low > 1:
+        mid = (low + high) // 2
+        if a.startswith(view[:mid]):
+            low = mid
+        else:
+            high = mid
+    return low

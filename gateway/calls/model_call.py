@@ -16,8 +16,8 @@ from fastapi import Request
 
 from darl.gateway.calls.traffic import Admission
 from darl.gateway.protocols.chat.protocol import UPSTREAM_PATHS, Endpoint
+from darl.gateway.protocols.chat.sent_messages import SentMessages
 from darl.gateway.protocols.translation import Translation, protocol_of
-from darl.gateway.store.codec import messages_as_sent
 from darl.gateway.store.record import CallRecord
 from darl.workflows.rollout_token import TokenClaims
 
@@ -85,8 +85,8 @@ class ModelCall:
     settled: bool = False
     # Whether the agent asked for the prompt's token ids (DARL forces them upstream anyway).
     prompt_ids_asked: bool = False
-    # The bytes the agent sent, when `forwarded` is their reading (not a translation's).
-    sent_body: bytes | None = None
+    # The chat messages as the agent sent them (not a translation's), for the store.
+    sent_messages: SentMessages | None = None
 
     @property
     def protocol(self) -> str:
@@ -145,9 +145,5 @@ class ModelCall:
             prompt_token_ids=prompt_ids,
             protocol=self.protocol,
             exchange=self.translation.exchange if self.translation else {},
-            sent_messages=(
-                None
-                if self.sent_body is None
-                else messages_as_sent(self.sent_body, self.forwarded.get("messages"))
-            ),
+            sent_messages=self.sent_messages,
         )

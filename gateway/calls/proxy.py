@@ -58,6 +58,7 @@ from darl.gateway.protocols.chat.capture import (
 )
 from darl.gateway.protocols.chat.prompt_ids import answer_of
 from darl.gateway.protocols.chat.protocol import CHAT, Endpoint, validate_body
+from darl.gateway.protocols.chat.sent_messages import SentMessages, with_messages_read
 from darl.gateway.protocols.overflow import context_length_exceeded, is_context_overflow
 from darl.gateway.protocols.translation import (
     StreamTranslation,
@@ -125,10 +126,10 @@ class ModelCallProxy:
         claims: TokenClaims,
         body: dict[str, Any],
         spoken: type[Translation] | None = None,
-        sent: bytes | None = None,
     ) -> Response:
-        """One agent call: `body` as the endpoint's own, or in the protocol `spoken`, which
-        translates it into a chat call; `sent`, the bytes `body` was read from. A call that
+        """One agent call: `body` as the endpoint's own (a chat call's messages as sent, maybe:
+        `SentMessages`), or in the protocol `spoken`, which translates it into a chat call. A
+        call that
         fails is recorded as failed (status, error, latency, retries) before the agent hears
         of it. An attempt that resumes by replay gets the recorded answer to a request the
         record holds (rule 10)."""
@@ -143,7 +144,10 @@ class ModelCallProxy:
                 body = translation.chat
             stream = validate_body(endpoint, body)
             prompt_ids_asked = asked_for_prompt_ids(body)
+            sent = body.get("messages")
             if claims.replay is not None:
+                # Matched against the record by its messages' contents.
+                body = with_messages_read(body)
                 # The model is the record's: no policy server is asked to name it.
                 forced = self.force(body, endpoint, claims.mode, model="")
                 replayed = await self.replayer.answer(
@@ -164,7 +168,7 @@ class ModelCallProxy:
                 translation=translation,
                 prompt_ids_asked=prompt_ids_asked,
                 # The store compares a conversation as sent, if the agent sent it as it is.
-                sent_body=sent if translation is None and endpoint == CHAT else None,
+                sent_messages=sent if isinstance(sent, SentMessages) else None,
             )
             return await (self._streamed(call) if stream else self._whole(call))
         except ClientGone:

@@ -19,6 +19,7 @@ from darl.gateway.protocols.chat.protocol import (
     CompletionRequest,
     Endpoint,
 )
+from darl.gateway.protocols.chat.sent_messages import read_chat
 from darl.gateway.protocols.messages.protocol import CountTokensRequest, MessagesRequest
 from darl.gateway.protocols.messages.translation import (
     MessagesTranslation,
@@ -72,7 +73,11 @@ async def proxy_call(
     (translated to a chat call)."""
     gateway = gateway_of(request)
     sent = await read_body(request, gateway.settings.max_body_bytes)
-    work = gateway.proxy.handle(request, endpoint, claims, json_object(sent), spoken, sent=sent)
+    # A chat call's messages pass through as sent, unread (see `sent_messages`).
+    body = read_chat(sent) if endpoint == CHAT and spoken is None else None
+    work = gateway.proxy.handle(
+        request, endpoint, claims, json_object(sent) if body is None else body, spoken
+    )
     return await noting_incidents(gateway, claims, work)
 
 

@@ -6,10 +6,11 @@ per attempt, what the next delta is taken against and which sequence comes next.
 A coding agent resends its whole conversation, ~950 messages at 48k tokens, on every call.
 Found message by message, the messages a request shares with the previous one cost a walk
 through two trees of dicts, the previous one cold in the cache: ~0.45 ms of the gateway's CPU
-a call at 48k. When both calls came as the agent sent them, the messages are compared as the
-JSON bytes they were read from instead (`messages_as_sent`): bytes that are equal read as
-equal messages, so what the line keeps is exact; a message sent again with other spacing or
-key order is stored again, where a comparison of the dicts would have kept it."""
+a call at 48k. When both calls came as the agent sent them (`SentMessages`), the messages are
+compared as the JSON bytes the agent sent instead, and the new ones stored as those bytes:
+bytes that are equal read as equal messages, so what the line keeps is exact; a message sent
+again with other spacing or key order is stored again, where a comparison of the dicts would
+have kept it."""
 
 from __future__ import annotations
 
@@ -20,12 +21,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from darl.gateway import json_codec
 from darl.gateway.protocols.chat.capture import with_prompt_token_ids
 from darl.gateway.protocols.chat.prompt_ids import RawTokenIds, token_ids_list
 from darl.gateway.protocols.chat.protocol import CHAT, Endpoint
+from darl.gateway.protocols.chat.sent_messages import SentMessages
 from darl.gateway.store.record import CallRecord
 
 FORMAT_VERSION = 1
@@ -50,27 +50,6 @@ def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     return i
 
 
-class _SentChat(msgspec.Struct):
-    messages: list[msgspec.Raw] | None = None
-
-
-# Reads only where each message starts and ends: no dicts, no strings.
-_SENT_CHAT = msgspec.json.Decoder(_SentChat)
-
-
-def messages_as_sent(body: bytes, messages: Any) -> list[msgspec.Raw] | None:
-    """`messages`, a chat request's as read from `body`, as the JSON text the agent sent them
-    in, one `msgspec.Raw` a message (views into `body`, not copies); None when `body` does not
-    hold them as an array of as many."""
-    try:
-        sent = _SENT_CHAT.decode(body).messages
-    except msgspec.DecodeError:
-        return None
-    if sent is None or not isinstance(messages, list) or len(sent) != len(messages):
-        return None
-    return sent
-
-
 @dataclass
 class Tail:
     """What the next delta is taken against: the previous call of the attempt."""
@@ -88,9 +67,9 @@ class Tail:
     prompt_ids: Sequence[int] = field(default_factory=list)
     completion_ids: list[int] = field(default_factory=list)
     # The previous request's messages: as the agent sent them (a live call that came as sent;
-    # `messages` is then empty, and the messages' dicts are freed with their request), or read.
+    # `messages` is then empty), or read.
     messages: list[Any] = field(default_factory=list)
-    sent_messages: Sequence[Any] | None = None
+    sent_messages: SentMessages | None = None
     prompt_text: str = ""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -115,7 +94,7 @@ class Tail:
         """The previous request's messages, read."""
         if self.sent_messages is None:
             return self.messages
-        return [json_codec.loads(memoryview(message)) for message in self.sent_messages]
+        return self.sent_messages.read()
 
     def reset(self) -> None:
         """Forget everything read: the next load starts at the attempt's first call."""
@@ -216,8 +195,8 @@ def encode_record(record: CallRecord, tail: Tail) -> dict[str, Any]:
     if record.replay_normalized:
         line["replay_normalized"] = True
     if messages is not None:
-        kept = kept_messages(tail, messages, record.sent_messages)
-        line["messages"] = {"base": kept, "items": messages[kept:]}
+        kept, items = new_messages(tail, messages, record.sent_messages)
+        line["messages"] = {"base": kept, "items": items}
     if isinstance(prompt, str):
         kept = common_prefix(tail.prompt_text, prompt)
         line["prompt_text"] = {"base": kept, "text": prompt[kept:]}
@@ -226,12 +205,22 @@ def encode_record(record: CallRecord, tail: Tail) -> dict[str, Any]:
     return line
 
 
-def kept_messages(tail: Tail, messages: list[Any], sent: Sequence[Any] | None) -> int:
-    """How many leading messages `messages` shares with the previous request: compared as
-    sent when both requests have them so, else message by message."""
-    if sent is not None and tail.sent_messages is not None:
-        return common_prefix(tail.sent_messages, sent)
-    return common_prefix(tail.previous_messages(), messages)
+def new_messages(
+    tail: Tail, messages: Sequence[Any], sent: SentMessages | None
+) -> tuple[int, list[Any]]:
+    """How many leading messages `messages` shares with the previous request, and the ones
+    after them: compared as sent when both requests have them so (as bytes, a conversation
+    that extends the previous one by one comparison), else message by message."""
+    prev = tail.sent_messages
+    if sent is not None and prev is not None:
+        extension = sent.extension(prev)
+        if extension is not None:
+            return len(prev), extension
+        each = sent.each()
+        kept = common_prefix(prev.each(), each)
+        return kept, each[kept:]
+    kept = common_prefix(tail.previous_messages(), messages)
+    return kept, list(messages[kept:])
 
 
 def encode_line(record: CallRecord, tail: Tail) -> bytes:

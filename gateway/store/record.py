@@ -13,6 +13,7 @@ from darl.gateway.protocols.chat.capture import (
     finish_reason,
 )
 from darl.gateway.protocols.chat.protocol import Endpoint
+from darl.gateway.protocols.chat.sent_messages import SentMessages
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,10 @@ class CallRecord:
     # Matched its record only under the rollout's normalizers: the prompt differs from the
     # recorded one in spans they ignore (slightly off-policy, as a stale call is).
     replay_normalized: bool = False
-    # On a live chat call, the request's messages as the JSON the agent sent, one
-    # `msgspec.Raw` each, as many as `request["messages"]` (see `codec.messages_as_sent`);
-    # never stored, nor read back.
-    sent_messages: Sequence[Any] | None = field(default=None, compare=False, repr=False)
+    # On a live chat call, the request's messages as the JSON the agent sent them in
+    # (`SentMessages`), which `request["messages"]` may be itself, or their reading where a
+    # replay read them; for the store to compare with the next call's, never stored as such.
+    sent_messages: SentMessages | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.protocol:

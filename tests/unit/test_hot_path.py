@@ -22,7 +22,6 @@ from darl.gateway.protocols.chat.capture import answer_as_asked
 from darl.gateway.protocols.chat.prompt_ids import (
     CaptureError,
     RawTokenIds,
-    _common_bytes,
     answer_of,
 )
 from darl.gateway.protocols.chat.protocol import (
@@ -33,6 +32,7 @@ from darl.gateway.protocols.chat.protocol import (
     Endpoint,
     validate_body,
 )
+from darl.gateway.protocols.chat.sent_messages import SentMessages, read_chat
 from darl.gateway.store.codec import Tail, common_prefix, encode_line, prompt_delta
 from darl.gateway.store.record import CallRecord
 
@@ -103,6 +103,56 @@ def test_json_codec_reads_and_writes_what_the_standard_library_does(body: bytes)
     read = json_codec.loads(body)
     assert repr(read) == expected
     assert repr(json.loads(json_codec.dumps(read))) == expected
+
+
+CHATS = st.fixed_dictionaries(
+    {
+        "messages": st.lists(
+            st.one_of(
+                st.just({"role": "user", "content": "\u00e9t\u00e9 \U0001f600"}),
+                st.dictionaries(st.text(max_size=3), VALUES, max_size=3),
+                VALUES,
+            ),
+            max_size=3,
+        )
+    },
+    optional={"stream": VALUES, "n": VALUES, "x": VALUES},
+)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(CHATS, st.booleans(), st.booleans())
+def test_a_chat_read_with_its_messages_as_sent_is_the_chat_read_whole(
+    body: dict[str, Any], spaced: bool, ascii_only: bool
+) -> None:
+    """`read_chat` reads what `json_codec.loads` reads, is validated as it is, and is written
+    out as the same JSON; it leaves to the whole reading (None) only a body whose messages are
+    not a non-empty array of objects."""
+    separators = (", ", ": ") if spaced else (",", ":")
+    sent = json.dumps(body, separators=separators, ensure_ascii=ascii_only).encode()
+    whole = json_codec.loads(sent)
+    read = read_chat(sent)
+    messages = whole["messages"]
+    if read is None:
+        assert not messages or not all(isinstance(m, dict) for m in messages)
+        return
+    assert isinstance(read["messages"], SentMessages)
+    assert read == whole and list(read) == list(whole)
+    assert json.loads(json_codec.dumps(read)) == whole
+    try:
+        verdict: bool | str = validate_body(CHAT, read)
+    except BadRequestError:
+        verdict = "refused"
+    assert verdict == schema_says(CHAT, whole)
+
+
+@pytest.mark.parametrize("body", ODD_BODIES)
+def test_odd_messages_are_forwarded_as_the_standard_library_reads_them(body: bytes) -> None:
+    """What msgspec refuses (NaN, a lone surrogate) leaves a chat to the whole reading; what it
+    takes is forwarded as the bytes sent."""
+    sent = b'{"messages": [' + body + b"]}"
+    read = read_chat(sent) or json_codec.loads(sent)
+    assert repr(json.loads(json_codec.dumps(read))) == repr(json.loads(sent))
 
 
 def test_json_codec_writes_a_non_finite_float_back_as_read() -> None:
@@ -339,7 +389,7 @@ def test_common_bytes_is_the_naive_count(shared: bytes, a: bytes, b: bytes) -> N
     naive = 0
     while naive < min(len(first), len(second)) and first[naive] == second[naive]:
         naive += 1
-    assert _common_bytes(first, second) == naive == _common_bytes(second, first)
+    assert json_codec.common_bytes(first, second) == naive == json_codec.common_bytes(second, first)
 
 
 def test_answer_of_refuses_what_json_codec_refuses() -> None:

@@ -12,13 +12,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from darl.gateway import json_codec
+from darl.gateway.protocols.chat.sent_messages import SentMessages, read_chat
 from darl.gateway.store.base import TrajectoryStore
-from darl.gateway.store.codec import Tail, encode_record, messages_as_sent
+from darl.gateway.store.codec import Tail, encode_record, new_messages
 from darl.gateway.store.directory import DirectoryTrajectoryStore
 from darl.gateway.store.record import CallRecord
 from darl.gateway.store.s3 import S3TrajectoryStore
@@ -108,8 +110,9 @@ def as_sent(record: CallRecord, spaced: bool = False) -> CallRecord:
     """`record` as the gateway makes it of a chat call that came as the agent sent it: with
     its messages as the JSON they were read from (`spaced`: written by another client)."""
     separators = (", ", ": ") if spaced else (",", ":")
-    sent = json.dumps(record.request, separators=separators).encode()
-    return replace(record, sent_messages=messages_as_sent(sent, record.request["messages"]))
+    request = read_chat(json.dumps(record.request, separators=separators).encode())
+    assert request is not None and isinstance(request["messages"], SentMessages)
+    return replace(record, request=request, sent_messages=request["messages"])
 
 
 @settings(max_examples=60, deadline=None)
@@ -234,15 +237,34 @@ def test_a_replica_whose_tail_holds_bytes_catches_up_on_anothers_calls(
         assert [json.loads(line)["messages"]["base"] for line in lines] == [0, 1, 2, 3]
 
 
-def test_bytes_that_do_not_hold_the_messages_read_give_none() -> None:
-    """A call's messages as sent are only ever the ones its request holds, one for one: other
-    bytes (other messages, none, no array) leave the call to be compared message by message."""
-    two = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
-    sent = json.dumps({"messages": two}).encode()
-    assert [json.loads(bytes(m)) for m in messages_as_sent(sent, two) or []] == two
-    assert messages_as_sent(sent, two[:1]) is None
-    assert messages_as_sent(b'{"messages": 3}', two) is None
-    assert messages_as_sent(b'{"prompt": "a"}', []) is None
+def test_a_conversation_that_extends_the_previous_one_is_found_in_its_bytes() -> None:
+    """Messages sent again byte for byte, then more, are the previous call's and the new ones;
+    any other change (a message edited, one dropped, other spacing) is found message by
+    message, and what the two share is kept whatever their bytes."""
+
+    def sent(*contents: str, spaced: bool = False) -> SentMessages:
+        messages = [{"role": "user", "content": c} for c in contents]
+        separators = (", ", ": ") if spaced else (",", ":")
+        request = read_chat(json.dumps({"messages": messages}, separators=separators).encode())
+        assert request is not None and isinstance(request["messages"], SentMessages)
+        return request["messages"]
+
+    def new(messages: SentMessages, prev: SentMessages) -> tuple[int, list[Any]]:
+        tail = Tail()
+        tail.sent_messages = prev
+        kept, items = new_messages(tail, messages, messages)
+        return kept, [json.loads(bytes(item)) for item in items]
+
+    a, b = {"role": "user", "content": "a"}, {"role": "user", "content": "b"}
+    assert sent("a", "b").extension(sent("a")) == [msgspec.Raw(b'{"role":"user","content":"b"}')]
+    assert sent("a").extension(sent("a")) == []
+    assert new(sent("a", "b"), sent("a")) == (1, [b])
+    assert new(sent("a", "b"), sent("a", "b")) == (2, [])
+    for differs in (sent("x", "b"), sent("b"), sent("a", "b", spaced=True)):
+        assert differs.extension(sent("a")) is None
+    assert new(sent("a", "x"), sent("a", "b")) == (1, [{"role": "user", "content": "x"}])
+    assert new(sent("a"), sent("a", "b")) == (1, [])
+    assert new(sent("a", "b", spaced=True), sent("a")) == (0, [a, b])
 
 
 def test_a_tail_keeps_the_bytes_of_a_conversation_sent_not_its_dicts() -> None:

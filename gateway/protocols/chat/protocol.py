@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from darl.gateway.errors import BadRequestError, describe_errors
+from darl.gateway.protocols.chat.sent_messages import SentMessages
 
 Endpoint = Literal["chat.completions", "completions"]
 CHAT: Endpoint = "chat.completions"
@@ -61,6 +62,8 @@ def _plainly_valid(endpoint: Endpoint, body: dict[str, Any]) -> bool:
         return False
     if endpoint == CHAT:
         messages = body.get("messages")
+        if type(messages) is SentMessages:  # read only of a non-empty array of objects
+            return True
         return type(messages) is list and bool(messages) and all(type(m) is dict for m in messages)
     prompt = body.get("prompt")
     return type(prompt) is str or (
