@@ -23,6 +23,7 @@ from darl.gateway.protocols.chat.prompt_ids import (
     CaptureError,
     RawTokenIds,
     answer_of,
+    null_prompt_ids,
 )
 from darl.gateway.protocols.chat.protocol import (
     CHAT,
@@ -336,6 +337,20 @@ def test_answer_of_reads_what_json_codec_reads(
     # A key that only ends in an escaped quote and the name is not the prompt's ids.
     lookalike = json.dumps({'x"prompt_token_ids': ids, **fields}).encode()
     assert answer_of(CHAT, lookalike) == json_codec.loads(lookalike)
+
+
+def test_ids_are_cut_out_only_where_the_key_comes_once() -> None:
+    """A body with a second `"prompt_token_ids"` (before the array or after it, nested or
+    not) has no one array to cut out: the caller reads it whole."""
+    for body in (
+        b'{"prompt_token_ids":[1,2],"x":{"prompt_token_ids":[3]}}',
+        b'{"prompt_token_ids":[1,2],"prompt_token_ids":[3]}',
+        b'{"x":{"prompt_token_ids":[3]},"prompt_token_ids":[1,2]}',
+    ):
+        assert null_prompt_ids(body) is None
+    assert null_prompt_ids(b'{"prompt_token_ids": [1, 2], "x": 1}') == (
+        b'{"prompt_token_ids": null, "x": 1}'
+    )
 
 
 @given(
