@@ -1,6 +1,7 @@
 """JSON on the gateway's hot path, as bytes: msgspec reads and orjson writes a call's bodies
 several times faster than the standard library (a 48k-token conversation is a ~200 KB body the
-gateway reads, forwards, and records on every call).
+gateway reads, forwards, and records on every call); JSON text kept as read is written as it
+is (`RawJSON`), and two texts are compared as bytes (`common_bytes`).
 
 What they refuse and the standard library takes (NaN and Infinity, a number past a double,
 a lone surrogate), the standard library reads or writes instead, so the gateway accepts and
@@ -62,10 +63,19 @@ def dumps(value: Any) -> bytes:
 
 def _as_written(value: Any) -> orjson.Fragment:
     if isinstance(value, RawJSON):
-        return orjson.Fragment(value.raw)
+        return orjson.Fragment(_one_line(value.raw))
     if isinstance(value, msgspec.Raw):
-        return orjson.Fragment(bytes(value))
+        return orjson.Fragment(_one_line(bytes(value)))
     raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _one_line(text: bytes) -> bytes:
+    """JSON `text` on one line, as the rest of `dumps` writes (a store keeps a call a line):
+    a line break in JSON text is whitespace between tokens (a string holds none unescaped),
+    so a space in its place reads the same."""
+    if b"\n" in text or b"\r" in text:
+        return text.replace(b"\n", b" ").replace(b"\r", b" ")
+    return text
 
 
 def _as_read(value: Any) -> Any:

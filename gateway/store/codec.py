@@ -210,17 +210,23 @@ def new_messages(
 ) -> tuple[int, list[Any]]:
     """How many leading messages `messages` shares with the previous request, and the ones
     after them: compared as sent when both requests have them so (as bytes, a conversation
-    that extends the previous one by one comparison), else message by message."""
+    that extends the previous one by one comparison), else message by message. A request's
+    messages as sent are stored as sent."""
     prev = tail.sent_messages
-    if sent is not None and prev is not None:
+    if sent is None:
+        kept = common_prefix(tail.previous_messages(), messages)
+        return kept, list(messages[kept:])
+    if prev is not None:
         extension = sent.extension(prev)
         if extension is not None:
             return len(prev), extension
-        each = sent.each()
-        kept = common_prefix(prev.each(), each)
-        return kept, each[kept:]
-    kept = common_prefix(tail.previous_messages(), messages)
-    return kept, list(messages[kept:])
+        kept = common_prefix(prev.each(), sent.each())
+        return kept, sent.each()[kept:]
+    # The previous request was read (an attempt's first call, or read back from the store):
+    # compared as read, without keeping this one's reading in the tail.
+    previous = tail.previous_messages()
+    kept = common_prefix(previous, json_codec.loads(sent.raw)) if previous else 0
+    return kept, sent.each()[kept:]
 
 
 def encode_line(record: CallRecord, tail: Tail) -> bytes:

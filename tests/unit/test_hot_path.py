@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from darl.deploy import telemetry
 from darl.gateway import json_codec
-from darl.gateway.errors import BadRequestError
+from darl.gateway.errors import BadRequestError, InvalidJSONError
 from darl.gateway.protocols.chat.capture import answer_as_asked
 from darl.gateway.protocols.chat.prompt_ids import (
     CaptureError,
@@ -34,6 +34,7 @@ from darl.gateway.protocols.chat.protocol import (
     validate_body,
 )
 from darl.gateway.protocols.chat.sent_messages import SentMessages, read_chat
+from darl.gateway.routes.bodies import json_object
 from darl.gateway.store.codec import Tail, common_prefix, encode_line, prompt_delta
 from darl.gateway.store.record import CallRecord
 
@@ -147,13 +148,32 @@ def test_a_chat_read_with_its_messages_as_sent_is_the_chat_read_whole(
     assert verdict == schema_says(CHAT, whole)
 
 
-@pytest.mark.parametrize("body", ODD_BODIES)
-def test_odd_messages_are_forwarded_as_the_standard_library_reads_them(body: bytes) -> None:
+# Whether msgspec refuses the message (the chat is then read whole), for each of ODD_BODIES.
+REFUSED = [False, True, False, True, False]
+
+
+@pytest.mark.parametrize(("body", "refused"), list(zip(ODD_BODIES, REFUSED, strict=True)))
+def test_odd_messages_are_forwarded_as_the_standard_library_reads_them(
+    body: bytes, refused: bool
+) -> None:
     """What msgspec refuses (NaN, a lone surrogate) leaves a chat to the whole reading; what it
-    takes is forwarded as the bytes sent."""
-    sent = b'{"messages": [' + body + b"]}"
-    read = read_chat(sent) or json_codec.loads(sent)
-    assert repr(json.loads(json_codec.dumps(read))) == repr(json.loads(sent))
+    takes is forwarded as the bytes sent, on one line whatever lines they were sent on."""
+    sent = b'{"messages": [\n' + body + b"\n]}"
+    read = read_chat(sent)
+    assert (read is None) == refused
+    written = json_codec.dumps(read or json_codec.loads(sent))
+    assert repr(json.loads(written)) == repr(json.loads(sent))
+    assert b"\n" not in written
+
+
+def test_a_chat_not_in_utf_8_is_refused_as_a_body_read_whole_is() -> None:
+    """The skim checks no string's UTF-8: the messages are checked apart, and a chat with a
+    byte that is not UTF-8 anywhere is read whole (and refused there, 400)."""
+    for sent in (b'{"messages": [{"c": "\xff"}]}', b'{"messages": [{}], "model": "\xff"}'):
+        assert read_chat(sent) is None
+        with pytest.raises(InvalidJSONError):
+            json_object(sent)
+    assert read_chat('{"messages": [{"c": "\u00e9t\u00e9"}]}'.encode()) is not None
 
 
 def test_json_codec_writes_a_non_finite_float_back_as_read() -> None:

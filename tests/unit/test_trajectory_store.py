@@ -106,11 +106,18 @@ def conversation(steps: list[tuple[bool, list[int], list[int]]]) -> list[CallRec
     return records
 
 
-def as_sent(record: CallRecord, spaced: bool = False) -> CallRecord:
+# How another client writes a conversation: other spacing, or indented over many lines.
+WRITTEN = {
+    "compact": {"separators": (",", ":")},
+    "spaced": {"separators": (", ", ": ")},
+    "indented": {"indent": 2},
+}
+
+
+def as_sent(record: CallRecord, written: str = "compact") -> CallRecord:
     """`record` as the gateway makes it of a chat call that came as the agent sent it: with
-    its messages as the JSON they were read from (`spaced`: written by another client)."""
-    separators = (", ", ": ") if spaced else (",", ":")
-    request = read_chat(json.dumps(record.request, separators=separators).encode())
+    its messages as the JSON they were read from, `written` as in WRITTEN."""
+    request = read_chat(json.dumps(record.request, **WRITTEN[written]).encode())
     assert request is not None and isinstance(request["messages"], SentMessages)
     return replace(record, request=request, sent_messages=request["messages"])
 
@@ -119,16 +126,16 @@ def as_sent(record: CallRecord, spaced: bool = False) -> CallRecord:
 @given(
     st.lists(st.tuples(st.booleans(), token_lists, token_lists), min_size=1, max_size=8),
     st.integers(0, 8),
-    st.lists(st.sampled_from([None, False, True]), min_size=8, max_size=8),
+    st.lists(st.sampled_from([None, *WRITTEN]), min_size=8, max_size=8),
 )
 def test_records_read_back_whole_across_a_restart(
-    backend: Backend, steps: list, restart_at: int, sent: list[bool | None]
+    backend: Backend, steps: list, restart_at: int, sent: list[str | None]
 ) -> None:
     """Whatever the calls: extending or starting over, read or sent (in either spacing), with
     a restart anywhere."""
     root = backend.fresh()
     records = [
-        record if how is None else as_sent(record, spaced=how)
+        record if how is None else as_sent(record, how)
         for record, how in zip(conversation(steps), sent, strict=False)
     ]
 
@@ -195,7 +202,7 @@ def test_a_conversation_as_sent_is_compared_as_sent(tmp_path: Path) -> None:
     records = [
         as_sent(compact[0]),
         as_sent(compact[1]),
-        as_sent(compact[2], spaced=True),
+        as_sent(compact[2], "spaced"),
         compact[3],  # a translated call: no bytes of its messages
         as_sent(compact[4]),
     ]

@@ -3,7 +3,7 @@ conversation on every call, ~950 messages at 48k tokens; the gateway forwards th
 policy server and stores the ones that are new, and reads none of them. `read_chat` reads a
 chat request's other fields and keeps its messages as the JSON array's bytes (`SentMessages`),
 checked to be objects without building one. They are written out as those bytes
-(`json_codec.dumps`), compared with the previous call's as bytes (`SentMessages.after`), and
+(`json_codec.dumps`), compared with the previous call's as bytes (`SentMessages.extension`), and
 parsed, once, only where a message is read (replay matching, a prompt's tokens counted)."""
 
 from __future__ import annotations
@@ -97,23 +97,27 @@ class SentMessages(json_codec.RawJSON, Sequence[Any]):
 def read_chat(body: bytes) -> dict[str, Any] | None:
     """A chat request read from `body` with its messages as sent (`SentMessages`), its other
     fields as `json_codec.loads` reads them; None when `body` is not a JSON object whose
-    `messages` are a non-empty array of objects, or holds what msgspec refuses (NaN, say):
-    the caller reads it whole, and refuses it in the words it always has."""
+    `messages` are a non-empty array of objects in UTF-8, or holds what msgspec refuses (NaN,
+    say): the caller reads it whole, and refuses it in the words it always has."""
     try:
         fields = _FIELDS.decode(body)
         raw = fields.get("messages")
         if raw is None:
             return None
         count = len(_OBJECTS.decode(raw))
-    except msgspec.DecodeError:
+        messages = bytes(raw)
+        if not messages.isascii():
+            messages.decode()  # the skim checks no string's UTF-8
+        read: dict[str, Any] = {
+            key: None if key == "messages" else json_codec.loads(memoryview(value))
+            for key, value in fields.items()
+        }
+    except (msgspec.DecodeError, ValueError):  # UnicodeDecodeError is a ValueError
         return None
     if count == 0:
         return None
-    sent = SentMessages(bytes(raw), count)
-    return {
-        key: sent if key == "messages" else json_codec.loads(memoryview(value))
-        for key, value in fields.items()
-    }
+    read["messages"] = SentMessages(messages, count)
+    return read
 
 
 def with_messages_read(body: dict[str, Any]) -> dict[str, Any]:
