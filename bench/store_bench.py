@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -61,6 +62,10 @@ def start_s3_gateway(
     return emulator, gateway, gateway.wait_ready()["url"]
 
 
+# Slices of the paced phase, each store's in turn (the order alternating round by round).
+PACED_ROUNDS = 4
+
+
 async def compare_stores(
     env: WorkflowEnvironment,
     queue: str,
@@ -76,33 +81,37 @@ async def compare_stores(
     `rollouts`, for the caller to cancel), a warm-up, then `calls` calls from `clients` back to
     back, then calls paced to `paced_rate` in all (a rate both stores sustain here): Temporal's
     CPU per call follows the call events each signal carries, and a store that serves fewer
-    calls a second carries fewer per signal (one signal per attempt per interval)."""
-    rows: list[tuple[str, Phase, dict[str, float], float]] = []
-    for name, (url, pid) in gateways.items():
+    calls a second carries fewer per signal (one signal per attempt per interval). The paced
+    calls go in PACED_ROUNDS slices a store, the stores taking turns, so the machine's drift
+    over the phase falls on both alike; each window lasts until its calls' events are
+    signalled, so each store's signals are counted in its own windows."""
+    targets = {}
+    for name, (url, _) in gateways.items():
         fresh = await idle_rollouts(env, queue, clients)
         rollouts += fresh
-        targets = gateway_targets(url, fresh)
-        await drive(f"warm-up {name}", targets, clients * 5)
-        watched = {"gateway": pid, **others}
-        for label, rate, n in (
-            (name, None, calls),
-            (f"{name} @{paced_rate:g}/s", paced_rate, calls // 4),
-        ):
-            # The phase before's events still queued would ride in this phase's signals: the
-            # paced phase would carry the saturated one's batches, more of them for the store
-            # that served more calls a second.
-            await delivered_all(url)
-            before, signals0 = cpu_seconds(watched), delivery(url)
-            phase = await drive(label, targets, n, rate)
-            after, signals1 = cpu_seconds(watched), delivery(url)
-            per_call = {k: (after[k] - before[k]) / n * 1000 for k in watched}
-            events, signals = (b - a for a, b in zip(signals0, signals1, strict=True))
-            rows.append((label, phase, per_call, events / signals if signals else float("nan")))
+        targets[name] = gateway_targets(url, fresh)
+        await drive(f"warm-up {name}", targets[name], clients * 5)
+    rows: list[tuple[str, Phase, dict[str, float], float]] = []
+    paced: dict[str, list[Window]] = {name: [] for name in gateways}
+    for name in gateways:
+        window = await measured(name, gateways[name], others, targets[name], calls, None)
+        rows.append(window.row(name))
+    names = list(gateways)
+    for round_ in range(PACED_ROUNDS):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            label = f"{name} @{paced_rate:g}/s"
+            n = calls // 4 // PACED_ROUNDS
+            paced[name].append(
+                await measured(label, gateways[name], others, targets[name], n, paced_rate)
+            )
+    for name, windows in paced.items():
+        rows.append(Window.joined(windows).row(f"{name} @{paced_rate:g}/s"))
     names = ["gateway", *others]
     print(
         f"\nStores: {clients} clients back to back ({calls} calls), then paced to {paced_rate:g} "
-        f"calls/s in all ({calls // 4} calls), one gateway each (CPU ms per call by process; "
-        "the S3 emulator is moto on loopback, not S3):"
+        f"calls/s in all ({calls // 4} calls, in {PACED_ROUNDS} slices a store, taking turns), "
+        "one gateway each (CPU ms per call by process; the S3 emulator is moto on loopback, "
+        "not S3):"
     )
     header = "".join(f"{n + ' CPU':>20}" for n in names)
     print(f"  {'store':<22}{'calls/s':>9}{'p50 ms':>9}{'p99 ms':>9}{header}{'events/signal':>15}")
@@ -112,6 +121,58 @@ async def compare_stores(
             f"  {name:<22}{phase.rate:>9.0f}{phase.pct(0.5):>9.2f}{phase.pct(0.99):>9.2f}"
             f"{figures}{per_signal:>15.1f}"
         )
+
+
+@dataclass
+class Window:
+    """One store's calls of a phase: their latencies, the CPU each process spent from their
+    start until their events were signalled, and the events and signals that carried them."""
+
+    phase: Phase
+    calls: int
+    cpu: dict[str, float]
+    events: float
+    signals: float
+
+    @classmethod
+    def joined(cls, windows: list[Window]) -> Window:
+        latencies = [x for w in windows for x in w.phase.latencies]
+        seconds = sum(w.phase.seconds for w in windows)
+        return cls(
+            Phase(windows[0].phase.name, latencies, seconds),
+            sum(w.calls for w in windows),
+            {k: sum(w.cpu[k] for w in windows) for k in windows[0].cpu},
+            sum(w.events for w in windows),
+            sum(w.signals for w in windows),
+        )
+
+    def row(self, label: str) -> tuple[str, Phase, dict[str, float], float]:
+        per_call = {k: v / self.calls * 1000 for k, v in self.cpu.items()}
+        per_signal = self.events / self.signals if self.signals else float("nan")
+        return label, self.phase, per_call, per_signal
+
+
+async def measured(
+    label: str,
+    gateway: tuple[str, int],
+    others: dict[str, int],
+    targets: list[tuple[str, dict[str, str]]],
+    n: int,
+    rate: float | None,
+) -> Window:
+    """`n` calls to `targets` through `gateway` (URL, pid), at `rate` calls/s in all or back
+    to back. The window opens with no event of the gateway's left to signal (the phase before
+    would ride in this one's signals) and closes when this one's are all signalled."""
+    url, pid = gateway
+    watched = {"gateway": pid, **others}
+    await delivered_all(url)
+    before, signals0 = cpu_seconds(watched), delivery(url)
+    phase = await drive(label, targets, n, rate)
+    await delivered_all(url)
+    after, signals1 = cpu_seconds(watched), delivery(url)
+    events, signals = (b - a for a, b in zip(signals0, signals1, strict=True))
+    cpu = {k: after[k] - before[k] for k in watched}
+    return Window(phase, len(phase.latencies), cpu, events, signals)
 
 
 async def delivered_all(gateway_url: str, timeout: float = 30.0) -> None:
