@@ -100,16 +100,17 @@ async def compare_stores(
     for round_ in range(PACED_ROUNDS):
         for name in names if round_ % 2 == 0 else names[::-1]:
             label = f"{name} @{paced_rate:g}/s"
-            n = calls // 4 // PACED_ROUNDS
+            n = max(len(targets[name]), calls // 4 // PACED_ROUNDS)  # a call a client at least
             paced[name].append(
                 await measured(label, gateways[name], others, targets[name], n, paced_rate)
             )
     for name, windows in paced.items():
         rows.append(Window.joined(windows).row(f"{name} @{paced_rate:g}/s"))
+    made = sum(w.calls for w in paced[names[0]])
     names = ["gateway", *others]
     print(
         f"\nStores: {clients} clients back to back ({calls} calls), then paced to {paced_rate:g} "
-        f"calls/s in all ({calls // 4} calls, in {PACED_ROUNDS} slices a store, taking turns), "
+        f"calls/s in all ({made} calls, in {PACED_ROUNDS} slices a store, taking turns), "
         "one gateway each (CPU ms per call by process; the S3 emulator is moto on loopback, "
         "not S3):"
     )

@@ -290,6 +290,26 @@ def test_a_tail_keeps_the_bytes_of_a_conversation_sent_not_its_dicts() -> None:
     assert tail.messages == second.request["messages"]
 
 
+def test_a_call_as_sent_keeps_no_reading_of_its_messages_in_the_tail() -> None:
+    """With nothing before it, or a previous call read back from the store, a call's messages
+    as sent are stored as sent and compared as read, without their reading kept: the tail
+    holds them for the next call, a coding agent's ~950 a call."""
+    first, second = conversation([(True, [1], [2])] * 2)
+    fresh = as_sent(first)
+    line = encode_record(fresh, Tail())
+    assert fresh.sent_messages is not None
+    assert line["messages"] == {"base": 0, "items": fresh.sent_messages.each()}
+    after_read = Tail()
+    after_read.advance(first)  # read back from the store: dicts
+    sent = as_sent(second)
+    line = encode_record(sent, after_read)
+    assert line["messages"]["base"] == 1
+    items = json.loads(json_codec.dumps(line["messages"]["items"]))
+    assert items == second.request["messages"][1:]
+    for record in (fresh, sent):
+        assert record.sent_messages is not None and record.sent_messages._read is None
+
+
 def test_a_torn_last_line_is_skipped_and_earlier_ones_kept(tmp_path: Path) -> None:
     store = DirectoryTrajectoryStore(tmp_path)
     records = conversation([(True, [1, 2], [3]), (True, [4], [5])])
