@@ -10,36 +10,52 @@ than growing the run's trace by every call of every rollout."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
 from opentelemetry import context, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from temporalio.api.common.v1 import Payload
 from temporalio.client import Interceptor as ClientInterceptor
 from temporalio.client import OutboundInterceptor, StartWorkflowInput, WorkflowHandle
 from temporalio.contrib.opentelemetry import OpenTelemetryInterceptor, ReplaySafeTracerProvider
 
-# The library's workflow-side interceptor, which DARL's subclass keeps from making a trace of
-# every untraced query. Private in temporalio 1.35: tests/integration/test_tracing.py runs it.
+# The library's workflow-side interceptors, which DARL's subclasses keep from making a trace of
+# every untraced query, and from making spans where they would be dropped. Private in
+# temporalio 1.35: tests/integration/test_tracing.py runs them.
 from temporalio.contrib.opentelemetry._otel_interceptor import (
     _TracingWorkflowInboundInterceptor,
+    _TracingWorkflowOutboundInterceptor,
 )
 from temporalio.converter import PayloadConverter
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import (
     ActivityInboundInterceptor,
+    ContinueAsNewInput,
     ExecuteActivityInput,
+    ExecuteWorkflowInput,
     HandleQueryInput,
+    HandleSignalInput,
+    HandleUpdateInput,
     NexusOperationInboundInterceptor,
+    SignalChildWorkflowInput,
+    SignalExternalWorkflowInput,
+    StartActivityInput,
+    StartChildWorkflowInput,
+    StartLocalActivityInput,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
+    WorkflowOutboundInterceptor,
     WorkflowRunner,
 )
 from temporalio.worker import Interceptor as WorkerInterceptor
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
+from temporalio.workflow import ActivityHandle, ChildWorkflowHandle
 
 from darl.deploy.telemetry import drops_spans
 from darl.workflows.names import ROLLOUT_WORKFLOW
@@ -68,6 +84,115 @@ class WorkflowSpans(_TracingWorkflowInboundInterceptor):
         if TRACE_HEADER not in input.headers:
             return await WorkflowInboundInterceptor.handle_query(self, input)
         return await super().handle_query(input)
+
+
+class WorkflowContext(WorkflowSpans):
+    """Where every span is dropped (`drops_spans`), a workflow started with a trace context
+    (its starter's) makes no span: it hands the header it was started with on, unread, to every
+    activity, local activity and child workflow it starts, every workflow it signals and its
+    next run, and runs its handlers without spans. One started without a trace context (from
+    the temporal CLI, say) makes its spans as WorkflowSpans does: they give its trace its ids.
+    The spans, and reading and writing the header at each step, cost the rollout worker about
+    half of what RolloutWorkflow costs over the SDK's floor (`python -m bench.worker_bench`),
+    for spans no one exports. (DARL's workflows start no Nexus operations; one takes the
+    library's way.)"""
+
+    # The start's trace header, when it carries a trace context; read before the workflow's
+    # first activation runs anything (a signal that came with the start runs first).
+    header: Payload | None = None
+
+    def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+        self.header = _trace_context(outbound.info().headers)
+        spans = _TracingWorkflowOutboundInterceptor(outbound, self._add_temporal_spans)
+        WorkflowInboundInterceptor.init(self, _HandsOnTheHeader(spans, outbound, self))
+
+    async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+        if self.header is None:
+            return await super().execute_workflow(input)
+        return await WorkflowInboundInterceptor.execute_workflow(self, input)
+
+    async def handle_signal(self, input: HandleSignalInput) -> None:
+        if self.header is None:
+            return await super().handle_signal(input)
+        return await WorkflowInboundInterceptor.handle_signal(self, input)
+
+    async def handle_query(self, input: HandleQueryInput) -> Any:
+        if self.header is None:
+            return await super().handle_query(input)
+        return await WorkflowInboundInterceptor.handle_query(self, input)
+
+    def handle_update_validator(self, input: HandleUpdateInput) -> None:
+        if self.header is None:
+            return super().handle_update_validator(input)
+        return WorkflowInboundInterceptor.handle_update_validator(self, input)
+
+    async def handle_update_handler(self, input: HandleUpdateInput) -> Any:
+        if self.header is None:
+            return await super().handle_update_handler(input)
+        return await WorkflowInboundInterceptor.handle_update_handler(self, input)
+
+
+def _trace_context(headers: Mapping[str, Payload]) -> Payload | None:
+    """The trace header among `headers`, if it carries a trace context (a `traceparent`): a
+    starter with no context to send may send an empty one."""
+    header = headers.get(TRACE_HEADER)
+    if header is None:
+        return None
+    try:
+        carrier = json.loads(header.data)
+    except ValueError:
+        return None
+    return header if isinstance(carrier, dict) and carrier.get("traceparent") else None
+
+
+class _HandsOnTheHeader(WorkflowOutboundInterceptor):
+    """A WorkflowContext's steps: with the workflow's header, or through the library's spans
+    when it has none."""
+
+    def __init__(
+        self,
+        spans: WorkflowOutboundInterceptor,
+        unread: WorkflowOutboundInterceptor,
+        inbound: WorkflowContext,
+    ) -> None:
+        super().__init__(spans)
+        self._unread = unread
+        self._inbound = inbound
+
+    def _next(
+        self, headers: Mapping[str, Payload]
+    ) -> tuple[WorkflowOutboundInterceptor, Mapping[str, Payload]]:
+        """Where the step goes next, and the headers it goes with."""
+        header = self._inbound.header
+        if header is None:
+            return self.next, headers
+        return self._unread, {**headers, TRACE_HEADER: header}
+
+    def start_activity(self, input: StartActivityInput) -> ActivityHandle[Any]:
+        onward, input.headers = self._next(input.headers)
+        return onward.start_activity(input)
+
+    def start_local_activity(self, input: StartLocalActivityInput) -> ActivityHandle[Any]:
+        onward, input.headers = self._next(input.headers)
+        return onward.start_local_activity(input)
+
+    async def start_child_workflow(
+        self, input: StartChildWorkflowInput
+    ) -> ChildWorkflowHandle[Any, Any]:
+        onward, input.headers = self._next(input.headers)
+        return await onward.start_child_workflow(input)
+
+    async def signal_child_workflow(self, input: SignalChildWorkflowInput) -> None:
+        onward, input.headers = self._next(input.headers)
+        await onward.signal_child_workflow(input)
+
+    async def signal_external_workflow(self, input: SignalExternalWorkflowInput) -> None:
+        onward, input.headers = self._next(input.headers)
+        await onward.signal_external_workflow(input)
+
+    def continue_as_new(self, input: ContinueAsNewInput) -> NoReturn:
+        onward, input.headers = self._next(input.headers)
+        onward.continue_as_new(input)
 
 
 class DarlTracingInterceptor(ClientInterceptor, WorkerInterceptor):
@@ -107,7 +232,7 @@ class DarlTracingInterceptor(ClientInterceptor, WorkerInterceptor):
                 "this worker's workflows make no spans"
             )
             return None
-        return WorkflowSpans
+        return WorkflowContext if drops_spans() else WorkflowSpans
 
 
 def darl_attributes(request: object) -> dict[str, str | int]:
@@ -161,10 +286,13 @@ class _RolloutStarts(OutboundInterceptor):
         ):
             carrier: dict[str, str] = {}
             _PROPAGATOR.inject(carrier)
-            input.headers = {
-                **input.headers,
-                TRACE_HEADER: PayloadConverter.default.to_payloads([carrier])[0],
-            }
+            # No context (no tracer provider installed) sends no header, as the library's
+            # interceptor sends none: the rollout's workflow then roots its own trace.
+            if carrier:
+                input.headers = {
+                    **input.headers,
+                    TRACE_HEADER: PayloadConverter.default.to_payloads([carrier])[0],
+                }
             return await self._untraced.start_workflow(input)
 
 

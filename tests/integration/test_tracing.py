@@ -15,6 +15,7 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -24,13 +25,18 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import BaseModel
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, OutboundInterceptor, StartWorkflowInput, WorkflowHandle
+from temporalio.client import Interceptor as ClientInterceptor
 from temporalio.contrib.opentelemetry import create_tracer_provider
+from temporalio.converter import PayloadConverter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from darl.activities.rollout_activities import current_traceparent
 from darl.activities.worker import RolloutWorkerSettings, build_worker
+from darl.deploy import telemetry
 from darl.deploy.temporal_connection import TemporalSettings, connect
+from darl.deploy.temporal_tracing import TRACE_HEADER
 from darl.gateway.app import create_app
 from darl.gateway.state import GatewaySettings
 from darl.gateway.store.directory import DirectoryTrajectoryStore
@@ -366,6 +372,109 @@ async def test_a_replayed_workflow_makes_each_span_once_in_one_trace(
     assert [s.name for s in roots] == ["RunWorkflow:TracedWorkflow"]
     by_id = {s.context.span_id: s for s in spans}
     assert all(s.parent is None or s.parent.span_id in by_id for s in spans)
+
+
+# What each activity of the next tests handed on, as it would to its agent.
+handed_on: list[str | None] = []
+
+
+@activity.defn(name=STEP)
+async def step_handing_on(which: str) -> str:
+    handed_on.append(current_traceparent())
+    return which
+
+
+async def run_where_spans_are_dropped(
+    dev_env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch, starter: Client
+) -> str:
+    """TracedWorkflow (two activities, a continue-as-new, two more) on a worker whose spans no
+    one would export (`drops_spans`), started by `starter`; its workflow id."""
+    traced = await connect(
+        TemporalSettings(address=dev_env.client.service_client.config.target_host)
+    )
+    queue = f"context-{uuid.uuid4().hex[:8]}"
+    workflow_id = f"traced/{uuid.uuid4().hex[:8]}"
+    handed_on.clear()
+    monkeypatch.setattr(telemetry, "_installed_exports", False)
+    async with Worker(
+        traced, task_queue=queue, workflows=[TracedWorkflow], activities=[step_handing_on]
+    ):
+        result = await asyncio.wait_for(
+            starter.execute_workflow(TracedWorkflow.run, False, id=workflow_id, task_queue=queue),
+            timeout=60,
+        )
+    assert result == "done"
+    return workflow_id
+
+
+def traceparent_of(span: ReadableSpan) -> str:
+    return f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-01"
+
+
+async def test_where_spans_are_dropped_a_workflow_hands_on_its_starters_context(
+    dev_env: WorkflowEnvironment, exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workflow started with a trace context makes no span of its own there: its activities,
+    and the next run after a continue-as-new, run in the context its starter sent, which an
+    exporting starter exports."""
+    starter = await connect(
+        TemporalSettings(address=dev_env.client.service_client.config.target_host)
+    )
+    workflow_id = await run_where_spans_are_dropped(dev_env, monkeypatch, starter)
+    spans = [
+        s
+        for s in exporter.get_finished_spans()
+        if (s.attributes or {}).get("temporalWorkflowID") == workflow_id
+    ]
+    [start] = spans  # no workflow span, no activity span
+    assert start.name == "StartWorkflow:TracedWorkflow"
+    assert handed_on == [traceparent_of(start)] * 4
+
+
+class EmptyTraceHeader(ClientInterceptor):
+    """A starter that sends the trace header with no context in it."""
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        return _SendsAnEmptyHeader(next)
+
+
+class _SendsAnEmptyHeader(OutboundInterceptor):
+    async def start_workflow(self, input: StartWorkflowInput) -> WorkflowHandle[Any, Any]:
+        empty = PayloadConverter.default.to_payloads([{}])[0]
+        input.headers = {**input.headers, TRACE_HEADER: empty}
+        return await super().start_workflow(input)
+
+
+@pytest.mark.parametrize("header", ["none", "empty"])
+async def test_where_spans_are_dropped_a_workflow_started_without_a_trace_still_roots_one(
+    dev_env: WorkflowEnvironment,
+    exporter: InMemorySpanExporter,
+    monkeypatch: pytest.MonkeyPatch,
+    header: str,
+) -> None:
+    """Started without a trace context (as the temporal CLI starts, or with an empty header),
+    a workflow makes its spans there too: they give the rollout's trace its ids, and each
+    activity runs under its StartActivity span (a sampler set on the worker makes the
+    `traceparent` it hands on say "sampled"). The run after its continue-as-new is started
+    with that context, and hands it on."""
+    starter = dev_env.client
+    if header == "empty":
+        target = dev_env.client.service_client.config.target_host
+        starter = await Client.connect(target, interceptors=[EmptyTraceHeader()])
+    workflow_id = await run_where_spans_are_dropped(dev_env, monkeypatch, starter)
+    spans = [
+        s
+        for s in exporter.get_finished_spans()
+        if (s.attributes or {}).get("temporalWorkflowID") == workflow_id
+    ]
+    names = sorted(s.name for s in spans)
+    assert names == ["RunWorkflow:TracedWorkflow"] + [f"StartActivity:{STEP}"] * 2, names
+    [run] = [s for s in spans if s.name.startswith("RunWorkflow")]
+    assert run.parent is None, "the workflow roots its trace"
+    starts = sorted(
+        (s for s in spans if s.name.startswith("StartActivity")), key=lambda s: s.start_time or 0
+    )
+    assert handed_on == [traceparent_of(s) for s in starts] + [traceparent_of(run)] * 2
 
 
 # --- a training run: its steps are its trace, each rollout a trace linked to it -------------
