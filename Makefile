@@ -20,7 +20,7 @@ MINI_SWE_AGENT_VERSION := 2.4.6
 SWE_STAMP := $(SWE_VENV)/.installed-$(MINI_SWE_AGENT_VERSION)
 BWRAP_STAMP := $(VENV)/.bubblewrap
 
-.PHONY: demo test lint typecheck docs format bench profile-gateway bench-replicas bench-training bench-replay bench-branch bench-swe chaos dev vllm swe clean link-tree
+.PHONY: demo test lint typecheck docs format bench profile-gateway bench-replicas bench-training bench-worker bench-replay bench-branch bench-swe chaos dev vllm swe clean link-tree
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -96,6 +96,10 @@ bench-replicas: $(STAMP) $(HAPROXY_STAMP)
 
 bench-training: $(STAMP)
 	$(BIN)/python -m bench.training_bench
+
+# The rollout worker's workflow side (stand-in activities) against the SDK's floor, one run.
+bench-worker: $(STAMP)
+	$(BIN)/python -m bench.worker_bench
 
 # Replay (rule 10): an agent killed at call 30 of 40, resumed by replay against restarted.
 bench-replay: $(STAMP)

@@ -4,6 +4,12 @@ one activity and completes (no search attributes, no signal, no report), and the
 Python SDK's worker that runs it, alone in a process of its own (no DARL code, the SDK's default
 data converter, no tracing): what a rollout worker spends before DARL does anything.
 
+The same bare workflow in the rollout's shape (the activity, then a local activity, as a
+rollout reports to its trainer), measured next on the same worker, is the floor of what a
+trained rollout costs the SDK whatever the workflow's code does: four workflow activations
+(the start, the activity's result, the local activity's, the eviction), an activity and a
+local activity.
+
     python -m bench.bare_workflow --target HOST:PORT --namespace NS --task-queue Q
 runs that worker until its stdin closes (`measure_floor` starts it)."""
 
@@ -24,6 +30,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 BARE_WORKFLOW = "DarlBenchBareWorkflow"
 STARTS_AT_ONCE = 64
+WARM_UP = 64
 
 
 @activity.defn(name="darl_bench_nothing")
@@ -34,8 +41,13 @@ async def nothing() -> None:
 @workflow.defn(name=BARE_WORKFLOW, sandboxed=False)
 class BareWorkflow:
     @workflow.run
-    async def run(self) -> None:
+    async def run(self, report: bool) -> None:
         await workflow.execute_activity(nothing, start_to_close_timeout=timedelta(seconds=60))
+        if report:
+            # As a rollout's report: a local activity in the last workflow task.
+            await workflow.execute_local_activity(
+                nothing, start_to_close_timeout=timedelta(seconds=60)
+            )
 
 
 @dataclass(frozen=True)
@@ -53,15 +65,21 @@ class Floor:
         return 1000 * self.worker_cpu_seconds / max(self.workflows, 1)
 
 
+@dataclass(frozen=True)
+class Floors:
+    bare: Floor  # one activity, then complete
+    shaped: Floor  # in the rollout's shape: the activity, then a local activity
+
+
 def _cpu(process: psutil.Process) -> float:
     times = process.cpu_times()
     return times.user + times.system
 
 
-async def measure_floor(client: Client, server_pid: int, count: int = 400) -> Floor:
+async def measure_floor(client: Client, server_pid: int, count: int = 400) -> Floors:
     """Start `count` bare workflows (as the trainer starts rollouts: many at once, not waiting
     on results) on a worker in a process of its own, and wait until visibility counts them
-    completed."""
+    completed; then `count` more in the rollout's shape on the same worker."""
     queue = f"bench-bare-{uuid.uuid4().hex[:8]}"
     worker = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -77,7 +95,18 @@ async def measure_floor(client: Client, server_pid: int, count: int = 400) -> Fl
         stdout=asyncio.subprocess.PIPE,
     )
     try:
-        return await _measured(client, psutil.Process(server_pid), worker, queue, count)
+        if worker.stdout is None:
+            raise RuntimeError("the floor's worker has no stdout")
+        async with asyncio.timeout(60):
+            ready = await worker.stdout.readline()
+        if ready.strip() != b"polling":
+            raise RuntimeError(f"the floor's worker did not start: {ready!r}")
+        server, process = psutil.Process(server_pid), psutil.Process(worker.pid)
+        # Not counted: imports and caches warm up on the first workflows either shape runs.
+        await _measured(client, server, process, queue, WARM_UP, report=True)
+        bare = await _measured(client, server, process, queue, count, report=False)
+        shaped = await _measured(client, server, process, queue, count, report=True)
+        return Floors(bare, shaped)
     finally:
         # Its stdin closed, the worker stops polling and leaves; one that does not is killed.
         if worker.stdin is not None:
@@ -92,37 +121,36 @@ async def measure_floor(client: Client, server_pid: int, count: int = 400) -> Fl
 async def _measured(
     client: Client,
     server: psutil.Process,
-    child: asyncio.subprocess.Process,
+    worker: psutil.Process,
     queue: str,
     count: int,
+    report: bool,
 ) -> Floor:
-    if child.stdout is None:
-        raise RuntimeError("the floor's worker has no stdout")
-    async with asyncio.timeout(60):
-        ready = await child.stdout.readline()
-    if ready.strip() != b"polling":
-        raise RuntimeError(f"the floor's worker did not start: {ready!r}")
-    worker = psutil.Process(child.pid)
     before, worker_before = server.cpu_times(), _cpu(worker)
     gate = asyncio.Semaphore(STARTS_AT_ONCE)
 
     async def start() -> None:
         async with gate:
             await client.start_workflow(
-                BareWorkflow.run, id=f"{queue}-{uuid.uuid4().hex}", task_queue=queue
+                BareWorkflow.run, report, id=f"{queue}-{uuid.uuid4().hex}", task_queue=queue
             )
 
+    done = (await client.count_workflows(_completed(queue))).count
     await asyncio.gather(*(start() for _ in range(count)))
-    query = f'TaskQueue = "{queue}" AND ExecutionStatus = "Completed"'
     async with asyncio.timeout(300):
-        while (await client.count_workflows(query)).count < count:
+        while (await client.count_workflows(_completed(queue))).count < done + count:
             await asyncio.sleep(0.5)
     after, worker_after = server.cpu_times(), _cpu(worker)
     used = (after.user + after.system) - (before.user + before.system)
     return Floor(count, used, worker_after - worker_before)
 
 
-def report_floor(floor: Floor, rollout_server_ms: float, rollout_worker_ms: float) -> None:
+def _completed(queue: str) -> str:
+    return f'TaskQueue = "{queue}" AND ExecutionStatus = "Completed"'
+
+
+def report_floor(floors: Floors, rollout_server_ms: float, rollout_worker_ms: float) -> None:
+    floor, shaped = floors.bare, floors.shaped
     print(
         f"Temporal server floor: a bare one-activity workflow costs "
         f"{floor.ms_per_workflow:.1f} ms of server CPU ({floor.workflows} measured after the "
@@ -134,6 +162,12 @@ def report_floor(floor: Floor, rollout_server_ms: float, rollout_worker_ms: floa
         f"worker CPU (a process of its own, no DARL code); the rollout worker spends "
         f"{rollout_worker_ms:.1f} ms a trained rollout, "
         f"{rollout_worker_ms / max(floor.worker_ms_per_workflow, 1e-9):.2f}x that"
+    )
+    print(
+        f"  in the rollout's shape (the activity, then a local activity: 4 activations): "
+        f"{shaped.worker_ms_per_workflow:.1f} ms of worker CPU and "
+        f"{shaped.ms_per_workflow:.1f} ms of server CPU; the rollout worker spends "
+        f"{rollout_worker_ms - shaped.worker_ms_per_workflow:.1f} ms more than that"
     )
 
 

@@ -7,7 +7,8 @@ dev stack's. Reports per step the gateway's pause for the weight sync and rollou
 overall rollouts/s; per trained rollout its history events by type and the Temporal actions
 they cost (`bench/temporal_cost.py`), and so the rollouts/s a namespace limited to 500 actions/s
 sustains; each trainer run's history length; each process's CPU seconds per rollout; and the
-server CPU of a bare one-activity workflow on the same server (the floor under any rollout).
+floors under any rollout (`bench/bare_workflow.py`): the server's and an SDK worker's CPU for a
+bare one-activity workflow on the same server, and the same in the rollout's shape.
 
     .venv/bin/python -m bench.training_bench [--steps 12] [--continue-as-new-after 1000]
         [--worker-tasks]
@@ -33,7 +34,7 @@ from rich.console import Console
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from bench import task_cpu
-from bench.bare_workflow import Floor, measure_floor, report_floor
+from bench.bare_workflow import Floors, measure_floor, report_floor
 from bench.temporal_cost import (
     Cost,
     HeartbeatSchedule,
@@ -76,8 +77,8 @@ class Figures:
     server: ServerCounts | None
     # Each failed rollout's status and error: an undisturbed run should have none.
     failures: list[str]
-    # A bare one-activity workflow on the same server, measured after the run.
-    floor: Floor
+    # Bare workflows (one activity; the rollout's shape) on the same server, after the run.
+    floor: Floors
     # The rollout worker's CPU by thread and task over the run (--worker-tasks).
     worker_tasks: dict | None = None
     counted_tasks: bool = False  # --worker-tasks was asked for

@@ -1,0 +1,213 @@
+"""The rollout worker's own share of a rollout, against the Python SDK's floor, in one run: one
+process runs three workers on one dev server, and the same number of workflows goes to each in
+turn, the order alternating, while the process's CPU is read:
+
+- `floor`: the bare workflow in the rollout's shape (`bench.bare_workflow`: an activity, then a
+  local activity), the SDK's default data converter, no tracing, no DARL code;
+- `context`: RolloutWorkflow as the rollout worker runs it where no span is exported (DARL's
+  data converter and tracing plugin; the workflow hands the trace header its starter sent
+  on, as a rollout the trainer started does);
+- `spans`: the same, making the workflow's spans as a worker that exports them does (here
+  sampled off, as the provider `darl worker` installs where nothing exports samples them).
+
+The rollout's activities are stand-ins that return at once (no agent, no gateway): what is
+measured is the workflow side, DARL's and the SDK's. The workflows are started from a process
+of their own, whose CPU is not counted, as the trainer starts rollouts (a trace context sent,
+the search attributes set, a trainer to report to). Nothing exports: the bench unsets the
+OTEL_ variables.
+
+    python -m bench.worker_bench [--workflows 300] [--rounds 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import uuid
+from collections import Counter
+from unittest import mock
+
+import psutil
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from bench.bare_workflow import BareWorkflow, nothing
+from bench.load import start_dev_server
+from darl.activities.rollout_activities import current_traceparent
+from darl.deploy import telemetry, temporal_tracing
+from darl.deploy.temporal_connection import TemporalSettings, connect
+from darl.workflows import search_attributes as sa
+from darl.workflows.contracts import (
+    CURRENT_REVISION,
+    AgentExit,
+    AgentReport,
+    AwaitRequest,
+    HttpAgentSpec,
+    RolloutReport,
+    RolloutSpec,
+    rollout_workflow_id,
+)
+from darl.workflows.names import AWAIT_AGENT, REPORT_ROLLOUT
+from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.rollout_workflow import RolloutWorkflow
+
+FLOOR, CONTEXT, SPANS = "floor", "context", "spans"
+STARTS_AT_ONCE = 64
+# Per task queue: the stand-in agents that ran in a trace context (as an agent gets its
+# TRACEPARENT), and all of them.
+in_a_trace: Counter[str] = Counter()
+agents: Counter[str] = Counter()
+
+
+@activity.defn(name=AWAIT_AGENT)
+async def stand_in_agent(request: AwaitRequest) -> AgentExit:
+    """A stand-in for await_agent: an agent that finished with a reward, at once."""
+    queue = activity.info().task_queue
+    agents[queue] += 1
+    in_a_trace[queue] += current_traceparent() is not None
+    return AgentExit(exit_code=0, report=AgentReport(attempt=request.attempt, reward=1.0))
+
+
+@activity.defn(name=REPORT_ROLLOUT)
+async def stand_in_report(report: RolloutReport) -> None:
+    """A stand-in for report_rollout: a trainer that took the report."""
+
+
+async def start(target: str, queue: str, count: int, tag: str) -> None:
+    """Start `count` workflows on `queue` as the trainer starts rollouts (through DARL's
+    client, each start sending a trace context), and wait until visibility counts them
+    completed."""
+    telemetry.configure_tracing("darl-worker-bench-starter")
+    client = await connect(TemporalSettings(address=target))
+    gate = asyncio.Semaphore(STARTS_AT_ONCE)
+
+    async def one(i: int) -> None:
+        rollout_id = f"{tag}-{i}"
+        async with gate:
+            if queue == FLOOR:
+                await client.start_workflow(
+                    BareWorkflow.run, True, id=rollout_workflow_id(rollout_id), task_queue=queue
+                )
+                return
+            spec = RolloutSpec(
+                run_id="worker-bench",
+                rollout_id=rollout_id,
+                task={"question": "What is 2 + 2?"},
+                agent=HttpAgentSpec(url="http://127.0.0.1:9/stand-in"),
+                report_to="worker-bench-trainer",
+                revision=CURRENT_REVISION,
+            )
+            await client.start_workflow(
+                RolloutWorkflow.run,
+                spec,
+                id=rollout_workflow_id(rollout_id),
+                task_queue=queue,
+                search_attributes=sa.rollout_attributes(spec, RolloutStatus.PENDING.value),
+            )
+
+    await asyncio.gather(*(one(i) for i in range(count)))
+    done = f'ExecutionStatus = "Completed" AND WorkflowId STARTS_WITH "{rollout_workflow_id(tag)}-"'
+    async with asyncio.timeout(300):
+        while (await client.count_workflows(done)).count < count:
+            await asyncio.sleep(0.2)
+
+
+def _cpu() -> float:
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
+
+
+async def measure(count: int, rounds: int) -> dict[str, list[float]]:
+    """ms of this process's CPU a workflow, per worker and round."""
+    # The provider `darl worker` installs where nothing exports: spans are made, not sampled.
+    telemetry.configure_tracing("darl-worker-bench")
+    env = await start_dev_server()
+    target = env.client.service_client.config.target_host
+    try:
+        darl_client = await connect(TemporalSettings(address=target))
+        workers: dict[str, Worker] = {}
+        for name, drops in ((SPANS, False), (CONTEXT, True)):
+            # The workflow interceptor is chosen when the worker is built, by whether the
+            # process drops its spans; it does here, and the `spans` worker is told otherwise.
+            with mock.patch.object(temporal_tracing, "drops_spans", return_value=drops):
+                workers[name] = Worker(
+                    darl_client,
+                    task_queue=name,
+                    workflows=[RolloutWorkflow],
+                    activities=[stand_in_agent, stand_in_report],
+                    workflow_runner=UnsandboxedWorkflowRunner(),
+                )
+        workers[FLOOR] = Worker(
+            await Client.connect(target),
+            task_queue=FLOOR,
+            workflows=[BareWorkflow],
+            activities=[nothing],
+            workflow_runner=UnsandboxedWorkflowRunner(),
+        )
+        used: dict[str, list[float]] = {name: [] for name in (FLOOR, CONTEXT, SPANS)}
+        async with workers[FLOOR], workers[CONTEXT], workers[SPANS]:
+            for round_ in range(rounds):
+                order = list(used) if round_ % 2 == 0 else list(reversed(used))
+                for name in order:
+                    before = _cpu()
+                    starter = await asyncio.create_subprocess_exec(
+                        sys.executable,
+                        "-m",
+                        "bench.worker_bench",
+                        "--start",
+                        target,
+                        name,
+                        str(count),
+                        f"{name}-{round_}-{uuid.uuid4().hex[:6]}",
+                    )
+                    if await starter.wait() != 0:
+                        raise RuntimeError(f"starting the {name} workflows failed")
+                    used[name].append(1000 * (_cpu() - before) / count)
+        return used
+    finally:
+        await env.shutdown()
+
+
+def report(used: dict[str, list[float]], count: int) -> None:
+    print(f"Worker CPU a workflow, ms ({count} workflows a round; the first round not counted):")
+    # The first round warms imports and caches up.
+    medians = {name: statistics.median(rounds[1:]) for name, rounds in used.items()}
+    for name, rounds in used.items():
+        shown = " ".join(f"{ms:.2f}" for ms in rounds)
+        print(f"  {name:<8} median {medians[name]:5.2f}   rounds: {shown}")
+    floor = medians[FLOOR]
+    for name in (CONTEXT, SPANS):
+        print(f"  {name}: {in_a_trace[name]} of {agents[name]} stand-in agents got a trace context")
+    print(
+        f"RolloutWorkflow over the SDK's floor of its shape: {medians[CONTEXT] - floor:.2f} ms "
+        f"handing the trace header on, {medians[SPANS] - floor:.2f} ms making spans; "
+        f"context / spans = {medians[CONTEXT] / medians[SPANS]:.2f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workflows", type=int, default=300, help="workflows a worker a round")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--start", nargs=4, metavar=("TARGET", "QUEUE", "COUNT", "TAG"))
+    args = parser.parse_args()
+    if args.start:
+        target, queue, count, tag = args.start
+        asyncio.run(start(target, queue, int(count), tag))
+    else:
+        for name in [name for name in os.environ if name.startswith("OTEL_")]:
+            del os.environ[name]
+        if args.rounds < 2:
+            parser.error("--rounds must be at least 2 (the first is not counted)")
+        report(asyncio.run(measure(args.workflows, args.rounds)), args.workflows)
+    # The Temporal SDK's runtime can crash at interpreter exit (sdk-python #300): leave now.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
