@@ -78,7 +78,7 @@ class Figures:
     # Each failed rollout's status and error: an undisturbed run should have none.
     failures: list[str]
     # Bare workflows (one activity; the rollout's shape) on the same server, after the run.
-    floor: Floors
+    floors: Floors
     # The rollout worker's CPU by thread and task over the run (--worker-tasks).
     worker_tasks: dict | None = None
     counted_tasks: bool = False  # --worker-tasks was asked for
@@ -195,7 +195,7 @@ async def measure(
         cpu_seconds={name: cpu_after[name] - cpu_before[name] for name in cpu_after},
         server=server_after.minus(server_before) if server_after and server_before else None,
         failures=await failures(client, run_id),
-        floor=await measure_floor(client, temporal_pid(stack)),
+        floors=await measure_floor(client, temporal_pid(stack)),
         worker_tasks=(
             task_cpu.minus(tasks_after, tasks_before) if tasks_after and tasks_before else None
         ),
@@ -237,7 +237,7 @@ def report(figures: Figures, continue_after: int) -> None:
     per_rollout = {
         name: used / max(rollouts, 1) * 1000 for name, used in figures.cpu_seconds.items()
     }
-    report_floor(figures.floor, per_rollout["temporal"], per_rollout["worker"])
+    report_floor(figures.floors, per_rollout["temporal"], per_rollout["worker"])
     if figures.worker_tasks is not None:
         task_cpu.report(figures.worker_tasks, rollouts)
     elif figures.counted_tasks:

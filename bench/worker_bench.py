@@ -7,8 +7,9 @@ turn, the order alternating, while the process's CPU is read:
 - `context`: RolloutWorkflow as the rollout worker runs it where no span is exported (DARL's
   data converter and tracing plugin; the workflow hands the trace header its starter sent
   on, as a rollout the trainer started does);
-- `spans`: the same, making the workflow's spans as a worker that exports them does (here
-  sampled off, as the provider `darl worker` installs where nothing exports samples them).
+- `spans`: the same, its workflows making their spans as this worker's did before
+  `WorkflowContext` (sampled off, as the provider `darl worker` installs where nothing exports
+  samples them; the activities run in the context they are sent either way).
 
 The rollout's activities are stand-ins that return at once (no agent, no gateway): what is
 measured is the workflow side, DARL's and the SDK's. The workflows are started from a process

@@ -92,10 +92,10 @@ class WorkflowContext(WorkflowSpans):
     activity, local activity and child workflow it starts, every workflow it signals and its
     next run, and runs its handlers without spans. One started without a trace context (from
     the temporal CLI, say) makes its spans as WorkflowSpans does: they give its trace its ids.
-    The spans, and reading and writing the header at each step, cost the rollout worker about
-    half of what RolloutWorkflow costs over the SDK's floor (`python -m bench.worker_bench`),
-    for spans no one exports. (DARL's workflows start no Nexus operations; one takes the
-    library's way.)"""
+    The spans, and reading and writing the header at each step, cost the rollout worker 1.0-1.4
+    ms of CPU a rollout (`python -m bench.worker_bench`), for spans no one exports. (DARL's
+    workflows start no Nexus operations, nor signal-with-start ones: such a step takes the
+    library's way, a span with no parent.)"""
 
     # The start's trace header, when it carries a trace context; read before the workflow's
     # first activation runs anything (a signal that came with the start runs first).
@@ -104,7 +104,7 @@ class WorkflowContext(WorkflowSpans):
     def init(self, outbound: WorkflowOutboundInterceptor) -> None:
         self.header = _trace_context(outbound.info().headers)
         spans = _TracingWorkflowOutboundInterceptor(outbound, self._add_temporal_spans)
-        WorkflowInboundInterceptor.init(self, _HandsOnTheHeader(spans, outbound, self))
+        WorkflowInboundInterceptor.init(self, _HeaderRelay(spans, outbound, self))
 
     async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
         if self.header is None:
@@ -133,8 +133,8 @@ class WorkflowContext(WorkflowSpans):
 
 
 def _trace_context(headers: Mapping[str, Payload]) -> Payload | None:
-    """The trace header among `headers`, if it carries a trace context (a `traceparent`): a
-    starter with no context to send may send an empty one."""
+    """The trace header among `headers`, if it carries a valid trace context: a starter with
+    no context to send may send an empty one."""
     header = headers.get(TRACE_HEADER)
     if header is None:
         return None
@@ -142,10 +142,13 @@ def _trace_context(headers: Mapping[str, Payload]) -> Payload | None:
         carrier = json.loads(header.data)
     except ValueError:
         return None
-    return header if isinstance(carrier, dict) and carrier.get("traceparent") else None
+    if not isinstance(carrier, dict):
+        return None
+    sent = trace.get_current_span(_PROPAGATOR.extract(carrier)).get_span_context()
+    return header if sent.is_valid else None
 
 
-class _HandsOnTheHeader(WorkflowOutboundInterceptor):
+class _HeaderRelay(WorkflowOutboundInterceptor):
     """A WorkflowContext's steps: with the workflow's header, or through the library's spans
     when it has none."""
 
@@ -159,7 +162,7 @@ class _HandsOnTheHeader(WorkflowOutboundInterceptor):
         self._unread = unread
         self._inbound = inbound
 
-    def _next(
+    def _route(
         self, headers: Mapping[str, Payload]
     ) -> tuple[WorkflowOutboundInterceptor, Mapping[str, Payload]]:
         """Where the step goes next, and the headers it goes with."""
@@ -169,29 +172,29 @@ class _HandsOnTheHeader(WorkflowOutboundInterceptor):
         return self._unread, {**headers, TRACE_HEADER: header}
 
     def start_activity(self, input: StartActivityInput) -> ActivityHandle[Any]:
-        onward, input.headers = self._next(input.headers)
+        onward, input.headers = self._route(input.headers)
         return onward.start_activity(input)
 
     def start_local_activity(self, input: StartLocalActivityInput) -> ActivityHandle[Any]:
-        onward, input.headers = self._next(input.headers)
+        onward, input.headers = self._route(input.headers)
         return onward.start_local_activity(input)
 
     async def start_child_workflow(
         self, input: StartChildWorkflowInput
     ) -> ChildWorkflowHandle[Any, Any]:
-        onward, input.headers = self._next(input.headers)
+        onward, input.headers = self._route(input.headers)
         return await onward.start_child_workflow(input)
 
     async def signal_child_workflow(self, input: SignalChildWorkflowInput) -> None:
-        onward, input.headers = self._next(input.headers)
+        onward, input.headers = self._route(input.headers)
         await onward.signal_child_workflow(input)
 
     async def signal_external_workflow(self, input: SignalExternalWorkflowInput) -> None:
-        onward, input.headers = self._next(input.headers)
+        onward, input.headers = self._route(input.headers)
         await onward.signal_external_workflow(input)
 
     def continue_as_new(self, input: ContinueAsNewInput) -> NoReturn:
-        onward, input.headers = self._next(input.headers)
+        onward, input.headers = self._route(input.headers)
         onward.continue_as_new(input)
 
 
@@ -213,8 +216,8 @@ class DarlTracingInterceptor(ClientInterceptor, WorkerInterceptor):
         # Where every span is dropped (`drops_spans`), an activity runs in its caller's trace
         # context without a span of its own: the span cost the rollout worker ~0.23 ms of CPU
         # an activity. What the activity hands on (the agent's TRACEPARENT, its requests)
-        # then names the workflow's StartActivity span as parent, a span no one exports
-        # either way.
+        # then names the starter's span as parent where the workflow hands its header on
+        # (WorkflowContext), else the workflow's StartActivity span, which no one exports.
         library = self._context_only if drops_spans() else self._library
         return library.intercept_activity(_ActivityAttributes(next))
 

@@ -65,7 +65,7 @@ from tests.integration.otlp_receiver import (
     trace_of,
 )
 from tests.integration.stack import Stack
-from tests.integration.traced_workflow import STEP, TracedWorkflow
+from tests.integration.traced_workflow import STEP, HandingOnWorkflow, TracedWorkflow
 from tests.integration.training_stack import AGENT_SERVICE, training_config
 from tests.serving import served
 
@@ -385,10 +385,13 @@ async def step_handing_on(which: str) -> str:
 
 
 async def run_where_spans_are_dropped(
-    dev_env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch, starter: Client
+    dev_env: WorkflowEnvironment,
+    monkeypatch: pytest.MonkeyPatch,
+    starter: Client,
+    workflow: type[TracedWorkflow] | type[HandingOnWorkflow] = TracedWorkflow,
 ) -> str:
-    """TracedWorkflow (two activities, a continue-as-new, two more) on a worker whose spans no
-    one would export (`drops_spans`), started by `starter`; its workflow id."""
+    """`workflow` (TracedWorkflow: two activities, a continue-as-new, two more) on a worker
+    whose spans no one would export (`drops_spans`), started by `starter`; its workflow id."""
     traced = await connect(
         TemporalSettings(address=dev_env.client.service_client.config.target_host)
     )
@@ -396,13 +399,16 @@ async def run_where_spans_are_dropped(
     workflow_id = f"traced/{uuid.uuid4().hex[:8]}"
     handed_on.clear()
     monkeypatch.setattr(telemetry, "_installed_exports", False)
-    async with Worker(
-        traced, task_queue=queue, workflows=[TracedWorkflow], activities=[step_handing_on]
-    ):
-        result = await asyncio.wait_for(
-            starter.execute_workflow(TracedWorkflow.run, False, id=workflow_id, task_queue=queue),
-            timeout=60,
-        )
+    async with Worker(traced, task_queue=queue, workflows=[workflow], activities=[step_handing_on]):
+        if workflow is TracedWorkflow:
+            run = starter.execute_workflow(
+                TracedWorkflow.run, False, id=workflow_id, task_queue=queue
+            )
+        else:
+            run = starter.execute_workflow(
+                HandingOnWorkflow.run, id=workflow_id, task_queue=queue, start_signal="go"
+            )
+        result = await asyncio.wait_for(run, timeout=60)
     assert result == "done"
     return workflow_id
 
@@ -429,6 +435,26 @@ async def test_where_spans_are_dropped_a_workflow_hands_on_its_starters_context(
     [start] = spans  # no workflow span, no activity span
     assert start.name == "StartWorkflow:TracedWorkflow"
     assert handed_on == [traceparent_of(start)] * 4
+
+
+async def test_where_spans_are_dropped_its_handlers_and_local_activities_make_none_either(
+    dev_env: WorkflowEnvironment, exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Signal-with-start, as a trainer's rollouts are not but any starter may: the signal's
+    handler runs before the workflow's code, in the start's context already (no span of its
+    own), and the local activity gets the starter's context like the activity."""
+    traced = await connect(
+        TemporalSettings(address=dev_env.client.service_client.config.target_host)
+    )
+    workflow_id = await run_where_spans_are_dropped(dev_env, monkeypatch, traced, HandingOnWorkflow)
+    spans = [
+        s
+        for s in exporter.get_finished_spans()
+        if (s.attributes or {}).get("temporalWorkflowID") == workflow_id
+    ]
+    [start] = spans  # no workflow, handler or activity span
+    assert start.name == "SignalWithStartWorkflow:HandingOnWorkflow"
+    assert handed_on == [traceparent_of(start)] * 2
 
 
 class EmptyTraceHeader(ClientInterceptor):
