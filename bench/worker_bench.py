@@ -31,13 +31,12 @@ import uuid
 from collections import Counter
 from unittest import mock
 
-import psutil
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from bench.bare_workflow import BareWorkflow, nothing
-from bench.load import start_dev_server
+from bench.load import cpu_seconds, start_dev_server
 from darl.activities.rollout_activities import current_traceparent
 from darl.deploy import telemetry, temporal_tracing
 from darl.deploy.temporal_connection import TemporalSettings, connect
@@ -117,11 +116,6 @@ async def start(target: str, queue: str, count: int, tag: str) -> None:
             await asyncio.sleep(0.2)
 
 
-def _cpu() -> float:
-    times = psutil.Process().cpu_times()
-    return times.user + times.system
-
-
 async def measure(count: int, rounds: int) -> dict[str, list[float]]:
     """ms of this process's CPU a workflow, per worker and round."""
     # The provider `darl worker` installs where nothing exports: spans are made, not sampled.
@@ -150,11 +144,12 @@ async def measure(count: int, rounds: int) -> dict[str, list[float]]:
             workflow_runner=UnsandboxedWorkflowRunner(),
         )
         used: dict[str, list[float]] = {name: [] for name in (FLOOR, CONTEXT, SPANS)}
+        me = {"worker": os.getpid()}
         async with workers[FLOOR], workers[CONTEXT], workers[SPANS]:
             for round_ in range(rounds):
                 order = list(used) if round_ % 2 == 0 else list(reversed(used))
                 for name in order:
-                    before = _cpu()
+                    before = cpu_seconds(me)["worker"]
                     starter = await asyncio.create_subprocess_exec(
                         sys.executable,
                         "-m",
@@ -167,7 +162,7 @@ async def measure(count: int, rounds: int) -> dict[str, list[float]]:
                     )
                     if await starter.wait() != 0:
                         raise RuntimeError(f"starting the {name} workflows failed")
-                    used[name].append(1000 * (_cpu() - before) / count)
+                    used[name].append(1000 * (cpu_seconds(me)["worker"] - before) / count)
         return used
     finally:
         await env.shutdown()
