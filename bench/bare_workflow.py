@@ -10,6 +10,11 @@ trained rollout costs the SDK whatever the workflow's code does: four workflow a
 (the start, the activity's result, the local activity's, the eviction), an activity and a
 local activity.
 
+The floor's worker runs on uvloop, as DARL's workers do (`darl.deploy.cli.support`): on
+asyncio's own loop the SDK costs ~1 ms more a workflow in the rollout's shape here. Given a
+`tasks_file`, it also counts its CPU by thread and by kind of asyncio task while the workflows
+in the rollout's shape run (`bench.task_cpu`), to set beside the rollout worker's.
+
     python -m bench.bare_workflow --target HOST:PORT --namespace NS --task-queue Q
 runs that worker until its stdin closes (`measure_floor` starts it)."""
 
@@ -19,16 +24,24 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import psutil
+import uvloop
 from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from bench import task_cpu
+
 BARE_WORKFLOW = "DarlBenchBareWorkflow"
+# Where the floor's worker writes its CPU by thread and task (`bench.task_cpu`), when asked.
+TASKS_FILE_ENV = "DARL_BENCH_FLOOR_TASK_CPU"
 STARTS_AT_ONCE = 64
 WARM_UP = 64
 
@@ -69,6 +82,9 @@ class Floor:
 class Floors:
     bare: Floor  # one activity, then complete
     shaped: Floor  # in the rollout's shape: the activity, then a local activity
+    # The worker's CPU by thread and task while `shaped` ran (`bench.task_cpu.minus`), when
+    # measure_floor was given a tasks file.
+    shaped_tasks: dict[str, Any] | None = None
 
 
 def _cpu(process: psutil.Process) -> float:
@@ -76,11 +92,17 @@ def _cpu(process: psutil.Process) -> float:
     return times.user + times.system
 
 
-async def measure_floor(client: Client, server_pid: int, count: int = 400) -> Floors:
+async def measure_floor(
+    client: Client, server_pid: int, count: int = 400, tasks_file: Path | None = None
+) -> Floors:
     """Start `count` bare workflows (as the trainer starts rollouts: many at once, not waiting
     on results) on a worker in a process of its own, and wait until visibility counts them
-    completed; then `count` more in the rollout's shape on the same worker."""
+    completed; then `count` more in the rollout's shape on the same worker (with
+    `tasks_file`, counting its CPU by thread and task meanwhile)."""
     queue = f"bench-bare-{uuid.uuid4().hex[:8]}"
+    env = {name: value for name, value in os.environ.items() if name != TASKS_FILE_ENV}
+    if tasks_file is not None:
+        env[TASKS_FILE_ENV] = str(tasks_file)
     worker = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -93,6 +115,7 @@ async def measure_floor(client: Client, server_pid: int, count: int = 400) -> Fl
         queue,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
+        env=env,
     )
     try:
         if worker.stdout is None:
@@ -105,8 +128,11 @@ async def measure_floor(client: Client, server_pid: int, count: int = 400) -> Fl
         # Not counted: imports and caches warm up on the first workflows either shape runs.
         await _measured(client, server, process, queue, WARM_UP, report=True)
         bare = await _measured(client, server, process, queue, count, report=False)
+        before = _tasks_now(tasks_file)
         shaped = await _measured(client, server, process, queue, count, report=True)
-        return Floors(bare, shaped)
+        after = _tasks_now(tasks_file)
+        tasks = task_cpu.minus(after, before) if after and before else None
+        return Floors(bare, shaped, tasks)
     finally:
         # Its stdin closed, the worker stops polling and leaves; one that does not is killed.
         if worker.stdin is not None:
@@ -143,6 +169,12 @@ async def _measured(
     after, worker_after = server.cpu_times(), _cpu(worker)
     used = (after.user + after.system) - (before.user + before.system)
     return Floor(count, used, worker_after - worker_before)
+
+
+def _tasks_now(tasks_file: Path | None) -> dict[str, Any] | None:
+    if tasks_file is None:
+        return None
+    return task_cpu.snapshot(tasks_file, newer_than=time.time())
 
 
 def _completed(queue: str) -> str:
@@ -191,7 +223,10 @@ if __name__ == "__main__":
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--task-queue", required=True)
     args = parser.parse_args()
-    asyncio.run(serve(args.target, args.namespace, args.task_queue))
+    if os.environ.get(TASKS_FILE_ENV):
+        task_cpu.install(os.environ[TASKS_FILE_ENV])  # before the loop is made
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(serve(args.target, args.namespace, args.task_queue))
     # The Temporal SDK's runtime can crash at interpreter exit (sdk-python #300): leave now.
     sys.stdout.flush()
     os._exit(0)

@@ -197,8 +197,6 @@ def report(figures: dict, rollouts: int, top: int = 14) -> None:
     print(f"Rollout worker CPU by thread (ms per rollout; {rollouts} rollouts):")
     for kind, seconds in sorted(figures["threads"].items(), key=lambda item: -item[1]):
         print(f"  {kind:<60}{seconds * per:>8.2f}")
-    main = figures["threads"].get("main thread (event loop)", 0.0)
-    in_tasks = sum(seconds for _, seconds in figures["tasks"].values())
     print("Its main thread by kind of asyncio task (ms per rollout, tasks per rollout, ms a task):")
     ranked = sorted(figures["tasks"].items(), key=lambda item: -item[1][1])
     for name, (count, seconds) in ranked[:top]:
@@ -208,7 +206,38 @@ def report(figures: dict, rollouts: int, top: int = 14) -> None:
         )
     collected = figures["collector"]["main thread"]
     print(f"  {'the collector':<60}{collected * per:>8.2f}")
-    outside = (main - in_tasks - collected) * per
+    outside = _outside(figures) * per
     print(f"  {'outside any task (the event loop, protocol callbacks)':<60}{outside:>8.2f}")
     elsewhere = figures["collector"]["other threads"] * per
     print(f"The collector on the worker's other threads: {elsewhere:.2f} ms per rollout")
+
+
+def compare(worker: dict, rollouts: int, floor: dict, workflows: int) -> None:
+    """The rollout worker's CPU beside the SDK's floor in the rollout's shape
+    (`bench.bare_workflow`), thread by thread and, on the main thread, for the SDK's own kinds
+    of task: ms per rollout against ms per bare workflow."""
+    per, floor_per = 1000 / max(rollouts, 1), 1000 / max(workflows, 1)
+    print(
+        "The rollout worker against the SDK's floor in the rollout's shape (ms per rollout; "
+        "the floor's per workflow, measured after the run, on a quieter machine):"
+    )
+    print(f"  {'':<60}{'worker':>8}{'floor':>8}{'more':>8}")
+
+    def row(name: str, mine: float, theirs: float) -> None:
+        print(f"  {name[:60]:<60}{mine:>8.2f}{theirs:>8.2f}{mine - theirs:>+8.2f}")
+
+    threads = worker["threads"]
+    for kind in sorted(threads, key=lambda kind: -threads[kind]):
+        row(kind, threads[kind] * per, floor["threads"].get(kind, 0.0) * floor_per)
+    for name, (_, seconds) in sorted(floor["tasks"].items(), key=lambda item: -item[1][1]):
+        if seconds * floor_per >= 0.01:
+            mine = worker["tasks"].get(name, [0, 0.0])[1] * per
+            row(f"  {name}", mine, seconds * floor_per)
+    row("  outside any task", _outside(worker) * per, _outside(floor) * floor_per)
+
+
+def _outside(figures: dict) -> float:
+    """The main thread's CPU that no task and no collector pass ran."""
+    main = figures["threads"].get("main thread (event loop)", 0.0)
+    in_tasks = sum(seconds for _, seconds in figures["tasks"].values())
+    return main - in_tasks - figures["collector"]["main thread"]

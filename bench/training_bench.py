@@ -14,7 +14,8 @@ bare one-activity workflow on the same server, and the same in the rollout's sha
         [--worker-tasks]
 
 `--worker-tasks` also splits the rollout worker's CPU by thread and by kind of asyncio task
-(`bench/task_cpu.py`; the counting costs the worker ~2-3 us a task step).
+(`bench/task_cpu.py`; the counting costs the worker ~2-3 us a task step), and sets it beside
+the floor's worker's, split the same way while it runs the workflows in the rollout's shape.
 """
 
 from __future__ import annotations
@@ -195,7 +196,11 @@ async def measure(
         cpu_seconds={name: cpu_after[name] - cpu_before[name] for name in cpu_after},
         server=server_after.minus(server_before) if server_after and server_before else None,
         failures=await failures(client, run_id),
-        floors=await measure_floor(client, temporal_pid(stack)),
+        floors=await measure_floor(
+            client,
+            temporal_pid(stack),
+            tasks_file=tasks_file.with_name("floor-tasks.json") if tasks_file else None,
+        ),
         worker_tasks=(
             task_cpu.minus(tasks_after, tasks_before) if tasks_after and tasks_before else None
         ),
@@ -240,6 +245,11 @@ def report(figures: Figures, continue_after: int) -> None:
     report_floor(figures.floors, per_rollout["temporal"], per_rollout["worker"])
     if figures.worker_tasks is not None:
         task_cpu.report(figures.worker_tasks, rollouts)
+        floor = figures.floors
+        if floor.shaped_tasks is not None:
+            task_cpu.compare(
+                figures.worker_tasks, rollouts, floor.shaped_tasks, floor.shaped.workflows
+            )
     elif figures.counted_tasks:
         print(
             "CPU by task: the rollout worker wrote no figures in time (is bench/worker_tasks "
