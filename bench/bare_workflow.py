@@ -11,7 +11,7 @@ trained rollout costs the SDK whatever the workflow's code does: four workflow a
 local activity.
 
 The floor's worker runs on uvloop, as DARL's workers do (`darl.deploy.cli.support`): on
-asyncio's own loop the SDK costs ~1 ms more a workflow in the rollout's shape here. Given a
+asyncio's own loop the SDK costs 1.0-1.5 ms more a workflow in the rollout's shape here. Given a
 `tasks_file`, it also counts its CPU by thread and by kind of asyncio task while the workflows
 in the rollout's shape run (`bench.task_cpu`), to set beside the rollout worker's.
 
@@ -100,7 +100,13 @@ async def measure_floor(
     completed; then `count` more in the rollout's shape on the same worker (with
     `tasks_file`, counting its CPU by thread and task meanwhile)."""
     queue = f"bench-bare-{uuid.uuid4().hex[:8]}"
-    env = {name: value for name, value in os.environ.items() if name != TASKS_FILE_ENV}
+    # Never the rollout worker's counting (DARL_BENCH_TASK_CPU, bench/worker_tasks): the
+    # floor's own, where asked.
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in (TASKS_FILE_ENV, "DARL_BENCH_TASK_CPU")
+    }
     if tasks_file is not None:
         env[TASKS_FILE_ENV] = str(tasks_file)
     worker = await asyncio.create_subprocess_exec(

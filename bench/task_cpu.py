@@ -1,5 +1,6 @@
 """CPU by asyncio task and by thread inside one process, for the training benchmark's rollout
-worker (`python -m bench.training_bench --worker-tasks`). Prints figures; asserts nothing.
+worker and the SDK floor's worker beside it (`python -m bench.training_bench --worker-tasks`).
+Prints figures; asserts nothing.
 
 Every task the process's event loop creates runs its coroutine through a wrapper that reads
 the thread's CPU clock around each step, and charges it to the coroutine's name (its
@@ -214,8 +215,9 @@ def report(figures: dict, rollouts: int, top: int = 14) -> None:
 
 def compare(worker: dict, rollouts: int, floor: dict, workflows: int) -> None:
     """The rollout worker's CPU beside the SDK's floor in the rollout's shape
-    (`bench.bare_workflow`), thread by thread and, on the main thread, for the SDK's own kinds
-    of task: ms per rollout against ms per bare workflow."""
+    (`bench.bare_workflow`), thread by thread, and the main thread's split: the SDK's kinds of
+    task (those the floor runs), every other task (the worker's own: DARL's), the collector,
+    and what no task ran. Ms per rollout against ms per bare workflow."""
     per, floor_per = 1000 / max(rollouts, 1), 1000 / max(workflows, 1)
     print(
         "The rollout worker against the SDK's floor in the rollout's shape (ms per rollout; "
@@ -229,15 +231,25 @@ def compare(worker: dict, rollouts: int, floor: dict, workflows: int) -> None:
     threads = worker["threads"]
     for kind in sorted(threads, key=lambda kind: -threads[kind]):
         row(kind, threads[kind] * per, floor["threads"].get(kind, 0.0) * floor_per)
-    for name, (_, seconds) in sorted(floor["tasks"].items(), key=lambda item: -item[1][1]):
-        if seconds * floor_per >= 0.01:
-            mine = worker["tasks"].get(name, [0, 0.0])[1] * per
-            row(f"  {name}", mine, seconds * floor_per)
+    print("  the main thread's:")
+    sdk = [name for name, (_, seconds) in floor["tasks"].items() if seconds * floor_per >= 0.01]
+    for name in sorted(sdk, key=lambda name: -floor["tasks"][name][1]):
+        row(f"  {name}", _in_tasks(worker, [name]) * per, _in_tasks(floor, [name]) * floor_per)
+    rest_mine = _in_tasks(worker) - _in_tasks(worker, sdk)
+    rest_floor = _in_tasks(floor) - _in_tasks(floor, sdk)
+    row("  every other task", rest_mine * per, rest_floor * floor_per)
+    collected = worker["collector"]["main thread"], floor["collector"]["main thread"]
+    row("  the collector", collected[0] * per, collected[1] * floor_per)
     row("  outside any task", _outside(worker) * per, _outside(floor) * floor_per)
+
+
+def _in_tasks(figures: dict, names: list[str] | None = None) -> float:
+    """The CPU of the tasks of these kinds (all of them when None)."""
+    tasks = figures["tasks"]
+    return sum(tasks[name][1] for name in (tasks if names is None else names) if name in tasks)
 
 
 def _outside(figures: dict) -> float:
     """The main thread's CPU that no task and no collector pass ran."""
     main = figures["threads"].get("main thread (event loop)", 0.0)
-    in_tasks = sum(seconds for _, seconds in figures["tasks"].values())
-    return main - in_tasks - figures["collector"]["main thread"]
+    return main - _in_tasks(figures) - figures["collector"]["main thread"]

@@ -250,6 +250,8 @@ def report(figures: Figures, continue_after: int) -> None:
             task_cpu.compare(
                 figures.worker_tasks, rollouts, floor.shaped_tasks, floor.shaped.workflows
             )
+        else:
+            print("CPU by task: the floor's worker wrote no figures in time")
     elif figures.counted_tasks:
         print(
             "CPU by task: the rollout worker wrote no figures in time (is bench/worker_tasks "
