@@ -3,6 +3,7 @@ the test can SIGKILL it and start it again on its database."""
 
 from __future__ import annotations
 
+import random
 import socket
 from pathlib import Path
 
@@ -12,13 +13,38 @@ from darl.deploy.temporal_connection import TemporalSettings
 from darl.workflows import search_attributes as sa
 from tests.conftest import BIN
 
+# Ports free_port handed out in this process: never handed out twice.
+_HANDED_OUT: set[int] = set()
+
 
 def free_port() -> int:
-    # The dev server must come back on the same port, so the test picks it (a small race
-    # with other programs binding ports, acceptable on a test machine).
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port on loopback for a server the test starts (and may start again on it).
+
+    Taken below the kernel's ephemeral range: a port from that range could be taken by another
+    program (an outgoing connection's local port, a bind to port 0) between this check and the
+    server's bind, which would then fail ("address already in use"; the dev server exits). Below
+    that range only a program that names the port can take it."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free port found on 127.0.0.1 below {low}")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (32768 unless configured otherwise)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 class DevServer:
