@@ -16,6 +16,9 @@ gateway's CPU per call and the added latency at 8k, 16k, 32k and 48k tokens of c
     make bench            # or: .venv/bin/python -m bench.gateway_bench [--calls 3000]
     # the long-context phase alone, and against another checkout's gateway in the same run:
     .venv/bin/python -m bench.gateway_bench --long-context-only [--against PYTHONPATH]
+    # short calls (32 clients, then one) through this checkout's gateway and another's, in
+    # alternating rounds of the same run:
+    .venv/bin/python -m bench.gateway_bench --against PYTHONPATH
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import httpx
 import psutil
 
 from bench.load import (
+    ADMIN,
     BODY,
     Phase,
     cpu_seconds,
@@ -100,22 +104,34 @@ async def main(
         worker = start_worker(root, proc_env, gateway_url, queue)
         processes.append(worker)
         worker.wait_ready()
+        gateways = [("gateway", gateway_url, gateway.pid, root / "store")]
+        if against is not None:
+            # Another checkout's DARL in front of this one's (docs/benchmarks.md).
+            other = start_gateway(
+                root / "against",
+                {**proc_env, "PYTHONPATH": against},
+                "gateway",
+                upstream_url,
+                "--store-dir",
+                str(root / "against" / "store"),
+            )
+            processes.append(other)
+            gateways.append(
+                ("against", other.wait_ready()["url"], other.pid, root / "against" / "store")
+            )
+        if against is not None and not long_only:
+            # Both gateways take calls for the same rollouts, so what a rollout costs (its
+            # workflow's history, its worker) falls on both alike. The worker opened each
+            # attempt at its own gateway; the other one is told too, so neither asks Temporal
+            # whether a rollout runs.
+            rollouts = await idle_rollouts(env, queue, clients)
+            await open_attempts(gateways[1][1], rollouts)
+            await short_calls_against(
+                [(name, pid, gateway_targets(url, rollouts)) for name, url, pid, _ in gateways],
+                calls,
+            )
+            return
         if long_only:
-            gateways = [("gateway", gateway_url, gateway.pid, root / "store")]
-            if against is not None:
-                # Another checkout's DARL in front of this one's (docs/benchmarks.md).
-                other = start_gateway(
-                    root / "against",
-                    {**proc_env, "PYTHONPATH": against},
-                    "gateway",
-                    upstream_url,
-                    "--store-dir",
-                    str(root / "against" / "store"),
-                )
-                processes.append(other)
-                gateways.append(
-                    ("against", other.wait_ready()["url"], other.pid, root / "against" / "store")
-                )
             rollouts = await idle_rollouts(env, queue, len(gateways))
             await long_context(
                 upstream_url,
@@ -323,6 +339,56 @@ async def long_context(upstream_url: str, gateways: list[LongGateway]) -> None:
         print(line)
 
 
+async def open_attempts(gateway_url: str, rollouts: list[str]) -> None:
+    """Open each rollout's first attempt at the gateway, as the rollout worker does."""
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {ADMIN}"}) as session:
+        for rollout_id in rollouts:
+            url = f"{gateway_url}/admin/rollouts/{rollout_id}/attempts/1/open"
+            async with session.post(url) as response:
+                if response.status != 200:
+                    raise RuntimeError(f"opening {rollout_id}: {response.status}")
+
+
+# Rounds of the short-call comparison; each gateway takes calls/AGAINST_ROUNDS a round.
+AGAINST_ROUNDS = 8
+
+
+async def short_calls_against(
+    gateways: list[tuple[str, int, list[tuple[str, dict[str, str]]]]], calls: int
+) -> None:
+    """Short chat calls through two gateways (this checkout's and another's, `--against`), in
+    rounds that alternate which goes first, so the machine's drift falls on both alike: at
+    len(targets) clients back to back, then at one client. Each gateway's CPU is read around
+    its own rounds."""
+    print(f"\nShort calls, {AGAINST_ROUNDS} rounds alternating which gateway goes first:")
+    columns = f"{'clients':>8}{'calls':>7}{'calls/s':>9}{'p50 ms':>8}{'CPU ms/call':>13}"
+    print(f"  {'gateway':<10}{columns}")
+    for clients in (len(gateways[0][2]), 1):
+        per_round = max(calls // AGAINST_ROUNDS // (1 if clients > 1 else 4), clients * 10)
+        for _, _, targets in gateways:  # warm each up
+            await drive("warm-up", targets[:clients], clients * 10)
+        latencies: dict[str, list[float]] = {name: [] for name, _, _ in gateways}
+        seconds = dict.fromkeys(latencies, 0.0)
+        cpu = dict.fromkeys(latencies, 0.0)
+        for n in range(AGAINST_ROUNDS):
+            for name, pid, targets in gateways if n % 2 == 0 else gateways[::-1]:
+                before = cpu_seconds({name: pid})[name]
+                phase = await drive(name, targets[:clients], per_round)
+                cpu[name] += cpu_seconds({name: pid})[name] - before
+                latencies[name] += phase.latencies
+                seconds[name] += phase.seconds
+        for name in latencies:
+            phase = Phase(name, latencies[name], seconds[name])
+            count = len(phase.latencies)
+            print(
+                f"  {name:<10}{clients:>8}{count:>7}{phase.rate:>9.0f}{phase.pct(0.5):>8.2f}"
+                f"{cpu[name] / count * 1000:>13.3f}"
+            )
+        first, second = list(latencies)
+        ratio = (cpu[first] / len(latencies[first])) / (cpu[second] / len(latencies[second]))
+        print(f"  CPU per call, {first} / {second}: {ratio:.3f}")
+
+
 def compare(direct: Phase, gateway: Phase) -> None:
     for phase in (direct, gateway):
         print(
@@ -392,12 +458,11 @@ if __name__ == "__main__":
     parser.add_argument(
         "--against",
         metavar="PYTHONPATH",
-        help="with --long-context-only: a second gateway run from another checkout's DARL "
-        "(a PYTHONPATH putting it first), taking the same calls in alternating order",
+        help="a second gateway run from another checkout's DARL (a PYTHONPATH putting it "
+        "first), taking the same calls in alternating order: short calls at --clients "
+        "clients and at one, or with --long-context-only the long-context phase",
     )
     args = parser.parse_args()
-    if args.against and not args.long_context_only:
-        parser.error("--against needs --long-context-only")
     asyncio.run(
         main(
             args.calls,

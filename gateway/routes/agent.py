@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from darl.gateway.errors import APIError, InvalidResultError, describe_errors
 from darl.gateway.protocols.chat.protocol import (
@@ -30,7 +30,12 @@ from darl.gateway.protocols.responses.protocol import ResponsesRequest
 from darl.gateway.protocols.responses.translation import ResponsesTranslation
 from darl.gateway.protocols.translation import Translation, parse_request
 from darl.gateway.routes.bodies import documented, json_object, read_body, read_json_object
-from darl.gateway.routes.dependencies import RolloutClaims, gateway_of
+from darl.gateway.routes.dependencies import (
+    ROLLOUT_ID_PARAMETER,
+    RolloutClaims,
+    claims_of,
+    gateway_of,
+)
 from darl.gateway.state import Gateway
 from darl.workflows.contracts import AgentReport
 from darl.workflows.rollout_token import TokenClaims
@@ -41,6 +46,12 @@ router = APIRouter()
 # The bodies the routes read themselves, as the OpenAPI schema at /docs shows them.
 CHAT_BODY = documented(ChatCompletionRequest)
 COMPLETION_BODY = documented(CompletionRequest)
+
+
+def model_route(*models: type[BaseModel]) -> dict[str, Any]:
+    """A model route's `openapi_extra`: its body, and the rollout id in its path. The model
+    routes, every call's, read their claims themselves (`claims_of`), without a dependency."""
+    return {**documented(*models), "parameters": [ROLLOUT_ID_PARAMETER]}
 
 
 async def noting_incidents(
@@ -98,26 +109,28 @@ async def models_listing(gateway: Gateway) -> dict[str, Any]:
 # --- the rollout routes (OPENAI_BASE_URL) -------------------------------------------------
 
 
-@router.post("/rollouts/{rollout_id}/v1/chat/completions", openapi_extra=CHAT_BODY)
-async def chat(request: Request, claims: RolloutClaims) -> Response:
-    return await proxy_call(request, CHAT, claims)
+@router.post(
+    "/rollouts/{rollout_id}/v1/chat/completions", openapi_extra=model_route(ChatCompletionRequest)
+)
+async def chat(request: Request) -> Response:
+    return await proxy_call(request, CHAT, claims_of(request))
 
 
-@router.post("/rollouts/{rollout_id}/v1/completions", openapi_extra=COMPLETION_BODY)
-async def completions(request: Request, claims: RolloutClaims) -> Response:
-    return await proxy_call(request, COMPLETIONS, claims)
+@router.post("/rollouts/{rollout_id}/v1/completions", openapi_extra=model_route(CompletionRequest))
+async def completions(request: Request) -> Response:
+    return await proxy_call(request, COMPLETIONS, claims_of(request))
 
 
-@router.post("/rollouts/{rollout_id}/v1/responses", openapi_extra=documented(ResponsesRequest))
-async def responses(request: Request, claims: RolloutClaims) -> Response:
+@router.post("/rollouts/{rollout_id}/v1/responses", openapi_extra=model_route(ResponsesRequest))
+async def responses(request: Request) -> Response:
     """The OpenAI Responses API (the OpenAI Agents SDK's default model)."""
-    return await proxy_call(request, CHAT, claims, ResponsesTranslation)
+    return await proxy_call(request, CHAT, claims_of(request), ResponsesTranslation)
 
 
-@router.post("/rollouts/{rollout_id}/v1/messages", openapi_extra=documented(MessagesRequest))
-async def messages(request: Request, claims: RolloutClaims) -> Response:
+@router.post("/rollouts/{rollout_id}/v1/messages", openapi_extra=model_route(MessagesRequest))
+async def messages(request: Request) -> Response:
     """The Anthropic Messages API (ANTHROPIC_BASE_URL is /rollouts/{rollout_id})."""
-    return await proxy_call(request, CHAT, claims, MessagesTranslation)
+    return await proxy_call(request, CHAT, claims_of(request), MessagesTranslation)
 
 
 @router.post(

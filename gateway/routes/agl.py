@@ -47,6 +47,14 @@ class AglMode(Convertor[str]):
 register_url_convertor("agl_mode", AglMode())
 
 AGL = "/proxy/rollout/{rollout_id}/attempt/{attempt}/mode/{mode:agl_mode}/openai/v1"
+# The mode segment, which no parameter of the routes declares (the path's convertor reads it),
+# as `/docs` shows it.
+MODE_PARAMETER = {
+    "name": "mode",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "enum": ["train", "val"], "title": "Mode"},
+}
 AGL_EVENTS = "/api/rollouts/{rollout_id}/attempt/{attempt}/events"
 AGL_ROLLOUT = "/api/rollouts/{rollout_id}"
 
@@ -141,17 +149,19 @@ def agl_rollout_detail(started: StartedRollout, claims: TokenClaims) -> AglRollo
 # --- the routes -----------------------------------------------------------------------
 
 
-@router.post(AGL + "/chat/completions", openapi_extra=CHAT_BODY)
+@router.post(AGL + "/chat/completions", openapi_extra={**CHAT_BODY, "parameters": [MODE_PARAMETER]})
 async def agl_chat(request: Request, claims: AglClaims) -> Response:
     return await proxy_call(request, CHAT, claims)
 
 
-@router.post(AGL + "/completions", openapi_extra=COMPLETION_BODY)
+@router.post(
+    AGL + "/completions", openapi_extra={**COMPLETION_BODY, "parameters": [MODE_PARAMETER]}
+)
 async def agl_completions(request: Request, claims: AglClaims) -> Response:
     return await proxy_call(request, COMPLETIONS, claims)
 
 
-@router.get(AGL + "/models")
+@router.get(AGL + "/models", openapi_extra={"parameters": [MODE_PARAMETER]})
 async def agl_models(request: Request, claims: AglClaims) -> dict[str, Any]:
     return await models_listing(gateway_of(request))
 

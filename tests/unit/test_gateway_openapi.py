@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi.routing import APIRoute
 
 from darl.gateway.app import create_app, unwrap
 from darl.gateway.state import GatewaySettings
@@ -70,3 +71,26 @@ async def test_docs_page_serves_the_schema(tmp_path: Path) -> None:
         answer = await http.get("/openapi.json")
     assert answer.status_code == 200
     assert "MessagesRequest" in answer.json()["components"]["schemas"]
+
+
+def test_every_path_parameter_is_declared(schema: dict[str, Any]) -> None:
+    """The model routes read their claims themselves (no dependency declares the rollout id):
+    their `openapi_extra` declares it, as FastAPI does for every other route."""
+    for path, operations in schema["paths"].items():
+        named = set(re.findall(r"{(\w+)}", path))
+        for method, operation in operations.items():
+            declared = {p["name"] for p in operation.get("parameters", []) if p["in"] == "path"}
+            assert declared == named, (method, path, declared)
+
+
+def test_the_model_routes_solve_no_dependency(tmp_path: Path) -> None:
+    """Every model call takes these routes: FastAPI's solving of a dependency would cost each
+    ~25 us (docs/benchmarks.md), so they read the token themselves."""
+    settings = GatewaySettings(token_secret=b"s" * 32, admin_key="k", upstreams=("http://x",))
+    app = unwrap(create_app(settings, DirectoryTrajectoryStore(tmp_path), None))  # type: ignore[arg-type]
+    v1 = "/rollouts/{rollout_id}/v1"
+    hot = {f"{v1}/chat/completions", f"{v1}/completions", f"{v1}/responses", f"{v1}/messages"}
+    routes = {route.path: route for route in app.routes if isinstance(route, APIRoute)}
+    assert hot <= set(routes)
+    for path in hot:
+        assert routes[path].dependant.dependencies == [], path
