@@ -16,8 +16,8 @@ gateway's CPU per call and the added latency at 8k, 16k, 32k and 48k tokens of c
     make bench            # or: .venv/bin/python -m bench.gateway_bench [--calls 3000]
     # the long-context phase alone, and against another checkout's gateway in the same run:
     .venv/bin/python -m bench.gateway_bench --long-context-only [--against PYTHONPATH]
-    # short calls (32 clients, then one) through this checkout's gateway and another's, in
-    # alternating rounds of the same run:
+    # instead of the phases above: short calls (32 clients, then one) through this checkout's
+    # gateway and another's, in alternating rounds of the same run:
     .venv/bin/python -m bench.gateway_bench --against PYTHONPATH
 """
 
@@ -89,15 +89,13 @@ async def main(
     processes = [upstream]
     try:
         upstream_url = upstream.wait_ready()["url"]
-        gateway = start_gateway(
-            root,
-            proc_env,
-            "gateway",
-            upstream_url,
-            "--store-dir",
-            str(root / "store"),
+        # The same flags for this checkout's gateway and, with --against, the other one.
+        flags = [
             *(["--store-fsync"] if fsync else []),
             *os.environ.get("BENCH_GATEWAY_ARGS", "").split(),
+        ]
+        gateway = start_gateway(
+            root, proc_env, "gateway", upstream_url, "--store-dir", str(root / "store"), *flags
         )
         processes.append(gateway)
         gateway_url = gateway.wait_ready()["url"]
@@ -114,6 +112,7 @@ async def main(
                 upstream_url,
                 "--store-dir",
                 str(root / "against" / "store"),
+                *flags,
             )
             processes.append(other)
             gateways.append(
@@ -351,6 +350,9 @@ async def open_attempts(gateway_url: str, rollouts: list[str]) -> None:
 
 # Rounds of the short-call comparison; each gateway takes calls/AGAINST_ROUNDS a round.
 AGAINST_ROUNDS = 8
+# A gateway signals a call's event within this long of the call (its delivery's interval of
+# 1 s, give or take a fifth, and the signal's round trip).
+SIGNALLED_WITHIN = 1.5
 
 
 async def short_calls_against(
@@ -358,25 +360,30 @@ async def short_calls_against(
 ) -> None:
     """Short chat calls through two gateways (this checkout's and another's, `--against`), in
     rounds that alternate which goes first, so the machine's drift falls on both alike: at
-    len(targets) clients back to back, then at one client. Each gateway's CPU is read around
-    its own rounds."""
+    len(targets) clients back to back, then at one client. Each gateway's CPU is read from
+    before its first round to after its last one's calls were signalled (a gateway signals a
+    call's event up to a second after it; read round by round, that work fell in whichever
+    window was open), so it includes both gateways' idle work while the other one runs."""
     print(f"\nShort calls, {AGAINST_ROUNDS} rounds alternating which gateway goes first:")
     columns = f"{'clients':>8}{'calls':>7}{'calls/s':>9}{'p50 ms':>8}{'CPU ms/call':>13}"
     print(f"  {'gateway':<10}{columns}")
-    for clients in (len(gateways[0][2]), 1):
+    pids = {name: pid for name, pid, _ in gateways}
+    for clients in sorted({len(gateways[0][2]), 1}, reverse=True):
         per_round = max(calls // AGAINST_ROUNDS // (1 if clients > 1 else 4), clients * 10)
         for _, _, targets in gateways:  # warm each up
             await drive("warm-up", targets[:clients], clients * 10)
-        latencies: dict[str, list[float]] = {name: [] for name, _, _ in gateways}
-        seconds = dict.fromkeys(latencies, 0.0)
-        cpu = dict.fromkeys(latencies, 0.0)
+        await asyncio.sleep(SIGNALLED_WITHIN)
+        latencies: dict[str, list[float]] = {name: [] for name in pids}
+        seconds = dict.fromkeys(pids, 0.0)
+        before = cpu_seconds(pids)
         for n in range(AGAINST_ROUNDS):
-            for name, pid, targets in gateways if n % 2 == 0 else gateways[::-1]:
-                before = cpu_seconds({name: pid})[name]
+            for name, _, targets in gateways if n % 2 == 0 else gateways[::-1]:
                 phase = await drive(name, targets[:clients], per_round)
-                cpu[name] += cpu_seconds({name: pid})[name] - before
                 latencies[name] += phase.latencies
                 seconds[name] += phase.seconds
+        await asyncio.sleep(SIGNALLED_WITHIN)
+        after = cpu_seconds(pids)
+        cpu = {name: after[name] - before[name] for name in pids}
         for name in latencies:
             phase = Phase(name, latencies[name], seconds[name])
             count = len(phase.latencies)
@@ -459,8 +466,8 @@ if __name__ == "__main__":
         "--against",
         metavar="PYTHONPATH",
         help="a second gateway run from another checkout's DARL (a PYTHONPATH putting it "
-        "first), taking the same calls in alternating order: short calls at --clients "
-        "clients and at one, or with --long-context-only the long-context phase",
+        "first), taking the same calls in alternating order: only short calls, at --clients "
+        "clients and at one, or with --long-context-only only the long-context phase",
     )
     args = parser.parse_args()
     asyncio.run(

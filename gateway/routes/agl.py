@@ -53,7 +53,7 @@ MODE_PARAMETER = {
     "name": "mode",
     "in": "path",
     "required": True,
-    "schema": {"type": "string", "enum": ["train", "val"], "title": "Mode"},
+    "schema": {"type": "string", "enum": AglMode.regex.split("|"), "title": "Mode"},
 }
 AGL_EVENTS = "/api/rollouts/{rollout_id}/attempt/{attempt}/events"
 AGL_ROLLOUT = "/api/rollouts/{rollout_id}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,10 @@ import pytest
 from fastapi.routing import APIRoute
 
 from darl.gateway.app import create_app, unwrap
+from darl.gateway.routes import agent
 from darl.gateway.state import GatewaySettings
 from darl.gateway.store.directory import DirectoryTrajectoryStore
+from darl.workflows.rollout_token import TokenClaims, mint_token
 
 
 @pytest.fixture
@@ -73,24 +76,61 @@ async def test_docs_page_serves_the_schema(tmp_path: Path) -> None:
     assert "MessagesRequest" in answer.json()["components"]["schemas"]
 
 
-def test_every_path_parameter_is_declared(schema: dict[str, Any]) -> None:
+def test_every_path_parameter_is_declared_once(schema: dict[str, Any]) -> None:
     """The model routes read their claims themselves (no dependency declares the rollout id):
-    their `openapi_extra` declares it, as FastAPI does for every other route."""
+    their `openapi_extra` declares it, as FastAPI does for every other route, and only it."""
     for path, operations in schema["paths"].items():
-        named = set(re.findall(r"{(\w+)}", path))
+        named = Counter(re.findall(r"{(\w+)}", path))
         for method, operation in operations.items():
-            declared = {p["name"] for p in operation.get("parameters", []) if p["in"] == "path"}
+            params = operation.get("parameters", [])
+            declared = Counter(p["name"] for p in params if p["in"] == "path")
             assert declared == named, (method, path, declared)
 
 
-def test_the_model_routes_solve_no_dependency(tmp_path: Path) -> None:
-    """Every model call takes these routes: FastAPI's solving of a dependency would cost each
-    ~25 us (docs/benchmarks.md), so they read the token themselves."""
+HOT = {
+    f"/rollouts/{{rollout_id}}/v1/{name}"
+    for name in ("chat/completions", "completions", "responses", "messages")
+}
+
+
+@pytest.fixture
+def routes(tmp_path: Path) -> dict[str, APIRoute]:
     settings = GatewaySettings(token_secret=b"s" * 32, admin_key="k", upstreams=("http://x",))
     app = unwrap(create_app(settings, DirectoryTrajectoryStore(tmp_path), None))  # type: ignore[arg-type]
-    v1 = "/rollouts/{rollout_id}/v1"
-    hot = {f"{v1}/chat/completions", f"{v1}/completions", f"{v1}/responses", f"{v1}/messages"}
-    routes = {route.path: route for route in app.routes if isinstance(route, APIRoute)}
-    assert hot <= set(routes)
-    for path in hot:
-        assert routes[path].dependant.dependencies == [], path
+    return {route.path: route for route in app.routes if isinstance(route, APIRoute)}
+
+
+def test_the_routes_are_the_apps_own(routes: dict[str, APIRoute]) -> None:
+    """Not included routers, which FastAPI serves through layers of its own at each request
+    (docs/benchmarks.md)."""
+    assert set(routes) >= HOT, "the model routes are not among the app's own routes"
+
+
+def test_the_model_routes_solve_no_dependency() -> None:
+    """Every model call takes these routes: FastAPI's solving of a dependency, or of a path
+    parameter, would cost each 15-35 us (docs/benchmarks.md), so they read the token
+    themselves."""
+    routes = {r.path: r for r in agent.router.routes if isinstance(r, APIRoute) and r.path in HOT}
+    assert set(routes) == HOT
+    for path, route in routes.items():
+        assert route.dependant.dependencies == [], path
+        assert route.dependant.path_params == [], path
+
+
+async def test_the_model_routes_check_the_token(tmp_path: Path) -> None:
+    """Reading the token themselves, they refuse what the dependency refused: no token, a
+    token for another rollout, a rollout id no rollout can have."""
+    settings = GatewaySettings(token_secret=b"s" * 32, admin_key="k", upstreams=("http://x",))
+    app = unwrap(create_app(settings, DirectoryTrajectoryStore(tmp_path), None))  # type: ignore[arg-type]
+    other = mint_token(b"s" * 32, TokenClaims("other-rollout", 1, "train", 2**40))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as http:
+        for path in sorted(HOT):
+            url = path.format(rollout_id="r-1")
+            missing = await http.post(url, json={})
+            assert missing.status_code == 401, (path, missing.text)
+            assert "missing rollout token" in missing.text
+            elsewhere = await http.post(url, json={}, headers={"Authorization": f"Bearer {other}"})
+            assert elsewhere.status_code == 403, (path, elsewhere.text)
+            assert "another rollout" in elsewhere.text
+            bad_id = await http.post(path.format(rollout_id="no%20such"), json={})
+            assert bad_id.status_code == 404, (path, bad_id.text)
