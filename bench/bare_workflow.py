@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import os
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -100,12 +99,11 @@ async def measure_floor(
     completed; then `count` more in the rollout's shape on the same worker (with
     `tasks_file`, counting its CPU by thread and task meanwhile)."""
     queue = f"bench-bare-{uuid.uuid4().hex[:8]}"
-    # Never the rollout worker's counting (DARL_BENCH_TASK_CPU, bench/worker_tasks): the
-    # floor's own, where asked.
+    # Never the rollout worker's counting (bench/worker_tasks): the floor's own, where asked.
     env = {
         name: value
         for name, value in os.environ.items()
-        if name not in (TASKS_FILE_ENV, "DARL_BENCH_TASK_CPU")
+        if name not in (TASKS_FILE_ENV, task_cpu.WORKER_TASKS_ENV)
     }
     if tasks_file is not None:
         env[TASKS_FILE_ENV] = str(tasks_file)
@@ -134,9 +132,9 @@ async def measure_floor(
         # Not counted: imports and caches warm up on the first workflows either shape runs.
         await _measured(client, server, process, queue, WARM_UP, report=True)
         bare = await _measured(client, server, process, queue, count, report=False)
-        before = _tasks_now(tasks_file)
+        before = task_cpu.snapshot_now(tasks_file)
         shaped = await _measured(client, server, process, queue, count, report=True)
-        after = _tasks_now(tasks_file)
+        after = task_cpu.snapshot_now(tasks_file)
         tasks = task_cpu.minus(after, before) if after and before else None
         return Floors(bare, shaped, tasks)
     finally:
@@ -175,12 +173,6 @@ async def _measured(
     after, worker_after = server.cpu_times(), _cpu(worker)
     used = (after.user + after.system) - (before.user + before.system)
     return Floor(count, used, worker_after - worker_before)
-
-
-def _tasks_now(tasks_file: Path | None) -> dict[str, Any] | None:
-    if tasks_file is None:
-        return None
-    return task_cpu.snapshot(tasks_file, newer_than=time.time())
 
 
 def _completed(queue: str) -> str:

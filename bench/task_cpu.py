@@ -31,6 +31,10 @@ from collections.abc import Coroutine, Generator
 from pathlib import Path
 from typing import Any
 
+# Where the rollout worker writes its figures: set by `training_bench --worker-tasks`, read by
+# bench/worker_tasks/sitecustomize.py (which names it itself: it imports nothing from here
+# before it knows it is in the rollout worker).
+WORKER_TASKS_ENV = "DARL_BENCH_TASK_CPU"
 _DUMP_EVERY_SECONDS = 2.0
 
 
@@ -160,6 +164,11 @@ def install(out: str) -> None:
             os.replace(out + ".part", out)
 
     threading.Thread(target=dump, name="bench-task-cpu", daemon=True).start()
+
+
+def snapshot_now(path: Path | None) -> dict | None:
+    """The figures the process writes next (`snapshot`, newer than now); None without a path."""
+    return None if path is None else snapshot(path, newer_than=time.time())
 
 
 def snapshot(path: Path, newer_than: float = 0.0, wait_seconds: float = 5.0) -> dict | None:

@@ -169,7 +169,7 @@ async def measure(
         f"{config.mode.value} GRPO, {config.batch_size} groups x {config.group_size} rollouts "
         f"a step, {steps} steps, continue-as-new after {continue_after} events"
     )
-    tasks_before = task_cpu.snapshot(tasks_file, newer_than=time.time()) if tasks_file else None
+    tasks_before = task_cpu.snapshot_now(tasks_file)
     cpu_before = stack_cpu(stack)
     server_before = server_counts(stack)
     started = time.monotonic()
@@ -185,7 +185,7 @@ async def measure(
     seconds = time.monotonic() - started
     cpu_after = stack_cpu(stack)
     server_after = server_counts(stack)
-    tasks_after = task_cpu.snapshot(tasks_file, newer_than=time.time()) if tasks_file else None
+    tasks_after = task_cpu.snapshot_now(tasks_file)
     trainer_cost = Cost()
     return Figures(
         summary=summary,
@@ -265,7 +265,7 @@ def count_worker_tasks(home: Path) -> Path:
     hook = Path(__file__).resolve().parent / "worker_tasks"
     paths = [str(hook), *filter(None, [os.environ.get("PYTHONPATH")])]
     os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-    os.environ["DARL_BENCH_TASK_CPU"] = str(home / "worker-tasks.json")
+    os.environ[task_cpu.WORKER_TASKS_ENV] = str(home / "worker-tasks.json")
     return home / "worker-tasks.json"
 
 
