@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from darl.gateway.app import create_app, unwrap
@@ -20,11 +21,18 @@ from darl.gateway.state import GatewaySettings
 from darl.gateway.store.directory import DirectoryTrajectoryStore
 from darl.workflows.rollout_token import TokenClaims, mint_token
 
+SECRET = b"s" * 32
+
 
 @pytest.fixture
-def schema(tmp_path: Path) -> dict[str, Any]:
-    settings = GatewaySettings(token_secret=b"s" * 32, admin_key="k", upstreams=("http://x",))
-    app = unwrap(create_app(settings, DirectoryTrajectoryStore(tmp_path), None))  # type: ignore[arg-type]
+def app(tmp_path: Path) -> FastAPI:
+    """The gateway's app, not started: no Temporal, no policy server."""
+    settings = GatewaySettings(token_secret=SECRET, admin_key="k", upstreams=("http://x",))
+    return unwrap(create_app(settings, DirectoryTrajectoryStore(tmp_path), None))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def schema(app: FastAPI) -> dict[str, Any]:
     body: dict[str, Any] = app.openapi()
     return body
 
@@ -67,9 +75,7 @@ def test_every_reference_resolves(schema: dict[str, Any]) -> None:
     assert refs <= set(schema["components"]["schemas"]), refs - set(schema["components"]["schemas"])
 
 
-async def test_docs_page_serves_the_schema(tmp_path: Path) -> None:
-    settings = GatewaySettings(token_secret=b"s" * 32, admin_key="k", upstreams=("http://x",))
-    app = unwrap(create_app(settings, DirectoryTrajectoryStore(tmp_path), None))  # type: ignore[arg-type]
+async def test_docs_page_serves_the_schema(app: FastAPI) -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as http:
         answer = await http.get("/openapi.json")
     assert answer.status_code == 200
@@ -94,9 +100,7 @@ HOT = {
 
 
 @pytest.fixture
-def routes(tmp_path: Path) -> dict[str, APIRoute]:
-    settings = GatewaySettings(token_secret=b"s" * 32, admin_key="k", upstreams=("http://x",))
-    app = unwrap(create_app(settings, DirectoryTrajectoryStore(tmp_path), None))  # type: ignore[arg-type]
+def routes(app: FastAPI) -> dict[str, APIRoute]:
     return {route.path: route for route in app.routes if isinstance(route, APIRoute)}
 
 
@@ -117,12 +121,10 @@ def test_the_model_routes_solve_no_dependency() -> None:
         assert route.dependant.path_params == [], path
 
 
-async def test_the_model_routes_check_the_token(tmp_path: Path) -> None:
+async def test_the_model_routes_check_the_token(app: FastAPI) -> None:
     """Reading the token themselves, they refuse what the dependency refused: no token, a
     token for another rollout, a rollout id no rollout can have."""
-    settings = GatewaySettings(token_secret=b"s" * 32, admin_key="k", upstreams=("http://x",))
-    app = unwrap(create_app(settings, DirectoryTrajectoryStore(tmp_path), None))  # type: ignore[arg-type]
-    other = mint_token(b"s" * 32, TokenClaims("other-rollout", 1, "train", 2**40))
+    other = mint_token(SECRET, TokenClaims("other-rollout", 1, "train", 2**40))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as http:
         for path in sorted(HOT):
             url = path.format(rollout_id="r-1")
