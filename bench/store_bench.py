@@ -64,6 +64,9 @@ def start_s3_gateway(
 
 # Slices of the paced phase, each store's in turn (the order alternating round by round).
 PACED_ROUNDS = 4
+# The paced rate both stores are compared at in full flow, as a share of the slower store's
+# back-to-back rate.
+MATCHED_SHARE = 0.75
 
 
 async def compare_stores(
@@ -79,40 +82,39 @@ async def compare_stores(
     """`gateways`: store name -> (gateway URL, gateway pid); `others`: processes whose CPU is
     reported beside (the emulator, Temporal). Each store gets fresh idle rollouts (appended to
     `rollouts`, for the caller to cancel), a warm-up, then `calls` calls from `clients` back to
-    back, then calls paced to `paced_rate` in all (a rate both stores sustain here): Temporal's
-    CPU per call follows the call events each signal carries, and a store that serves fewer
-    calls a second carries fewer per signal (one signal per attempt per interval). The paced
-    calls go in PACED_ROUNDS slices a store, the stores taking turns, so the machine's drift
-    over the phase falls on both alike; each window lasts until its calls' events are
-    signalled, so each store's signals are counted in its own windows."""
+    back; then calls paced to MATCHED_SHARE of the slower store's back-to-back rate, and to
+    `paced_rate` (a rate both stores sustain here, where Temporal's idle work weighs on each
+    call). Temporal's CPU per call follows the call events each signal carries, and a store
+    that serves fewer calls a second carries fewer per signal (one signal per attempt per
+    interval): the paced rows compare the stores at the same rate, the first in full flow.
+    The paced calls go in PACED_ROUNDS slices a store, the stores taking turns, so the
+    machine's drift over the phase falls on both alike; each window lasts until its calls'
+    events are signalled, so each store's signals are counted in its own windows."""
     targets = {}
     for name, (url, _) in gateways.items():
         fresh = await idle_rollouts(env, queue, clients)
         rollouts += fresh
         targets[name] = gateway_targets(url, fresh)
         await drive(f"warm-up {name}", targets[name], clients * 5)
-    rows: list[tuple[str, Phase, dict[str, float], float]] = []
-    paced: dict[str, list[Window]] = {name: [] for name in gateways}
-    for name in gateways:
-        window = await measured(name, gateways[name], others, targets[name], calls, None)
-        rows.append(window.row(name))
-    names = list(gateways)
-    for round_ in range(PACED_ROUNDS):
-        for name in names if round_ % 2 == 0 else names[::-1]:
-            label = f"{name} @{paced_rate:g}/s"
-            n = max(len(targets[name]), calls // 4 // PACED_ROUNDS)  # a call a client at least
-            paced[name].append(
-                await measured(label, gateways[name], others, targets[name], n, paced_rate)
-            )
-    for name, windows in paced.items():
-        rows.append(Window.joined(windows).row(f"{name} @{paced_rate:g}/s"))
-    made = sum(w.calls for w in paced[names[0]])
+    back_to_back = {
+        name: await measured(name, gateways[name], others, targets[name], calls, None)
+        for name in gateways
+    }
+    rows = [window.row(name) for name, window in back_to_back.items()]
+    matched = MATCHED_SHARE * min(w.phase.rate for w in back_to_back.values())
+    made: list[int] = []
+    for rate, share in ((matched, 2), (paced_rate, 4)):
+        n = max(clients, calls // share // PACED_ROUNDS)  # a call a client at least
+        paced = await taking_turns(gateways, others, targets, n, rate)
+        rows += [Window.joined(w).row(f"{name} @{rate:.0f}/s") for name, w in paced.items()]
+        made.append(n * PACED_ROUNDS)
     names = ["gateway", *others]
     print(
-        f"\nStores: {clients} clients back to back ({calls} calls), then paced to {paced_rate:g} "
-        f"calls/s in all ({made} calls, in {PACED_ROUNDS} slices a store, taking turns), "
-        "one gateway each (CPU ms per call by process; the S3 emulator is moto on loopback, "
-        "not S3):"
+        f"\nStores: {clients} clients back to back ({calls} calls), then paced to "
+        f"{matched:.0f} calls/s in all ({MATCHED_SHARE:.0%} of the slower store's rate; "
+        f"{made[0]} calls) and to {paced_rate:g} calls/s ({made[1]} calls), in "
+        f"{PACED_ROUNDS} slices a store, taking turns; one gateway each (CPU ms per call by "
+        "process; the S3 emulator is moto on loopback, not S3):"
     )
     header = "".join(f"{n + ' CPU':>20}" for n in names)
     print(f"  {'store':<22}{'calls/s':>9}{'p50 ms':>9}{'p99 ms':>9}{header}{'events/signal':>15}")
@@ -122,6 +124,26 @@ async def compare_stores(
             f"  {name:<22}{phase.rate:>9.0f}{phase.pct(0.5):>9.2f}{phase.pct(0.99):>9.2f}"
             f"{figures}{per_signal:>15.1f}"
         )
+
+
+async def taking_turns(
+    gateways: dict[str, tuple[str, int]],
+    others: dict[str, int],
+    targets: dict[str, list[tuple[str, dict[str, str]]]],
+    n: int,
+    rate: float,
+) -> dict[str, list[Window]]:
+    """PACED_ROUNDS windows of `n` calls at `rate` a store, the stores taking turns (the
+    order alternating round by round)."""
+    names = list(gateways)
+    windows: dict[str, list[Window]] = {name: [] for name in names}
+    for round_ in range(PACED_ROUNDS):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            label = f"{name} @{rate:.0f}/s"
+            windows[name].append(
+                await measured(label, gateways[name], others, targets[name], n, rate)
+            )
+    return windows
 
 
 @dataclass
