@@ -6,12 +6,13 @@ RolloutWorkflow on the real dev server, served by a real rollout worker). It rep
 p50/p99 and calls/s for both, the added latency, and where the gateway's time goes (from its
 own Prometheus histograms). Then one client sends the same question as a chat completion, a
 Responses API call and an Anthropic Messages call, interleaved in rounds, through the same
-gateway to the same fake upstream: what translating a protocol adds. Last, the same load
-through a gateway on the directory store and one on the S3 store (moto's S3 emulator on
-loopback, its CPU counted apart): calls/s and CPU per call of each (bench/store_bench.py).
-Last, one rollout's conversation grows call by call to 48k tokens, as a coding agent's does
-(the fake upstream's token ids follow the text, so each prompt extends the one before): the
-gateway's CPU per call and the added latency at 8k, 16k, 32k and 48k tokens of context.
+gateway to the same fake upstream: what translating a protocol adds. Then one rollout's
+conversation grows call by call to 48k tokens, as a coding agent's does (the fake upstream's
+token ids follow the text, so each prompt extends the one before): the gateway's CPU per call
+and the added latency at 8k, 16k, 32k and 48k tokens of context. Last, the same load through
+a gateway on the directory store and one on the S3 store (moto's S3 emulator on loopback, its
+CPU counted apart), back to back and at the same paced rates: calls/s and CPU per call of
+each (bench/store_bench.py).
 
     make bench            # or: .venv/bin/python -m bench.gateway_bench [--calls 3000]
     # the long-context phase alone, and against another checkout's gateway in the same run:
