@@ -103,7 +103,7 @@ async def compare_stores(
         name: await measured(name, gateways[name], others, targets[name], calls, None)
         for name in gateways
     }
-    rows = [window.row(name) for name, window in back_to_back.items()]
+    rows = [window.row() for window in back_to_back.values()]
     slower = min(w.phase.rate for w in back_to_back.values())
     matched = MATCHED_SHARE * slower
     # Under load means above the low rate: stores slower than that are compared at the low rate
@@ -112,9 +112,9 @@ async def compare_stores(
     made = []
     for rate, planned in [*paced, (paced_rate, calls // 4)]:
         n = max(clients, planned // PACED_ROUNDS)  # a call a client at least
-        windows = await taking_turns(gateways, others, targets, n, rate)
-        rows += [Window.joined(w).row(f"{name} @{rate:.0f}/s") for name, w in windows.items()]
-        made.append(f"{rate:.0f} calls/s in all ({sum(w.calls for w in windows[names[0]])} calls)")
+        joined = await taking_turns(gateways, others, targets, n, rate)
+        rows += [window.row() for window in joined.values()]
+        made.append(f"{rate:.0f} calls/s in all ({joined[names[0]].calls} calls)")
     print(
         f"\nStores: {clients} clients back to back ({back_to_back[names[0]].calls} calls), then "
         f"paced to {' and to '.join(made)} in {PACED_ROUNDS} slices a store, taking turns "
@@ -139,9 +139,9 @@ async def taking_turns(
     targets: dict[str, list[tuple[str, dict[str, str]]]],
     n: int,
     rate: float,
-) -> dict[str, list[Window]]:
+) -> dict[str, Window]:
     """PACED_ROUNDS windows of `n` calls at `rate` a store, the stores taking turns (the
-    order alternating round by round)."""
+    order alternating round by round), joined into one a store (named "<store> @<rate>/s")."""
     names = list(gateways)
     windows: dict[str, list[Window]] = {name: [] for name in names}
     for round_ in range(PACED_ROUNDS):
@@ -150,7 +150,7 @@ async def taking_turns(
             windows[name].append(
                 await measured(label, gateways[name], others, targets[name], n, rate)
             )
-    return windows
+    return {name: Window.joined(store_windows) for name, store_windows in windows.items()}
 
 
 @dataclass
@@ -176,10 +176,10 @@ class Window:
             sum(w.signals for w in windows),
         )
 
-    def row(self, label: str) -> tuple[str, Phase, dict[str, float], float]:
+    def row(self) -> tuple[str, Phase, dict[str, float], float]:
         per_call = {k: v / self.calls * 1000 for k, v in self.cpu.items()}
         per_signal = self.events / self.signals if self.signals else float("nan")
-        return label, self.phase, per_call, per_signal
+        return self.phase.name, self.phase, per_call, per_signal
 
 
 async def measured(
