@@ -11,21 +11,25 @@ from typing import Any, ParamSpec, TypeVar
 
 from temporalio import activity
 
-from darl.workflows.heartbeats import heartbeat_interval
+from darl.workflows.heartbeats import Heartbeat, heartbeat_interval
 
 T = TypeVar("T")
 P = ParamSpec("P")
 
 
-async def heartbeating(work: Awaitable[T], interval: float) -> T:
-    """Finish `work` (shielded from a second cancellation), heartbeating (no details) every
-    `interval` seconds meanwhile; its result is the result."""
+async def heartbeating(
+    work: Awaitable[T], interval: float, heartbeat: Heartbeat | None = None
+) -> T:
+    """Finish `work` (shielded from a second cancellation), calling `heartbeat` (the
+    activity's, with no details, by default) every `interval` seconds meanwhile; its result
+    is the result."""
     task = asyncio.ensure_future(work)
+    beat = heartbeat or activity.heartbeat
     while True:
         done, _ = await asyncio.wait({task}, timeout=interval)
         if done:
             return task.result()
-        activity.heartbeat()
+        beat()
 
 
 def heartbeats_throughout(

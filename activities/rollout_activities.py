@@ -221,12 +221,16 @@ class RolloutActivities:
     async def _graded(
         self, runner: AgentRunner, request: AwaitRequest, agent_exit: AgentExit
     ) -> AgentExit:
-        """The grader's verdict on an attempt whose agent finished (RewardSpec.grader): DARL
+        """The grader's verdict on an attempt whose agent ended (RewardSpec.grader): DARL
         runs it here, on the machine that holds the attempt's sandbox, after the agent and
-        its close. A grading that cannot be done (its test patch does not apply, say) is
-        said in `grade_error`; anything else fails the try, and the retry grades again from
-        the same workspace."""
-        if agent_exit.exit_code != 0 or agent_exit.timed_out:
+        its close. However the agent ended (an exit status, the rollout timeout) what it left
+        is graded, so no way of ending turns its zero into an attempt that does not count;
+        only an agent that failed after DARL failed it (rule 7) is left to a new attempt. A
+        grading DARL cannot do (its test patch does not apply, say) is said in
+        `grade_error`; anything else fails the try, and the retry grades again from the same
+        workspace."""
+        failed = agent_exit.exit_code != 0 or agent_exit.timed_out
+        if failed and agent_exit.infra_incidents:
             return agent_exit
         try:
             grade = await runner.grade(request, activity.heartbeat)

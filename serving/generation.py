@@ -25,6 +25,9 @@ from darl.workflows.training_config import ServerPauseMode
 log = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length", "abort"]
+# A temperature below this samples greedily (vLLM's `_SAMPLING_EPS`): dividing by less would
+# take the logits past float range.
+GREEDY_BELOW = 1e-5
 
 
 class GenerationRejectedError(ServingError, ValueError):
@@ -155,6 +158,14 @@ class GenerationEngine:
             )
         if sequence.params.max_tokens > room:
             sequence.params = replace(sequence.params, max_tokens=room)
+        try:
+            self._generator(sequence)
+        except (RuntimeError, OverflowError, ValueError) as err:
+            raise GenerationRejectedError(
+                f"seed {sequence.params.seed} cannot seed the sampler: {err}",
+                param="seed",
+                value=sequence.params.seed,
+            ) from err
         self._pending.put(sequence)
 
     def pause(self, mode: ServerPauseMode) -> None:
@@ -253,12 +264,7 @@ class GenerationEngine:
             [[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids) for s in batch]
         )
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        generators = [
-            torch.Generator().manual_seed(s.params.seed)
-            if s.params.seed is not None
-            else self._default_generator
-            for s in batch
-        ]
+        generators = [self._generator(s) for s in batch]
         out = model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True
         )
@@ -289,6 +295,13 @@ class GenerationEngine:
             cache = out.past_key_values
             logits = out.logits[:, -1, :]
 
+    def _generator(self, seq: Sequence) -> torch.Generator:
+        """The sequence's own random stream when it asks for a seed (one torch takes: a seed
+        of a request the API took but torch refuses fails at submit, never a batch)."""
+        if seq.params.seed is None:
+            return self._default_generator
+        return torch.Generator().manual_seed(seq.params.seed)
+
     def _sample(
         self,
         batch: list[Sequence],
@@ -299,27 +312,38 @@ class GenerationEngine:
         batch_logprobs = torch.log_softmax(logits.float(), dim=-1)
         chosen = torch.full((len(batch),), self.tokenizer.pad_token_id, dtype=torch.long)
         for i in active:
-            seq = batch[i]
-            row, logprobs = logits[i], batch_logprobs[i]
-            if seq.allowed_tokens is not None:
-                # Logprobs of the logits sampled from, before temperature (vLLM's default
-                # `raw_logprobs`): vLLM masks a structured output's logits before its sampler,
-                # so a forced token has logprob 0.0. Unconstrained, these are the model's own
-                # logprobs, what the trainer recomputes.
-                row = self._constrain(row.float(), seq.allowed_tokens(seq.token_ids))
-                logprobs = torch.log_softmax(row, dim=-1)
-            token = self._pick(seq.params, row, generators[i])
-            chosen[i] = token
-            k = seq.params.top_logprobs
-            top = []
-            if k > 0:
-                values, ids = logprobs.topk(k)
-                # A masked-out token (-inf) is no alternative (and no JSON number).
-                top = [
-                    (t, v) for t, v in zip(ids.tolist(), values.tolist(), strict=True) if v > -1e30
-                ]
-            self._append(seq, token, float(logprobs[token]), top)
+            try:
+                chosen[i] = self._sample_one(batch[i], logits[i], batch_logprobs[i], generators[i])
+            except (RuntimeError, ValueError, IndexError) as err:
+                # This sequence's own failure: the others in the batch go on.
+                log.exception("sampling one sequence failed")
+                batch[i].finish_reason = "abort"
+                batch[i].emit(f"error: {err!r}")
         return chosen
+
+    def _sample_one(
+        self,
+        seq: Sequence,
+        row: torch.Tensor,
+        logprobs: torch.Tensor,
+        generator: torch.Generator,
+    ) -> int:
+        if seq.allowed_tokens is not None:
+            # Logprobs of the logits sampled from, before temperature (vLLM's default
+            # `raw_logprobs`): vLLM masks a structured output's logits before its sampler,
+            # so a forced token has logprob 0.0. Unconstrained, these are the model's own
+            # logprobs, what the trainer recomputes.
+            row = self._constrain(row.float(), seq.allowed_tokens(seq.token_ids))
+            logprobs = torch.log_softmax(row, dim=-1)
+        token = self._pick(seq.params, row, generator)
+        k = min(seq.params.top_logprobs, logprobs.numel())
+        top = []
+        if k > 0:
+            values, ids = logprobs.topk(k)
+            # A masked-out token (-inf) is no alternative (and no JSON number).
+            top = [(t, v) for t, v in zip(ids.tolist(), values.tolist(), strict=True) if v > -1e30]
+        self._append(seq, token, float(logprobs[token]), top)
+        return token
 
     def _constrain(self, row: torch.Tensor, allowed: list[int]) -> torch.Tensor:
         """The row with every token but `allowed` masked out (only EOS when none is)."""
@@ -329,7 +353,7 @@ class GenerationEngine:
 
     @staticmethod
     def _pick(params: SamplingParams, logits: torch.Tensor, generator: torch.Generator) -> int:
-        if params.temperature == 0:
+        if params.temperature < GREEDY_BELOW:
             return int(logits.argmax())
         scaled = logits.float() / params.temperature
         if params.top_k > 0:

@@ -22,7 +22,8 @@ class _Request(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0, le=10.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=-1)
-    seed: int | None = None
+    # vLLM's bound (a 64-bit integer).
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     n: int = Field(default=1, ge=1, le=16)

@@ -52,6 +52,24 @@ class RolloutMode(StrEnum):
     VAL = "val"
 
 
+class SandboxLimits(Contract):
+    """What one attempt's sandbox may use, the agent's and its grading's alike. Each process
+    gets `memory_mb` of address space, `cpu_seconds` of CPU and writes files of at most
+    `file_size_mb`; the sandbox runs at most `processes` processes and threads at once, its
+    private /tmp holds `tmp_mb`; the grader copies a workspace of at most `workspace_mb`
+    (each file once however many links it has, by its full size even where it is sparse) and
+    `workspace_files` entries. Hitting one is the agent's outcome, never DARL's failure: the
+    process that hit it is refused or killed, and a workspace over its limit grades 0."""
+
+    memory_mb: int = Field(default=8192, ge=64)
+    processes: int = Field(default=512, ge=16)
+    cpu_seconds: int = Field(default=3600, ge=1)
+    file_size_mb: int = Field(default=1024, ge=1)
+    tmp_mb: int = Field(default=1024, ge=1)
+    workspace_mb: int = Field(default=2048, ge=1)
+    workspace_files: int = Field(default=200_000, ge=100)
+
+
 class SandboxSpec(Contract):
     """A fresh workspace per attempt, isolated, for agents that change files (coding agents).
 
@@ -75,8 +93,9 @@ class SandboxSpec(Contract):
     workdir: str = "/testbed"
     isolation: Literal["bubblewrap", "none"] = "bubblewrap"
     # Paths the agent sees read-only, at the same place, besides the system directories
-    # (/usr, /etc, ...): its harness's virtual environment, its own code.
+    # (/usr, the /etc files programs need): its harness's virtual environment, its own code.
     read_only: list[str] = Field(default_factory=list)
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
 
     @field_validator("repo", "commit")
     @classmethod
@@ -182,7 +201,9 @@ class GraderSpec(Contract):
     command: list[str] | None = None
     env_map: dict[str, str] = Field(default_factory=dict)
     partial_credit: float = Field(default=0.0, ge=0.0, le=1.0)
-    hidden_fields: list[str] = Field(default_factory=lambda: ["patch", "test_patch"])
+    hidden_fields: list[str] = Field(
+        default_factory=lambda: ["patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS"]
+    )
 
     @model_validator(mode="after")
     def _command_for_command(self) -> GraderSpec:
@@ -506,6 +527,10 @@ class RolloutResult(Contract):
     prefix_diverged_at: int | None = None
     # The grader's verdict, when the reward came from one (RewardSpec.grader).
     grade: GradeReport | None = None
+    # What the agent reported of itself (its reward, answer and metadata) when DARL decided
+    # the reward without it (a grader): its claim, kept apart and never used; `answer` and
+    # `metadata` are then empty.
+    agent_claim: AgentReport | None = None
 
 
 class RolloutReport(Contract):
@@ -579,9 +604,12 @@ class AgentScore(Contract):
 
 class GradeReport(Contract):
     """What a grader (GraderSpec) found in an attempt's workspace: kept with the rollout and
-    shown in the viewer."""
+    shown in the viewer. `reason` says in a sentence why the reward is what it is: how many
+    tests passed, or why none counts (the workspace could not be graded, the run was
+    tampered with or cut short)."""
 
     reward: float
+    reason: str | None = None
     tests: int = 0
     passed: int = 0
     # The tests that should pass and did not (the first few), and what the grader had to

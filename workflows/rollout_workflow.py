@@ -164,8 +164,10 @@ class RolloutWorkflow:
         # and what the current attempt made of the record it was handed.
         self._replay_lineage: list[int] = []
         self._replay: ReplayOutcome | None = None
-        # The grader's verdict on the final attempt (RewardSpec.grader).
+        # The grader's verdict on the final attempt (RewardSpec.grader), and what its agent
+        # claimed meanwhile.
         self._grade: GradeReport | None = None
+        self._agent_claim: AgentReport | None = None
 
     # --- the story ---------------------------------------------------------------------
 
@@ -348,26 +350,34 @@ class RolloutWorkflow:
         self._exit_code = agent_exit.exit_code
         self._failed_calls = list(agent_exit.failed_calls)
         report = merged(self._reports.get(attempt), agent_exit.report)
-        if report is not None:
+        reward_spec = self._spec.reward
+        if reward_spec.grader is not None:
+            # DARL decides the reward: what the agent says of itself is its claim, kept apart.
+            self._agent_claim = report
+        elif report is not None:
             self._answer = report.answer
             self._metadata = dict(report.metadata)
+        if agent_exit.grade is not None:
+            # A grade is of what the agent left however it ended (its exit status, its
+            # timeout): no way out of the grade is left to the agent.
+            self._transition(RolloutStatus.SCORING)
+            self._grade = agent_exit.grade
+            self._reward = agent_exit.grade.reward
+            self._transition(RolloutStatus.SUCCEEDED, [sa.REWARD.value_set(self._reward)])
+            return False
         if agent_exit.timed_out:
             self._finish_as(RolloutStatus.TIMED_OUT, self._timeout_message())
             return False
         if agent_exit.exit_code != 0:
             return self._agent_failed(agent_exit, self._exit_message(agent_exit))
         self._transition(RolloutStatus.SCORING)
-        reward_spec = self._spec.reward
         reward: float | None
         if reward_spec.grader is not None:
-            # DARL graded the attempt in its sandbox; what the agent reported is not used.
-            self._grade = agent_exit.grade
-            if agent_exit.grade is None:
-                why = agent_exit.grade_error or "the attempt was not graded"
-                self._finish_as(RolloutStatus.FAILED_INFRA, f"grading failed: {why}")
-                return False
-            reward = agent_exit.grade.reward
-        elif reward_spec.function is None:
+            # Not graded (graded, it was taken above): DARL's grading itself failed.
+            why = agent_exit.grade_error or "the attempt was not graded"
+            self._finish_as(RolloutStatus.FAILED_INFRA, f"grading failed: {why}")
+            return False
+        if reward_spec.function is None:
             reward = report.reward if report is not None else None
             if reward is None:
                 reward = reward_spec.missing_reward
@@ -538,6 +548,7 @@ class RolloutWorkflow:
         self._error = None
         self._replay = None
         self._grade = None
+        self._agent_claim = None
         self._transition(RolloutStatus.LAUNCHING)
 
     def _transition(
@@ -640,6 +651,7 @@ class RolloutWorkflow:
             prefix_calls=self._replay.prefix_calls if self._replay is not None else 0,
             prefix_diverged_at=self._prefix_diverged_at(),
             grade=self._grade,
+            agent_claim=self._agent_claim,
         )
 
     def _prefix_diverged_at(self) -> int | None:

@@ -10,6 +10,7 @@ and the worker's locale and PATH, nothing else of the worker's.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -24,12 +25,16 @@ from darl.activities.sandbox import bridge
 from darl.activities.sandbox.bubblewrap import (
     RUN_DIR,
     SandboxLayout,
+    SandboxTools,
     base_python,
     bwrap_argv,
     check_read_only,
-    find_bwrap,
+    find_tools,
+    give_to,
     kept_environment,
+    sandbox_uid,
     shown,
+    write_etc,
 )
 from darl.activities.sandbox.errors import SandboxSpecError
 from darl.activities.sandbox.supervise import SOCKET_FILE, SupervisorConfig
@@ -41,6 +46,8 @@ SANDBOX_TASK = f"{RUN_DIR}/task.json"
 SANDBOX_BRIDGE = f"{RUN_DIR}/bridge.py"
 LOOPBACK = "127.0.0.1"
 BRIDGE_FILE = str(Path(bridge.__file__).resolve())
+# The sandbox's own /etc files (`write_etc`), in the attempt's directory.
+ETC_DIR = "etc"
 # Where the bridge listens when the gateway's own port is privileged (< 1024): a sandbox
 # without capabilities cannot bind that.
 UNPRIVILEGED_PORT = 8080
@@ -85,13 +92,13 @@ class Gateway:
         return {k: origin.sub(inside, v) for k, v in env.items()}
 
 
-def check_sandbox(sandbox: SandboxSpec) -> str | None:
-    """Refuse a sandbox this machine cannot make before anything is prepared; bwrap's path
-    (None for isolation `none`)."""
+def check_sandbox(sandbox: SandboxSpec) -> SandboxTools | None:
+    """Refuse a sandbox this machine cannot make before anything is prepared; the programs
+    that make it (None for isolation `none`)."""
     if sandbox.isolation == "none":
         return None
     check_read_only(sandbox.read_only)
-    return find_bwrap()
+    return find_tools()
 
 
 async def prepare_agent(
@@ -109,8 +116,8 @@ async def prepare_agent(
     """Prepare the attempt's workspace (idempotent) and say how to start its agent.
     `agent_env` is the contract's and the spec's variables, `worker_env` what an
     unsandboxed agent inherits besides; `gateway_url` is the contract's base URL."""
-    bwrap = check_sandbox(sandbox)
-    if bwrap is None:
+    tools = check_sandbox(sandbox)
+    if tools is None:
         workspace = await prepare_workspace(sandbox, task, attempt_dir, timeout)
         env = {**worker_env, **agent_env, "DARL_TASK_FILE": str(task_file)}
         return AgentStart(list(argv), env, workspace.tree)
@@ -118,21 +125,30 @@ async def prepare_agent(
     read_only = (sys.base_prefix, *sandbox.read_only)
     _check_program(argv[0], read_only, {**worker_env, **agent_env}.get("PATH"))
     workspace = await prepare_workspace(sandbox, task, attempt_dir, timeout)
+    uid = sandbox_uid(str(attempt_dir))
+    await asyncio.to_thread(give_to, workspace.tree, uid)
     layout = SandboxLayout(
         workspace=workspace.tree,
         workdir=sandbox.workdir,
+        limits=sandbox.limits,
+        uid=uid,
         read_only=read_only,
-        files=((BRIDGE_FILE, SANDBOX_BRIDGE), (str(task_file), SANDBOX_TASK)),
+        files=(
+            (BRIDGE_FILE, SANDBOX_BRIDGE),
+            (str(task_file), SANDBOX_TASK),
+            *write_etc(attempt_dir / ETC_DIR),
+        ),
         # Connecting needs write permission on the socket; it holds no data to change.
         writable=((str(attempt_dir / SOCKET_FILE), SANDBOX_SOCKET),),
     )
     inside = [base_python(), "-I", "-S", SANDBOX_BRIDGE, "--port", str(gateway.inside_port)]
     inside += ["--socket", SANDBOX_SOCKET, "--", *argv]
     config = SupervisorConfig(
-        bwrap_argv=bwrap_argv(bwrap, layout, inside),
+        bwrap_argv=bwrap_argv(tools, layout, inside),
         bwrap_env=kept_environment(worker_env),
         gateway_host=gateway.host,
         gateway_port=gateway.port,
+        socket_owner=uid,
     ).write(attempt_dir)
     env = kept_environment(worker_env) | gateway.rewrite(agent_env)
     env |= {"DARL_TASK_FILE": SANDBOX_TASK, "PWD": sandbox.workdir}

@@ -1,18 +1,25 @@
 """Debian's bubblewrap (`bwrap`) as DARL runs an agent or a grader's tests in it: a fresh root
-showing the system directories and the Python read-only, the workspace read-write at the
-workdir, a private /tmp, and nothing else of the host; every namespace unshared (the network
-is loopback only), every capability dropped, no user namespace inside.
+showing the system read-only (/usr, and of /etc only the files programs need, with an
+/etc/passwd of its own), the Python read-only, the workspace read-write at the workdir, a
+private /tmp of a bounded size, and nothing else of the host; every namespace unshared (the
+network is loopback only), no capability, no user namespace inside, and the limits of
+`SandboxLimits` on every process (`prlimit`, util-linux's).
 
-Running as root, bwrap keeps all capabilities in the sandbox unless told otherwise (checked
-here: root in a sandbox without `--cap-drop ALL` remounted a read-only bind writable and wrote
-to the host's /usr), hence `--cap-drop ALL`; `--disable-userns` stops a nested user namespace
-from handing them back.
+It runs as an unprivileged user whatever the worker runs as: uid 1000 inside. A worker that
+runs as root sets the sandbox up as root (so it can show paths only root may reach, such as a
+Python under /root) and runs its command as a host uid of the sandbox's own (`sandbox_uid`,
+never root, owning the workspace), through a second bwrap that takes away user namespaces;
+a worker that is not root runs bwrap unprivileged, in a user namespace. Running as root,
+bwrap keeps all capabilities in the sandbox unless told otherwise (checked here: root in a
+sandbox without `--cap-drop ALL` remounted a read-only bind writable and wrote to the host's
+/usr), hence `--cap-drop ALL` but for the two that switching the user takes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -25,18 +32,73 @@ from pathlib import Path
 from darl.activities.processes import wait_for_exit
 from darl.activities.sandbox.errors import SandboxSpecError
 from darl.activities.sandbox.supervise import BwrapLaunch
+from darl.workflows.contracts import SandboxLimits
 from darl.workflows.heartbeats import Heartbeat
 
 # The system as this Debian lays it out; a path that is a link on the host (merged /usr) is
 # the same link in the sandbox.
-SYSTEM_PATHS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# What of /etc a sandbox shows (those the host has): the loader's cache, time, locale and
+# name service settings, certificates, Debian's alternatives (many commands are links
+# through them), shells' start-up files. Never passwd, shadow or the host's own names.
+ETC_ENTRIES = (
+    "alternatives",
+    "bash.bashrc",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "debian_version",
+    "gai.conf",
+    "gitconfig",
+    "host.conf",
+    "inputrc",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "localtime",
+    "magic",
+    "magic.mime",
+    "mime.types",
+    "nsswitch.conf",
+    "os-release",
+    "profile",
+    "protocols",
+    "services",
+    "ssl",
+    "terminfo",
+    "timezone",
+)
 # DARL's own files inside a sandbox: the bridge, the gateway's socket, the task, the plugin.
 RUN_DIR = "/run/darl"
 HOME = "/tmp"
+# The user a sandbox's processes run as, as the sandbox shows it, with the /etc files that
+# name it.
+INSIDE_UID = 1000
+ETC_FILES = {
+    "passwd": (
+        "root:x:0:0:root:/root:/bin/sh\n"
+        f"sandbox:x:{INSIDE_UID}:{INSIDE_UID}:sandbox:{HOME}:/bin/sh\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    ),
+    "group": f"root:x:0:\nsandbox:x:{INSIDE_UID}:\nnogroup:x:65534:\n",
+    "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    "hostname": "sandbox\n",
+}
+# A worker that runs as root runs each sandbox as a host uid in this range, made from the
+# sandbox's key (`sandbox_uid`): no user of the host, never root. Two sandboxes that share
+# one see nothing of each other (their own pid, IPC and network namespaces and files).
+SANDBOX_UID_BASE = 1_500_000_000
+SANDBOX_UID_RANGE = 100_000_000
+# The OOM killer's preference for a sandbox's processes (the most): a sandbox that runs the
+# machine out of memory loses its own processes, not the worker.
+OOM_SCORE_ADJ = 1000
 
 NO_BWRAP = (
     "sandbox isolation 'bubblewrap' needs bwrap on PATH: install it with `apt-get install "
     'bubblewrap`, or set "isolation": "none" knowing that it isolates nothing'
+)
+NO_UTIL_LINUX = (
+    "sandbox isolation 'bubblewrap' needs util-linux's {} on PATH (apt-get install util-linux)"
 )
 
 # How long the end of a sandbox's init may take once bwrap has gone: the kernel kills every
@@ -48,12 +110,60 @@ SANDBOX_END_SECONDS = 10.0
 KEPT_VARIABLES = frozenset({"PATH", "LANG", "LANGUAGE", "TERM", "TZ"})
 
 
-def find_bwrap() -> str:
-    """bwrap's path, or SandboxSpecError with the one line that says what to do."""
-    found = shutil.which("bwrap")
-    if found is None:
+@dataclass(frozen=True)
+class SandboxTools:
+    """The programs a sandbox is made with: bwrap, and util-linux's setpriv (to switch to
+    the sandbox's user), choom and prlimit (its OOM score and limits)."""
+
+    bwrap: str
+    setpriv: str
+    choom: str
+    prlimit: str
+
+
+def find_tools() -> SandboxTools:
+    """The sandbox's programs, or SandboxSpecError with the one line that says what to do."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
         raise SandboxSpecError(NO_BWRAP)
-    return found
+    found = {}
+    for name in ("setpriv", "choom", "prlimit"):
+        path = shutil.which(name)
+        if path is None:
+            raise SandboxSpecError(NO_UTIL_LINUX.format(name))
+        found[name] = path
+    return SandboxTools(bwrap=bwrap, **found)
+
+
+def sandbox_uid(key: str) -> int | None:
+    """The host uid the sandbox keyed `key` runs as when the worker is root (None when it is
+    not: the sandbox then runs as the worker's user, in a user namespace)."""
+    if os.geteuid() != 0:
+        return None
+    digest = hashlib.sha256(key.encode()).digest()
+    return SANDBOX_UID_BASE + int.from_bytes(digest[:8], "big") % SANDBOX_UID_RANGE
+
+
+def give_to(path: Path, uid: int | None) -> None:
+    """Make `uid` (a sandbox's, or None for the worker's own) own the tree at `path`, links
+    themselves not followed (synchronous, for a thread)."""
+    if uid is None:
+        return
+    os.lchown(path, uid, uid)
+    for folder, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            os.lchown(os.path.join(folder, name), uid, uid)
+
+
+def write_etc(folder: Path) -> tuple[tuple[str, str], ...]:
+    """Write the sandbox's own /etc files (its user, its host name) into `folder`; the
+    (host file, sandbox path) pairs a layout shows."""
+    folder.mkdir(exist_ok=True)
+    shown = []
+    for name, text in ETC_FILES.items():
+        (folder / name).write_text(text)
+        shown.append((str(folder / name), f"/etc/{name}"))
+    return tuple(shown)
 
 
 def base_python() -> str:
@@ -76,11 +186,15 @@ def kept_environment(environ: Mapping[str, str]) -> dict[str, str]:
 @dataclass(frozen=True)
 class SandboxLayout:
     """What a sandbox shows besides the system: `read_only` host paths at the same place,
-    `files` host files at sandbox paths (read-only), `writable` host paths at sandbox paths,
-    and the workspace read-write at `workdir`, where the command starts."""
+    `files` host files at sandbox paths (read-only, the /etc files of `write_etc` among
+    them), `writable` host paths at sandbox paths, and the workspace read-write at
+    `workdir`, where the command starts; `limits` for its processes and `uid` the host user
+    they run as (`sandbox_uid`)."""
 
     workspace: Path
     workdir: str
+    limits: SandboxLimits
+    uid: int | None
     read_only: tuple[str, ...] = ()
     files: tuple[tuple[str, str], ...] = ()
     writable: tuple[tuple[str, str], ...] = ()
@@ -100,27 +214,87 @@ def check_read_only(paths: Sequence[str]) -> None:
         raise SandboxSpecError(f"sandbox.read_only paths do not exist: {', '.join(missing)}")
 
 
-def bwrap_argv(bwrap: str, layout: SandboxLayout, command: Sequence[str]) -> list[str]:
-    """bwrap's argv running `command` in the layout (the options are the module's
-    docstring)."""
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
+def bwrap_argv(tools: SandboxTools, layout: SandboxLayout, command: Sequence[str]) -> list[str]:
+    """The argv running `command` in the layout (the module's docstring says how)."""
+    if layout.uid is None:
+        argv = [tools.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
+        argv += ["--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--cap-drop", "ALL"]
+    else:
+        # No user namespace yet: bwrap sets the root up as root, then hands over to setpriv.
+        argv = [tools.bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc"]
+        argv += ["--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    mounts = _Mounts()
     for path in SYSTEM_PATHS:
         if os.path.islink(path):
             argv += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
-            argv += ["--ro-bind", path, path]
-    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+            argv += mounts.add("--ro-bind", path, path)
+    for name in ETC_ENTRIES:
+        if os.path.lexists(f"/etc/{name}"):
+            argv += mounts.add("--ro-bind-try", f"/etc/{name}", f"/etc/{name}")
+    argv += mounts.add("--dev", None, "/dev") + mounts.add("--proc", None, "/proc")
+    tmp_size = str(layout.limits.tmp_mb * 1024 * 1024)
+    argv += mounts.add("--tmpfs", None, "/tmp", ["--perms", "1777", "--size", tmp_size])
     for path in dict.fromkeys(layout.read_only):
-        argv += ["--ro-bind", path, path]
+        argv += mounts.add("--ro-bind", path, path)
     for source, target in layout.files:
-        argv += ["--ro-bind", source, target]
+        argv += mounts.add("--ro-bind", source, target)
     for source, target in layout.writable:
-        argv += ["--bind", source, target]
-    argv += ["--bind", str(layout.workspace), layout.workdir]
+        argv += mounts.add("--bind", source, target)
+    argv += mounts.add("--bind", str(layout.workspace), layout.workdir)
     # Last: the root bwrap made (and the mount points in it) read-only.
-    argv += ["--remount-ro", "/", "--chdir", layout.workdir, "--", *command]
-    return argv
+    argv += ["--remount-ro", "/", "--chdir", layout.workdir, "--"]
+    if layout.uid is not None:
+        uid = str(layout.uid)
+        argv += [tools.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        argv += ["--inh-caps=-all", "--no-new-privs", "--", tools.bwrap, "--unshare-user"]
+        argv += ["--disable-userns", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID)]
+        argv += ["--dev-bind", "/", "/", "--chdir", layout.workdir, "--"]
+    return [*argv, *limited(tools, layout.limits), *command]
+
+
+def limited(tools: SandboxTools, limits: SandboxLimits) -> list[str]:
+    """The prefix that runs a command under the limits, the OOM killer's first choice."""
+    mib = 1024 * 1024
+    return [
+        tools.choom,
+        "-n",
+        str(OOM_SCORE_ADJ),
+        "--",
+        tools.prlimit,
+        f"--as={limits.memory_mb * mib}",
+        f"--nproc={limits.processes}",
+        f"--cpu={limits.cpu_seconds}",
+        f"--fsize={limits.file_size_mb * mib}",
+        "--core=0",
+        "--",
+    ]
+
+
+class _Mounts:
+    """The mounts of a sandbox's root in order, each with the directories above it that
+    bwrap makes: traversable by anyone (bwrap copies the host's modes for the ones it makes,
+    and /root's 0700 would hide a Python under it), unless a host folder bound earlier
+    already holds them."""
+
+    def __init__(self) -> None:
+        self._targets: list[Path] = []
+        self._made: set[Path] = set()
+
+    def add(
+        self, option: str, source: str | None, target: str, modifiers: Sequence[str] = ()
+    ) -> list[str]:
+        argv: list[str] = []
+        for parent in reversed(Path(target).parents[:-1]):
+            if parent in self._made or any(parent.is_relative_to(t) for t in self._targets):
+                continue
+            argv += ["--perms", "0755", "--dir", str(parent)]
+            self._made.add(parent)
+        if option != "--tmpfs":  # a tmpfs's folders are bwrap's to make, host folders not
+            self._targets.append(Path(target))
+        return [*argv, *modifiers, option, *([source] if source is not None else []), target]
 
 
 @dataclass(frozen=True)
@@ -142,23 +316,29 @@ async def run_sandboxed(
     heartbeat_every: float,
     cwd: Path | None = None,
     bwrap: bool = True,
+    hand_over: Sequence[int] = (),
 ) -> SandboxRun:
     """Run a command to its end (bwrap's argv, or a plain one when `bwrap` is False), its
-    output to `log_path`, in a process group of its own that is killed whole at `timeout`."""
+    output to `log_path`, in a process group of its own that is killed whole at `timeout`.
+    The descriptors `hand_over` are the command's too, and closed here once it has them."""
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
         launch = stack.enter_context(BwrapLaunch(argv)) if bwrap else None
-        with log_path.open("ab") as log:
-            proc = await asyncio.create_subprocess_exec(
-                *(launch.argv if launch else argv),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
-                env=dict(env),
-                cwd=cwd,
-                pass_fds=launch.pass_fds if launch else (),
-                start_new_session=True,
-            )
+        try:
+            with log_path.open("ab") as log:
+                proc = await asyncio.create_subprocess_exec(
+                    *(launch.argv if launch else argv),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env=dict(env),
+                    cwd=cwd,
+                    pass_fds=(*(launch.pass_fds if launch else ()), *hand_over),
+                    start_new_session=True,
+                )
+        finally:
+            for fd in hand_over:
+                os.close(fd)
         if launch:
             launch.spawned()
         timed_out = await _wait_or_kill(proc, began + timeout, heartbeat, heartbeat_every)

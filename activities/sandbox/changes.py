@@ -1,6 +1,6 @@
 """What the agent changed in its workspace, against the task's commit: found by walking the
 files themselves (never by asking git what it would track, so a `.gitignore` or a nested `.git`
-the agent wrote hides nothing), shown as a unified diff, and copied for grading.
+the agent wrote hides nothing), and shown as a unified diff.
 
 Nothing here follows a symbolic link: a link is compared, copied and shown as a link.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import shutil
 import stat
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -121,40 +121,6 @@ def compare(root: Path, committed: dict[str, Committed]) -> TreeChanges:
     return changes
 
 
-def copy_tree(source: Path, target: Path) -> list[str]:
-    """Copy the workspace for grading: files (content and mode bits), links as links,
-    directories made writable; anything else (a fifo, a socket, a device) and what cannot be
-    read is left out and returned."""
-    left_out = []
-    target.mkdir(mode=0o755)
-    pending = [""]
-    while pending:
-        rel = pending.pop()
-        try:
-            entries = list(os.scandir(source / rel))
-        except OSError:
-            left_out.append(rel)
-            continue
-        for entry in entries:
-            path = f"{rel}/{entry.name}" if rel else entry.name
-            st = entry.stat(follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                (target / path).mkdir(mode=0o755)
-                pending.append(path)
-            elif stat.S_ISLNK(st.st_mode):
-                os.symlink(os.readlink(source / path), target / path)
-            elif stat.S_ISREG(st.st_mode):
-                try:
-                    shutil.copyfile(source / path, target / path, follow_symlinks=False)
-                except PermissionError:
-                    left_out.append(path)
-                    continue
-                os.chmod(target / path, (st.st_mode & 0o777) | 0o600)
-            else:
-                left_out.append(path)
-    return left_out
-
-
 def _diffable(root: Path, changes: TreeChanges) -> tuple[list[str], list[str]]:
     """The changed paths the diff shows, and a line for each it cannot."""
     shown, unshown = [], []
@@ -173,8 +139,11 @@ async def tree_diff(
 ) -> tuple[str, bool]:
     """The changes as a unified diff against the commit, at most `cap` bytes, and whether
     it was cut. Built in a throwaway index holding the commit plus exactly the changed paths,
-    so ignore rules play no part."""
+    whose contents DARL hashes into the attempt's git directory itself, as they are: no git
+    attribute, filter or ignore rule of the agent's plays a part, and every file shows as
+    text."""
     shown, unshown = await asyncio.to_thread(_diffable, root, changes)
+    entries = await asyncio.to_thread(_stored, workspace.git_dir, root, shown)
     with tempfile.TemporaryDirectory(dir=workspace.attempt_dir, prefix="diff-") as tmp:
 
         async def indexed(
@@ -183,7 +152,6 @@ async def tree_diff(
             return await git(
                 *args,
                 git_dir=workspace.git_dir,
-                work_tree=root,
                 index=Path(tmp) / "index",
                 stdin=stdin,
                 limit=limit,
@@ -194,11 +162,12 @@ async def tree_diff(
             await indexed(
                 "update-index", "--force-remove", "-z", "--stdin", stdin=_z(changes.deleted)
             )
-        if shown:
-            await indexed("update-index", "--add", "--replace", "-z", "--stdin", stdin=_z(shown))
+        if entries:
+            await indexed("update-index", "-z", "--index-info", stdin=b"".join(entries))
         out = await indexed(
             "diff",
             "--cached",
+            "--text",
             "--no-color",
             "--no-ext-diff",
             "--no-textconv",
@@ -211,6 +180,29 @@ async def tree_diff(
     if len(data) <= cap:
         return data.decode("utf-8", errors="replace"), False
     return data[:cap].decode("utf-8", errors="ignore"), True
+
+
+def _stored(git_dir: Path, root: Path, paths: list[str]) -> list[bytes]:
+    """Write each path's content (a link's target for a link) as a loose object of the git
+    directory, as it is; their `--index-info` lines."""
+    lines = []
+    for path in paths:
+        st = (root / path).lstat()
+        if stat.S_ISLNK(st.st_mode):
+            mode, content = SYMLINK, os.fsencode(os.readlink(root / path))
+        else:
+            mode = EXECUTABLE if st.st_mode & 0o111 else REGULAR
+            content = (root / path).read_bytes()
+        data = b"blob %d\0" % len(content) + content
+        sha = hashlib.sha1(data).hexdigest()
+        loose = git_dir / "objects" / sha[:2] / sha[2:]
+        if not loose.exists():
+            loose.parent.mkdir(exist_ok=True)
+            part = loose.with_suffix(".tmp")
+            part.write_bytes(zlib.compress(data, 1))
+            os.replace(part, loose)
+        lines.append(f"{mode} {sha}\t".encode() + os.fsencode(path) + b"\0")
+    return lines
 
 
 def _z(paths: list[str]) -> bytes:

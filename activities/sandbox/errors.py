@@ -1,10 +1,15 @@
 """Named failures of the sandboxes and their grading:
 
 ActivitiesError
-└── SandboxError          a workspace, sandbox or grading step failed: infrastructure, retried
-    ├── SandboxSpecError  the spec or task cannot work here (no bwrap, no repository or
-    │                     commit, test lists the grader cannot read): bad input, not retried
-    └── GradingError      grading could not run (copy, git, the test patch, the sandbox)
+├── SandboxError              a workspace, sandbox or grading step failed: infrastructure,
+│   │                         retried
+│   ├── SandboxSpecError      the spec or task cannot work here (no bwrap, no repository or
+│   │                         commit, test lists the grader cannot read, a test patch that
+│   │                         does not apply to the commit): bad input, not retried
+│   └── GradingError          grading could not run (DARL's git, the sandbox, its Python)
+└── UngradableWorkspaceError  what the agent left cannot be graded as it is (over a limit, a
+                              path too long, the hidden tests kept from applying): the agent's
+                              outcome, graded 0 with the reason, never infrastructure
 """
 
 from __future__ import annotations
@@ -22,3 +27,8 @@ class SandboxSpecError(SandboxError, ValueError):
 
 class GradingError(SandboxError):
     """DARL could not grade the attempt (not the agent's doing): the attempt is not scored."""
+
+
+class UngradableWorkspaceError(ActivitiesError):
+    """The workspace the agent left cannot be graded as it is: the agent's doing, so its
+    grade is 0 with this message as the reason."""

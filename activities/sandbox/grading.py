@@ -1,19 +1,26 @@
 """DARL's grader (GraderSpec): a reward computed by running a command in the attempt's sandbox
 after its agent, so the agent can neither report nor fake it.
 
-Each grading works in a fresh copy of the agent's final workspace (a retried await_agent
-grades the same agent state again, to the same result). The trusted steps run here, outside
-the sandbox: the copy, the agent's diff, and for `swe_tests` the undoing of its tampering
-(`tampering`) and the hidden test patch. Only the run of the tests, which executes the agent's
-code, happens in the sandbox, with no network at all, under the rollout's reward timeout.
-`swe_tests` runs FAIL_TO_PASS and PASS_TO_PASS with pytest as `python -I -B` (no start-up
-hooks, no byte code), plugins autoloading off, no cache, and reads each test's outcome from
-DARL's plugin (`pytest_results`): a test it did not record as passed has failed.
+Each grading works in a fresh copy of the agent's final workspace (`workspace_copy`: bounded,
+no link followed, nothing that could block read), so a retried await_agent grades the same
+agent state again, to the same result. The trusted steps run here, outside the sandbox: the
+copy, the agent's diff, and for `swe_tests` the undoing of its tampering (`tampering`), the
+hidden test patch and two canary tests (`canaries`). Only the run of the tests, which
+executes the agent's code, happens in the sandbox, with no network at all, under the
+sandbox's limits and the rollout's reward timeout. `swe_tests` runs FAIL_TO_PASS and
+PASS_TO_PASS with pytest as `python -I -B` (no start-up hooks, no byte code), plugins
+autoloading off, no cache, DARL's plugin writing each outcome to a pipe opened here
+(`pytest_results`), and a run counts only as an honest one ends (`outcomes`).
+
+Cause decides the outcome: what the agent left that makes grading impossible (a workspace over
+its limits, a path too long) grades 0 with the reason; only DARL's own machinery failing (its
+git, the sandbox, its Python) is a GradingError.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -25,22 +32,34 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from darl.activities.agent_contract import env_map_values
+from darl.activities.heartbeats import heartbeating
 from darl.activities.processes import file_tail
 from darl.activities.runners.base import agent_heartbeat_interval
-from darl.activities.sandbox import pytest_results
+from darl.activities.sandbox import canaries, pytest_results
 from darl.activities.sandbox.agent import check_sandbox
 from darl.activities.sandbox.bubblewrap import (
     RUN_DIR,
     SandboxLayout,
     SandboxRun,
+    SandboxTools,
     bwrap_argv,
+    give_to,
     kept_environment,
     run_sandboxed,
+    sandbox_uid,
+    write_etc,
 )
-from darl.activities.sandbox.changes import committed_tree, compare, copy_tree, tree_diff
-from darl.activities.sandbox.errors import GradingError, SandboxError, SandboxSpecError
+from darl.activities.sandbox.changes import committed_tree, compare, tree_diff
+from darl.activities.sandbox.errors import (
+    GradingError,
+    SandboxError,
+    SandboxSpecError,
+    UngradableWorkspaceError,
+)
+from darl.activities.sandbox.outcomes import Records, Verdict, declared_xfail, judge
 from darl.activities.sandbox.tampering import apply_test_patch, patch_paths, restore_and_remove
 from darl.activities.sandbox.workspace import AttemptWorkspace, open_workspace
+from darl.activities.sandbox.workspace_copy import copy_workspace
 from darl.activities.worker_paths import expand, expand_sandbox
 from darl.workflows.contracts import (
     GradeReport,
@@ -58,10 +77,12 @@ LOG_TAIL_BYTES = 8 * 1024
 FAILED_SHOWN = 20
 PATHS_SHOWN = 100
 SANDBOX_PLUGIN = f"{RUN_DIR}/pytest_results.py"
-SANDBOX_RESULTS = f"{RUN_DIR}/results"
-RESULTS_FILE = "results.jsonl"
-# At most this much of the results is read (the code under test could fill the file).
+# At most this much of the results is kept (the code under test could write without end);
+# past it the run counts for nothing.
 RESULTS_CAP_BYTES = 16 * 1024 * 1024
+# How long the results pipe may stay open once the run has ended (only a process that left
+# the run's process group, without isolation, can hold it).
+RESULTS_DRAIN_SECONDS = 5.0
 PLUGIN_FILE = str(Path(pytest_results.__file__).resolve())
 PYTEST_OPTIONS = ("-q", "--tb=short", "-p", "no:cacheprovider")
 
@@ -115,38 +136,13 @@ def check_grader(spec: RolloutSpec) -> None:
     env_map_values(spec.task, grader.env_map)
 
 
-def passed_tests(records: str) -> tuple[set[str], bool]:
-    """The node ids the plugin recorded as passed (or xfailed) with no phase failed, and
-    whether pytest was there to run them (imported before any of the repository's code)."""
-    passed, failed, started = set(), set(), False
-    for line in records.splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(record, dict):
-            continue
-        if record.get("event") == "pytest":
-            started = True
-        nodeid, outcome = record.get("nodeid"), record.get("outcome")
-        if not isinstance(nodeid, str):
-            continue
-        if outcome == "failed":
-            failed.add(nodeid)
-        elif record.get("when") == "call" and (
-            outcome == "passed" or (outcome == "skipped" and record.get("xfail") is True)
-        ):
-            passed.add(nodeid)
-    return passed - failed, started
-
-
 async def grade(spec: RolloutSpec, attempt_dir: Path, heartbeat: Heartbeat) -> GradeReport:
     """Grade the attempt whose directory is `attempt_dir` (its agent has ended). Raises
     SandboxSpecError for a grader that cannot work on this task, GradingError when grading
-    could not run."""
+    could not run; what the agent left that cannot be graded grades 0."""
     grader, sandbox = _grader_and_sandbox(spec)
     tests = listed_tests(spec.task) if grader.kind == "swe_tests" else []
-    bwrap = check_sandbox(sandbox)
+    tools = check_sandbox(sandbox)
     try:
         workspace = open_workspace(attempt_dir)
     except SandboxError as err:
@@ -154,8 +150,11 @@ async def grade(spec: RolloutSpec, attempt_dir: Path, heartbeat: Heartbeat) -> G
     began = time.monotonic()
     run_dir = Path(tempfile.mkdtemp(prefix=GRADING_PREFIX, dir=attempt_dir))
     try:
-        grading = _Grading(spec, grader, sandbox, workspace, run_dir, bwrap, heartbeat)
-        report = await grading.run(tests)
+        grading = _Grading(spec, grader, sandbox, workspace, run_dir, tools, heartbeat)
+        try:
+            report = await grading.run(tests)
+        except UngradableWorkspaceError as err:
+            report = _ungradable(tests, str(err))
     except (SandboxSpecError, GradingError):
         raise
     except (SandboxError, OSError) as err:
@@ -163,6 +162,15 @@ async def grade(spec: RolloutSpec, attempt_dir: Path, heartbeat: Heartbeat) -> G
     finally:
         await asyncio.to_thread(_remove_tree, run_dir)
     return report.model_copy(update={"seconds": round(time.monotonic() - began, 3)})
+
+
+def _ungradable(tests: list[str], reason: str) -> GradeReport:
+    return GradeReport(
+        reward=0.0,
+        tests=len(tests),
+        failed_tests=tests[:FAILED_SHOWN],
+        reason=f"not graded: {reason}",
+    )
 
 
 class _Grading:
@@ -175,19 +183,23 @@ class _Grading:
         sandbox: SandboxSpec,
         workspace: AttemptWorkspace,
         run_dir: Path,
-        bwrap: str | None,
+        tools: SandboxTools | None,
         heartbeat: Heartbeat,
     ) -> None:
         self._spec, self._grader, self._sandbox = spec, grader, sandbox
-        self._workspace, self._bwrap, self._heartbeat = workspace, bwrap, heartbeat
+        self._workspace, self._tools, self._heartbeat = workspace, tools, heartbeat
         self._every = agent_heartbeat_interval(spec.timeouts.heartbeat_seconds)
+        self._run_dir = run_dir
         self._tree = run_dir / "testbed"
-        self._results = run_dir / "results"
         self._log = run_dir / "grading.log"
+        # The grading's own host user (a root worker's sandbox runs as one).
+        self._uid = sandbox_uid(str(run_dir)) if tools is not None else None
 
     async def run(self, tests: list[str]) -> GradeReport:
-        left_out = await self._beating(
-            asyncio.to_thread(copy_tree, self._workspace.tree, self._tree)
+        copy = await self._beating(
+            asyncio.to_thread(
+                copy_workspace, self._workspace.tree, self._tree, self._sandbox.limits
+            )
         )
         committed = await committed_tree(self._workspace)
         changes = await self._beating(asyncio.to_thread(compare, self._tree, committed))
@@ -198,74 +210,132 @@ class _Grading:
         restored: list[str] = []
         removed: list[str] = []
         if self._grader.kind == "swe_tests":
-            patch = hidden_test_patch(self._spec.task)
-            files = list(dict.fromkeys(t.split("::", 1)[0] for t in tests))
             restored, removed = await restore_and_remove(
-                self._workspace, self._tree, changes, [*patch_paths(patch), *files]
+                self._workspace, self._tree, changes, self._must_be_committed(tests)
             )
-            await apply_test_patch(self._workspace, self._tree, patch)
-            missing = [f for f in files if not await asyncio.to_thread((self._tree / f).exists)]
-            if missing:
-                raise GradingError(f"the listed tests' files are not in the repository: {missing}")
-            command = self._pytest(files)
-        else:
-            command = [expand(p) for p in self._grader.command or []]
-        run = await self._run(command)
-        log_tail = file_tail(self._log, LOG_TAIL_BYTES)
-        if not run.started:
-            raise GradingError(f"the grading sandbox did not start: {log_tail[-500:]}")
         report = GradeReport(
             reward=0.0,
-            exit_code=run.exit_code,
-            timed_out=run.timed_out,
             restored=_shown(restored),
-            removed=_shown(sorted({*removed, *left_out})),
+            removed=_shown(sorted({*removed, *copy.left_out})),
             diff=diff,
             diff_truncated=cut,
-            log_tail=log_tail,
         )
         if self._grader.kind == "command":
-            ok = run.exit_code == 0 and not run.timed_out
-            return report.model_copy(update={"reward": 1.0 if ok else 0.0})
-        return self._scored(report, tests)
+            await asyncio.to_thread(give_to, self._tree, self._uid)
+            run = await self._run([expand(p) for p in self._grader.command or []])
+            return self._commanded(report, run)
+        return await self._tested(report, tests)
 
-    def _scored(self, report: GradeReport, tests: list[str]) -> GradeReport:
-        passed, started = passed_tests(_head(self._results / RESULTS_FILE, RESULTS_CAP_BYTES))
-        if not started and not report.timed_out:
+    def _must_be_committed(self, tests: list[str]) -> list[str]:
+        """Paths that must be as committed whatever their names: the hidden test patch's and
+        the listed tests' files."""
+        files = [t.split("::", 1)[0] for t in tests]
+        return list(dict.fromkeys([*patch_paths(hidden_test_patch(self._spec.task)), *files]))
+
+    def _commanded(self, report: GradeReport, run: SandboxRun) -> GradeReport:
+        ok = run.exit_code == 0 and not run.timed_out
+        if run.timed_out:
+            reason = f"the command did not finish within {self._spec.timeouts.reward_seconds:g}s"
+        else:
+            reason = f"the command exited {run.exit_code}"
+        return report.model_copy(
+            update={
+                "reward": 1.0 if ok else 0.0,
+                "exit_code": run.exit_code,
+                "timed_out": run.timed_out,
+                "log_tail": file_tail(self._log, LOG_TAIL_BYTES),
+                "reason": reason,
+            }
+        )
+
+    async def _tested(self, report: GradeReport, tests: list[str]) -> GradeReport:
+        await apply_test_patch(self._workspace, self._tree, hidden_test_patch(self._spec.task))
+        files = list(dict.fromkeys(t.split("::", 1)[0] for t in tests))
+        missing = [f for f in files if not await asyncio.to_thread((self._tree / f).is_file)]
+        if missing:
+            raise GradingError(f"the listed tests' files are not in the repository: {missing}")
+        planted = await asyncio.to_thread(canaries.plant, self._tree, tests)
+        xfails = await asyncio.to_thread(declared_xfail, self._tree, files)
+        await asyncio.to_thread(give_to, self._tree, self._uid)
+        # The canaries' file last: they run after every listed test.
+        ordered = [f for f in files if f != planted.file] + [planted.file]
+        read_end, write_end = os.pipe()
+        reading = asyncio.ensure_future(_read_pipe(read_end, RESULTS_CAP_BYTES))
+        try:
+            run = await self._run(self._pytest(ordered, write_end), hand_over=(write_end,))
+        finally:
+            with contextlib.suppress(OSError):  # closed by the run once it has it
+                os.close(write_end)
+        try:
+            results, results_cut = await asyncio.wait_for(reading, RESULTS_DRAIN_SECONDS)
+        except TimeoutError:
+            results, results_cut = b"", True
+        with self._log.open("a") as log:
+            log.write(
+                f"\n# DARL's canary tests: {planted.must_pass} must pass, "
+                f"{planted.must_fail} must fail\n"
+            )
+        log_tail = file_tail(self._log, LOG_TAIL_BYTES)
+        records = Records.read(results.decode("utf-8", errors="replace"))
+        if not records.started and not run.timed_out:
             # Before the repository's code could run: the grader's Python, not the agent.
             raise GradingError(
                 f"pytest did not start in the grading sandbox ({sys.executable} needs it): "
-                f"{report.log_tail[-500:]}"
+                f"{log_tail[-500:]}"
             )
-        ok = [t for t in tests if t in passed]
-        if report.timed_out:
+        if run.timed_out:
+            seconds = self._spec.timeouts.reward_seconds
+            verdict = Verdict([], f"the tests did not finish within {seconds:g}s")
+        elif results_cut:
+            verdict = Verdict(
+                [],
+                "the test run wrote more results than DARL reads, or kept them open after it ended",
+            )
+        else:
+            verdict = judge(records, tests, planted, xfails, run.exit_code)
+        return self._scored(report, tests, run, verdict, log_tail)
+
+    def _scored(
+        self,
+        report: GradeReport,
+        tests: list[str],
+        run: SandboxRun,
+        verdict: Verdict,
+        log_tail: str,
+    ) -> GradeReport:
+        passed = len(verdict.passed)
+        if verdict.void is not None:
             reward = 0.0
-        elif len(ok) == len(tests):
+        elif passed == len(tests):
             reward = 1.0
         else:
-            reward = self._grader.partial_credit * len(ok) / len(tests)
-        failed = [t for t in tests if t not in passed]
+            reward = self._grader.partial_credit * passed / len(tests)
+        failed = [t for t in tests if t not in set(verdict.passed)]
+        reason = verdict.void or f"{passed} of {len(tests)} listed tests passed"
         return report.model_copy(
             update={
                 "reward": reward,
                 "tests": len(tests),
-                "passed": len(ok),
+                "passed": passed,
                 "failed_tests": failed[:FAILED_SHOWN],
+                "exit_code": run.exit_code,
+                "timed_out": run.timed_out,
+                "log_tail": log_tail,
+                "reason": reason,
             }
         )
 
-    def _pytest(self, files: list[str]) -> list[str]:
-        inside = self._bwrap is not None
+    def _pytest(self, files: list[str], results_fd: int) -> list[str]:
+        inside = self._tools is not None
         root = self._sandbox.workdir if inside else str(self._tree)
         plugin = SANDBOX_PLUGIN if inside else PLUGIN_FILE
-        results = f"{SANDBOX_RESULTS if inside else self._results}/{RESULTS_FILE}"
         return [
             sys.executable,
             "-I",
             "-B",
             plugin,
-            "--results",
-            results,
+            "--results-fd",
+            str(results_fd),
             "--root",
             root,
             "--",
@@ -275,21 +345,21 @@ class _Grading:
             *files,
         ]
 
-    async def _run(self, command: list[str]) -> SandboxRun:
-        self._results.mkdir()
+    async def _run(self, command: list[str], hand_over: tuple[int, ...] = ()) -> SandboxRun:
         env = kept_environment(os.environ) | env_map_values(self._spec.task, self._grader.env_map)
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         argv, cwd = command, self._tree
-        if self._bwrap is not None:
+        if self._tools is not None:
             layout = SandboxLayout(
                 workspace=self._tree,
                 workdir=self._sandbox.workdir,
+                limits=self._sandbox.limits,
+                uid=self._uid,
                 read_only=(sys.base_prefix, sys.prefix, *self._sandbox.read_only),
-                files=((PLUGIN_FILE, SANDBOX_PLUGIN),),
-                writable=((str(self._results), SANDBOX_RESULTS),),
+                files=((PLUGIN_FILE, SANDBOX_PLUGIN), *write_etc(self._run_dir / "etc")),
             )
-            argv, env["PWD"] = bwrap_argv(self._bwrap, layout, command), self._sandbox.workdir
-        return await run_sandboxed(
+            argv, env["PWD"] = bwrap_argv(self._tools, layout, command), self._sandbox.workdir
+        run = await run_sandboxed(
             argv,
             env=env,
             log_path=self._log,
@@ -297,17 +367,34 @@ class _Grading:
             heartbeat=self._heartbeat,
             heartbeat_every=self._every,
             cwd=cwd,
-            bwrap=self._bwrap is not None,
+            bwrap=self._tools is not None,
+            hand_over=hand_over,
         )
+        if run.exit_code is not None and run.exit_code < 0:  # killed by a signal, unsandboxed
+            run = SandboxRun(128 - run.exit_code, run.timed_out, run.started, run.seconds)
+        return run
 
     async def _beating(self, work: Awaitable[T]) -> T:
         """Await a trusted step (a copy, a walk) while heartbeating."""
-        task = asyncio.ensure_future(work)
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=self._every)
-            if done:
-                return task.result()
-            self._heartbeat()
+        return await heartbeating(work, self._every, self._heartbeat)
+
+
+async def _read_pipe(fd: int, cap: int) -> tuple[bytes, bool]:
+    """Read the pipe open as `fd` to its end on the event loop (never a blocked thread): its
+    first `cap` bytes, and whether there was more."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 16)
+    pipe = os.fdopen(fd, "rb", buffering=0)
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    chunks, size = [], 0
+    try:
+        while chunk := await reader.read(1 << 16):
+            if size < cap:
+                chunks.append(chunk[: cap - size])
+            size += len(chunk)
+    finally:
+        transport.close()
+    return b"".join(chunks), size > cap
 
 
 def _shown(paths: list[str]) -> list[str]:
@@ -317,14 +404,6 @@ def _shown(paths: list[str]) -> list[str]:
     if len(text) <= PATHS_SHOWN:
         return text
     return [*text[:PATHS_SHOWN], f"... and {len(text) - PATHS_SHOWN} more"]
-
-
-def _head(path: Path, cap: int) -> str:
-    try:
-        with path.open("rb") as f:
-            return f.read(cap).decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
 
 
 def _remove_tree(path: Path) -> None:

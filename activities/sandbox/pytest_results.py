@@ -1,58 +1,134 @@
 """DARL's pytest plugin for grading, run as the grading command itself: it imports pytest
 before the repository is on sys.path (so nothing in it can stand in for pytest), then puts the
-repository first and runs pytest with itself as a plugin, which records each test's outcome,
-per node id and phase, as JSON lines in a file outside the workspace. The grader reads only
-that file: never a report in the workspace, never the exit status alone.
+repository first and runs pytest with itself as a plugin, which writes each test's outcome, per
+node id and phase, as JSON lines to a pipe the grader opened outside the sandbox (no path the
+tests could write, swap or block). It also says what it saw of the run's integrity: hook
+implementations that neither pytest, an installed plugin nor a conftest.py of the repository
+registered, and test items whose run was replaced; and the session's own end.
+
+The grader never takes these records alone for a pass: the code under test runs in this
+process and could write any record, so the grader also plants canary tests (one that must
+fail, one that must pass), checks the exit status and the session's end (`canaries`,
+`outcomes`).
 
 Standalone (pytest and the standard library): the sandbox sees this one file.
 
-    python -I -B pytest_results.py --results FILE --root DIR -- PYTEST ARGS...
+    python -I -B pytest_results.py --results-fd N --root DIR -- PYTEST ARGS...
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
-from collections.abc import Sequence
-from typing import IO, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
-_results: IO[str] | None = None
-
-
-def _record(record: dict[str, Any]) -> None:
-    if _results is not None:
-        _results.write(json.dumps(record) + "\n")
+START, FOREIGN, ALTERED, FINISH = "pytest", "foreign", "altered", "finish"
 
 
-def pytest_runtest_logreport(report: Any) -> None:
-    _record(
-        {
-            "nodeid": report.nodeid,
-            "when": report.when,
-            "outcome": report.outcome,
-            "xfail": hasattr(report, "wasxfail"),
-        }
-    )
+class Recorder:
+    """The plugin: writes records to the results descriptor (`fd`)."""
+
+    def __init__(self, fd: int, root: str, write: Callable[[int, bytes], int] = os.write) -> None:
+        self._fd, self._root, self._write = fd, os.path.realpath(root), write
+        self._trusted: set[int] = set()
+        self._trusted_prefixes = tuple(
+            os.path.realpath(p) + os.sep for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}
+        )
+
+    def record(self, record: dict[str, Any]) -> None:
+        view = memoryview(json.dumps(record).encode() + b"\n")
+        try:
+            while view:
+                view = view[self._write(self._fd, view) :]
+        except OSError:  # the grader stopped reading: nothing more can count
+            pass
+
+    # --- what pytest calls -------------------------------------------------------------
+
+    def pytest_load_initial_conftests(self, early_config: Any) -> None:
+        """Before any conftest.py (and so any of the repository's code) is imported: every
+        hook implementation registered now is pytest's, an installed plugin's or DARL's."""
+        self._trusted = {id(i.function) for i in _hookimpls(early_config.pluginmanager)}
+
+    def pytest_runtest_protocol(self, item: Any) -> None:
+        replaced = "runtest" in vars(item) or not self._trusted_code(type(item).runtest)
+        if replaced:
+            self.record({"event": ALTERED, "nodeid": item.nodeid, "what": "its runtest"})
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        self.record(
+            {
+                "nodeid": report.nodeid,
+                "when": report.when,
+                "outcome": report.outcome,
+                "xfail": hasattr(report, "wasxfail"),
+            }
+        )
+
+    def pytest_collectreport(self, report: Any) -> None:
+        if report.failed:
+            self.record({"nodeid": report.nodeid, "when": "collect", "outcome": "failed"})
+
+    def pytest_sessionfinish(self, session: Any, exitstatus: Any) -> None:
+        for what in self._foreign(session.config.pluginmanager):
+            self.record({"event": FOREIGN, "what": what})
+        self.record({"event": FINISH, "exitstatus": int(exitstatus)})
+
+    # --- integrity -------------------------------------------------------------------
+
+    def _foreign(self, plugins: Any) -> list[str]:
+        """Hook implementations registered after the initial conftests began to load by
+        anything but pytest itself, an installed module or a conftest.py of the repository
+        (DARL restored what the agent changed of those and removed what it added)."""
+        found = []
+        for impl in _hookimpls(plugins):
+            if id(impl.function) in self._trusted or self._trusted_code(impl.function):
+                continue
+            where = getattr(getattr(impl.function, "__code__", None), "co_filename", "?")
+            found.append(f"{impl.function.__qualname__} from {where} ({impl.plugin_name})")
+        return sorted(set(found))
+
+    def _trusted_code(self, function: Any) -> bool:
+        """Whether `function` was defined by an installed module or a conftest.py of the
+        repository."""
+        module = sys.modules.get(getattr(function, "__module__", None) or "")
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str):
+            return False
+        real = os.path.realpath(path)
+        if real.startswith(self._trusted_prefixes):
+            return True
+        return os.path.basename(real) == "conftest.py" and real.startswith(self._root + os.sep)
 
 
-def pytest_collectreport(report: Any) -> None:
-    if report.failed:
-        _record({"nodeid": report.nodeid, "when": "collect", "outcome": "failed"})
+def _hookimpls(plugins: Any) -> list[Any]:
+    impls = []
+    for name in dir(plugins.hook):
+        caller = getattr(plugins.hook, name)
+        if hasattr(caller, "get_hookimpls"):
+            impls += caller.get_hookimpls()
+    return impls
 
 
 def main(argv: Sequence[str]) -> int:
-    global _results
-    if len(argv) < 5 or argv[0] != "--results" or argv[2] != "--root" or argv[4] != "--":
-        sys.stderr.write("usage: pytest_results.py --results FILE --root DIR -- ARGS\n")
+    if len(argv) < 5 or argv[0] != "--results-fd" or argv[2] != "--root" or argv[4] != "--":
+        sys.stderr.write("usage: pytest_results.py --results-fd N --root DIR -- ARGS\n")
         return 2
-    results, root, pytest_args = argv[1], argv[3], list(argv[5:])
+    fd, root, pytest_args = int(argv[1]), argv[3], list(argv[5:])
     import pytest
 
-    _results = open(results, "a", buffering=1)  # noqa: SIM115 - open for the whole run
+    # Before anything else's: the snapshot of trusted hooks, and the check of an item's run.
+    pytest.hookimpl(tryfirst=True)(Recorder.pytest_load_initial_conftests)
+    pytest.hookimpl(tryfirst=True)(Recorder.pytest_runtest_protocol)
+    # After everything else's: the session's end as pytest finally says it.
+    pytest.hookimpl(trylast=True)(Recorder.pytest_sessionfinish)
+    recorder = Recorder(fd, root)
     # Nothing of the repository has run yet: what fails from here on is the repository's.
-    _record({"event": "pytest"})
+    recorder.record({"event": START})
     sys.path.insert(0, root)
-    return int(pytest.main(pytest_args, plugins=[sys.modules[__name__]]))
+    return int(pytest.main(pytest_args, plugins=[recorder]))
 
 
 if __name__ == "__main__":

@@ -35,13 +35,16 @@ WITHHELD_VARIABLES = frozenset({"DARL_AGENT_KEY"})
 @dataclass(frozen=True)
 class SupervisorConfig:
     """What the runner hands the supervisor (a file in the attempt's directory): bwrap's
-    argv, bwrap's own environment (no secret: the agent's comes through a pipe), and the
-    gateway's real address."""
+    argv, bwrap's own environment (no secret: the agent's comes through a pipe), the
+    gateway's real address and who may connect to the socket to it."""
 
     bwrap_argv: list[str]
     bwrap_env: dict[str, str]
     gateway_host: str
     gateway_port: int
+    # The sandbox's host user (a root worker's sandbox runs as one), who must be able to
+    # connect to the socket.
+    socket_owner: int | None = None
 
     def write(self, attempt_dir: Path) -> Path:
         path = attempt_dir / CONFIG_FILE
@@ -116,6 +119,8 @@ async def supervise(config: SupervisorConfig, attempt_dir: Path) -> int:
         os.unlink(SOCKET_FILE)  # left by a launch that died before its agent started
     forward = functools.partial(_to_gateway, config.gateway_host, config.gateway_port)
     server = await asyncio.start_unix_server(forward, path=SOCKET_FILE)
+    if config.socket_owner is not None:
+        os.chown(SOCKET_FILE, config.socket_owner, config.socket_owner)
     # The agent's environment (its token) goes to the bridge through a pipe, not through
     # bwrap's environment: the sandbox's init and the bridge, which a command of the agent
     # could read in /proc, never hold it in theirs.

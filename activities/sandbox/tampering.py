@@ -1,9 +1,10 @@
 """Undoing what an agent may have done to pass tests without fixing the code, in the grading
-copy of its workspace: every changed file that the tests read (test files, conftest.py,
-pytest and packaging configuration, the files the hidden test patch touches) is restored
-from the commit, and whatever the agent added that Python or pytest would load, or that could
-stand in for a result (conftest.py, sitecustomize, .pth files, byte code and caches, new test
-or configuration files, a module shadowing the standard library or pytest), is removed.
+copy of its workspace: every changed file that the tests or DARL's own git read (test files,
+conftest.py, pytest and packaging configuration, git attributes, the files the hidden test
+patch touches) is restored from the commit, and whatever the agent added that Python or
+pytest would load, or that could stand in for a result (conftest.py, sitecustomize, .pth
+files, byte code and caches, new test or configuration files, git attributes, a module of any
+importable kind shadowing one of the standard library or pytest), is removed.
 
 Runs outside the sandbox on a copy nobody else writes; it never follows a link the agent made.
 """
@@ -11,12 +12,13 @@ Runs outside the sandbox on a copy nobody else writes; it never follows a link t
 from __future__ import annotations
 
 import asyncio
+import importlib.machinery
 import os
 import re
 import shutil
 import stat
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -32,17 +34,34 @@ CONFIG_FILES = frozenset(
     {"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg"}
     | {"pyproject.toml", "setup.py"}
 )
-# Loaded by Python at start-up or by pytest while collecting.
-LOADED_FILES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py"})
+# Loaded by Python at start-up or by pytest while collecting; read by DARL's own git.
+LOADED_FILES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py", ".gitattributes"})
 LOADED_SUFFIXES = (".pth", ".pyc", ".pyo")
 CACHE_DIRS = frozenset({"__pycache__", ".pytest_cache"})
-# A module of these names at the top of the repository would be imported instead of the
-# real one once the repository is on sys.path.
-SHADOWED_MODULES = frozenset(sys.stdlib_module_names) | {"pytest", "_pytest", "pluggy", "py"}
+# A module of these names where Python would find it first (the repository's top, or any
+# folder pytest puts on sys.path: one that is not a package) would be imported instead of
+# the real one, by pytest or by the standard library itself, even late in the run.
+SHADOWED_MODULES = frozenset(sys.stdlib_module_names) | {
+    "pytest",
+    "_pytest",
+    "pluggy",
+    "py",
+    "iniconfig",
+    "packaging",
+    "exceptiongroup",
+    "tomli",
+    "pygments",
+    "colorama",
+}
+# Every ending Python imports a module from (source, byte code, extension modules).
+IMPORTABLE_SUFFIXES = tuple(
+    sorted({*importlib.machinery.all_suffixes(), ".pyw"}, key=len, reverse=True)
+)
 
 
 def read_by_tests(path: str) -> bool:
-    """True for a path the test run reads as test code, configuration or start-up code."""
+    """True for a path the test run reads as test code, configuration or start-up code, or
+    DARL's own git reads."""
     parts = path.split("/")
     name = parts[-1]
     return (
@@ -54,13 +73,26 @@ def read_by_tests(path: str) -> bool:
     )
 
 
-def shadows_a_module(path: str) -> bool:
-    """A top-level `name.py` or `name/__init__.py` named like a module pytest or the
-    standard library provides."""
+def module_name(file_name: str) -> str | None:
+    """The module a file of this name is imported as, if Python imports it at all."""
+    for suffix in IMPORTABLE_SUFFIXES:
+        if file_name.endswith(suffix) and len(file_name) > len(suffix):
+            return file_name[: -len(suffix)]
+    return None
+
+
+def shadows_a_module(path: str, is_package: Callable[[str], bool] = lambda _: False) -> bool:
+    """A file that would be imported as a module pytest or the standard library provides:
+    `name.<any importable ending>` or `name/__init__.<ending>` in a folder that is not a
+    package (`is_package(folder)`, "" for the repository's top), which is where a test run
+    finds top-level modules."""
     parts = path.split("/")
-    if len(parts) == 1 and parts[0].endswith(".py"):
-        return parts[0][:-3] in SHADOWED_MODULES
-    return len(parts) == 2 and parts[1] == "__init__.py" and parts[0] in SHADOWED_MODULES
+    name = module_name(parts[-1])
+    if name == "__init__":
+        if len(parts) < 2:
+            return False
+        name, parts = parts[-2], parts[:-1]
+    return name in SHADOWED_MODULES and not is_package("/".join(parts[:-1]))
 
 
 _PATCH_PATH = re.compile(r"^(?:---|\+\+\+) [ab]/(.+?)\t?$")
@@ -129,7 +161,16 @@ async def restore_and_remove(
     must be as committed whatever their names (the test patch's, the listed tests' files);
     such a path the commit lacks is removed, so the patch can create it."""
     extra = set(also_restore)
-    removed = [p for p in changes.added if read_by_tests(p) or shadows_a_module(p)]
+
+    def is_package(folder: str) -> bool:
+        base = root / folder if folder else None
+        return base is not None and any(
+            os.path.lexists(base / f"__init__{suffix}") for suffix in IMPORTABLE_SUFFIXES
+        )
+
+    removed = await asyncio.to_thread(
+        lambda: [p for p in changes.added if read_by_tests(p) or shadows_a_module(p, is_package)]
+    )
     removed += sorted(extra - changes.committed.keys())
     restored = sorted(
         path

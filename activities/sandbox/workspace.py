@@ -52,7 +52,12 @@ def git_env(git_dir: Path | None, work_tree: Path | None, index: Path | None) ->
     """The environment of DARL's own git commands: no user or system configuration (hooks,
     filters, aliases), no prompt, and only the repository DARL names."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env |= {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
+    env |= {
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_ATTR_NOSYSTEM": "1",
+        "GIT_TERMINAL_PROMPT": "0",
+    }
     if git_dir is not None:
         env["GIT_DIR"] = str(git_dir)
     if work_tree is not None:
@@ -89,7 +94,8 @@ async def git(
     try:
         out, err, cut = await asyncio.wait_for(_collect(proc, stdin, limit), timeout)
     except TimeoutError:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
         await proc.wait()
         raise SandboxError(f"git {args[0]} took over {timeout:.0f} s (killed)") from None
     if proc.returncode != 0 and not cut:
@@ -120,7 +126,8 @@ async def _collect(
             chunks.append(chunk)
             size += len(chunk)
             if limit is not None and size >= limit:
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
+                    proc.kill()
                 return b"".join(chunks)[:limit], True
         return b"".join(chunks), False
 

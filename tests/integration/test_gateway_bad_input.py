@@ -87,6 +87,39 @@ class TestRefusedBeforeThePolicyServer:
         )
         assert_refused(response, 400, "prompt")
 
+    @pytest.mark.parametrize(
+        ("field", "value", "words"),
+        [
+            ("seed", 2**70, "seed must be at least -9223372036854775808"),
+            ("seed", True, "seed must be an integer"),
+            ("temperature", -0.5, "temperature must be at least 0"),
+            ("top_p", 0, "top_p must be over 0 and at most 1"),
+            ("top_k", -7, "top_k must be at least -1"),
+            ("max_tokens", 0, "max_tokens must be at least 1"),
+            ("top_logprobs", 21, "top_logprobs must be at least 0 and at most 20"),
+            ("logprobs", 3, "logprobs must be true or false"),
+            ("presence_penalty", "a lot", "presence_penalty must be a finite number"),
+        ],
+    )
+    def test_sampling_parameters_no_policy_server_takes(
+        self,
+        stack: Stack,
+        http: httpx.Client,
+        live_rollout: str,
+        field: str,
+        value: object,
+        words: str,
+    ) -> None:
+        """The agent's error (400, naming the field), never a policy server's failure: a
+        crash there would be DARL's incident, and the attempt would not count."""
+        response = http.post(
+            chat_url(live_rollout),
+            json={**CHAT, field: value},
+            headers=bearer(stack.token(live_rollout)),
+        )
+        assert_refused(response, 400, words)
+        assert response.json()["error"]["param"] == field
+
     def test_missing_token(self, http: httpx.Client, live_rollout: str) -> None:
         assert_refused(http.post(chat_url(live_rollout), json=CHAT), 401, "missing rollout token")
 
@@ -243,13 +276,17 @@ class TestRefusedBeforeThePolicyServer:
 async def test_the_live_rollout_still_completes(
     stack: Stack, http: httpx.Client, live_rollout: str
 ) -> None:
-    """After all that, a genuine call and result on the same rollout go through."""
+    """After all that, a genuine call and result on the same rollout go through (a seed at
+    the edge of what policy servers take among its parameters), and nothing it was refused
+    was DARL's incident."""
     token = stack.token(live_rollout)
-    response = http.post(chat_url(live_rollout), json=CHAT, headers=bearer(token))
+    extreme = {**CHAT, "seed": 2**63 - 1, "top_logprobs": 20, "temperature": 1e-30}
+    response = http.post(chat_url(live_rollout), json=extreme, headers=bearer(token))
     assert response.status_code == 200, response.text
     assert json.loads(response.text)["choices"][0]["token_ids"]
     handle = stack.client.get_workflow_handle(f"rollout/{live_rollout}")
     assert await stack.wait_for_calls(handle, 1) == 1
+    assert await stack.store().incidents(live_rollout, 1) == []
 
 
 # --- the Responses and Messages APIs: the same refusals, in each protocol's own shape -------

@@ -208,15 +208,19 @@ async def test_a_correct_fix_grades_1_and_twice_the_same(attempt) -> None:
     (at.workspace / "secret.txt").write_text("ignored by the agent's .gitignore\n")
     first = await at.grade()
     assert (first.reward, first.tests, first.passed) == (1.0, 4, 4), first.log_tail
-    assert first.failed_tests == [] and first.exit_code == 0 and not first.timed_out
+    # pytest exits 1: the canary that must fail failed, as it does in every honest run.
+    assert first.failed_tests == [] and first.exit_code == 1 and not first.timed_out
+    assert first.reason == "4 of 4 listed tests passed"
     for shown in ("+    return a + b", "+    return -a", "notes.txt", "debug.log", "secret.txt"):
         assert shown in first.diff
     assert not first.diff_truncated and first.restored == [] and first.removed == []
     again = await at.grade()
-    # The same report, but for the time it took (and pytest's own timing in the log).
+    # The same report, but for the time it took (and the log: pytest's timing, the
+    # canaries, drawn fresh for each grading).
     same = {"seconds": 0, "log_tail": ""}
     assert again.model_copy(update=same) == first.model_copy(update=same)
-    assert "4 passed" in first.log_tail and "4 passed" in again.log_tail
+    # The four listed tests and the canary that must pass.
+    assert "1 failed, 5 passed" in first.log_tail and "1 failed, 5 passed" in again.log_tail
     print(f"grading the tiny repository took {first.seconds:.2f} s and {again.seconds:.2f} s")
 
 

@@ -32,6 +32,7 @@ from darl.activities.runners.local import (
     LocalProcessRunner,
     stop_leftover_agents,
 )
+from darl.activities.sandbox.bubblewrap import sandbox_uid
 from darl.activities.sandbox.workspace import READY_FILE
 from darl.workflows.contracts import (
     AwaitRequest,
@@ -41,6 +42,7 @@ from darl.workflows.contracts import (
     RewardSpec,
     RolloutSpec,
     RolloutTimeouts,
+    SandboxLimits,
     SandboxSpec,
 )
 
@@ -105,8 +107,27 @@ def not_dumpable():
     import ctypes
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: what a careful harness does
 
+def limits():
+    import resource
+    names = ("RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_CPU", "RLIMIT_FSIZE")
+    return {name: resource.getrlimit(getattr(resource, name)) for name in names}
+
+def new_user_namespace():
+    import ctypes
+    if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0:  # CLONE_NEWUSER
+        raise OSError(ctypes.get_errno(), "unshare")
+    return "made"
+
 probe = json.loads(os.environ["PROBE"])
 report = {
+    "uid": os.getuid(),
+    "passwd": open("/etc/passwd").read(),
+    "shadow": attempt(lambda: open("/etc/shadow").read()),
+    "etc": sorted(os.listdir("/etc")),
+    "limits": limits(),
+    "tmp_size": os.statvfs("/tmp").f_blocks * os.statvfs("/tmp").f_frsize,
+    "user_namespace": attempt(new_user_namespace),
+    "oom_score_adj": open("/proc/self/oom_score_adj").read().strip(),
     "workspace": attempt(write("/testbed/agent-wrote.txt")),
     "own_tmp": attempt(write("/tmp/scratch/agent-wrote.txt")),
     "escapes": {path: attempt(write(path)) for path in probe["escapes"]},
@@ -285,16 +306,55 @@ async def test_the_agent_sees_its_workspace_and_the_gateway_only(
     for name in ("processes", "processes_of_a_careful_harness"):
         facts = [(cmd.split()[0].rsplit("/", 1)[-1], h) for cmd, h in report[name].values()]
         print(f"{name} as a command of the agent sees them:", facts)
-    assert [cmd.split()[0].rsplit("/", 1)[-1] for cmd, _ in seen.values()] == [
-        "bwrap",
-        "python3.11",
-        "python3",
-        "python3",
-    ]
-    init, bridge, agent, _command = (holds for _, holds in seen.values())
-    assert (init, bridge, agent) == ("no token", "unreadable: PermissionError", "token readable")
+    # A root worker's sandbox has two bwraps: the one that set it up as root (its init) and
+    # the one that took user namespaces away from the sandbox's user.
+    bwraps = ["bwrap", "bwrap"] if os.geteuid() == 0 else ["bwrap"]
+    programs = [cmd.split()[0].rsplit("/", 1)[-1] for cmd, _ in seen.values()]
+    assert programs == [*bwraps, "python3.11", "python3", "python3"]
+    *sandbox, bridge, agent, _command = (holds for _, holds in seen.values())
+    assert (bridge, agent) == ("unreadable: PermissionError", "token readable")
+    assert "token readable" not in sandbox
     careful = [holds for _, holds in report["processes_of_a_careful_harness"].values()]
     assert "token readable" not in careful
+
+
+async def test_the_agent_runs_unprivileged_within_its_limits(host: Host, agents_dir: Path) -> None:
+    """Whatever the worker runs as: uid 1000 of the sandbox's own /etc/passwd, no host user's
+    files (no /etc/shadow), no user namespace of its own, the limits of its spec on every
+    process, its /tmp of their size, and the OOM killer's first choice."""
+    limits = SandboxLimits(memory_mb=3000, processes=64, cpu_seconds=120, file_size_mb=50)
+    limits = limits.model_copy(update={"tmp_mb": 64})
+    request = rollout(
+        host,
+        [BASE_PYTHON, str(host.tools / "probe.py")],
+        env={
+            "PROBE": json.dumps(
+                {"escapes": [], "secret": str(host.secret), "port": host.other_port}
+            )
+        },
+        limits=limits,
+    )
+    assert await run_to_end(LocalProcessRunner(agents_dir), host, request) == 3
+    workspace = agents_dir / "r1" / "attempt-1" / "workspace"
+    report = json.loads((workspace / "probe.json").read_text())
+    assert report["uid"] == 1000
+    assert report["passwd"].splitlines()[1] == "sandbox:x:1000:1000:sandbox:/tmp:/bin/sh"
+    assert report["shadow"] == "error: FileNotFoundError"
+    assert not {"shadow", "gshadow", "sudoers", "machine-id"} & set(report["etc"])
+    assert report["user_namespace"].startswith("error"), report["user_namespace"]
+    mib = 1024 * 1024
+    assert report["limits"] == {
+        "RLIMIT_AS": [3000 * mib] * 2,
+        "RLIMIT_NPROC": [64] * 2,
+        "RLIMIT_CPU": [120] * 2,
+        "RLIMIT_FSIZE": [50 * mib] * 2,
+    }
+    assert report["tmp_size"] == 64 * mib
+    assert report["oom_score_adj"] == "1000"
+    # On the host, what the agent wrote is a sandbox user's, never root's.
+    owner = (workspace / "probe.json").stat().st_uid
+    assert owner == (sandbox_uid(str(agents_dir / "r1" / "attempt-1")) or os.getuid())
+    assert owner != 0
 
 
 async def test_without_bwrap_the_launch_says_what_to_do(
@@ -317,6 +377,7 @@ async def test_a_relaunch_or_adoption_keeps_the_workspace_and_kill_leaves_nothin
 ) -> None:
     ready = host.tools / f"ready-{uuid.uuid4().hex[:8]}"
     os.mkfifo(ready)
+    os.chmod(ready, 0o666)  # the sandbox's user writes it
     request = rollout(host, ["/bin/sh", "-c", f"echo up > {ready}; exec /bin/sleep 60"])
     contract = issuer(host).issue(request.spec, 1, None, {})
     runner = LocalProcessRunner(agents_dir, kill_grace_seconds=2)

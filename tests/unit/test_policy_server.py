@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from darl.serving.generation import SamplingParams, Sequence, TokenStep
 from darl.serving.policy_app import create_policy_app
 from darl.serving.policy_server import (
     CALL_ID_HEADER,
@@ -166,10 +167,56 @@ async def test_bad_requests_are_400s(http: httpx.AsyncClient) -> None:
         ("/v1/chat/completions", {"messages": []}),
         ("/v1/completions", {"prompt": [10_000]}),
         ("/v1/chat/completions", {**CHAT, "temperature": -1}),
+        ("/v1/chat/completions", {**CHAT, "seed": 2**70}),
+        ("/v1/completions", {"prompt": "3+4=", "seed": -(2**63) - 1}),
     ):
         response = await http.post(path, json=body)
         assert response.status_code == 400, (body, response.text)
         assert response.json()["error"]["code"] == 400
+
+
+async def test_sampling_at_the_edges_of_what_the_api_takes(http: httpx.AsyncClient) -> None:
+    """More alternatives than the vocabulary holds, a temperature too small to divide by, the
+    largest seeds: answered, not failed."""
+    for fields in (
+        {"logprobs": True, "top_logprobs": 20, "max_tokens": 3},
+        {"temperature": 1e-30, "max_tokens": 3},
+        {"seed": 2**63 - 1, "n": 3, "max_tokens": 3},
+        {"seed": -(2**63), "max_tokens": 3},
+    ):
+        answer = await chat(http, **fields)
+        assert answer["choices"][0]["token_ids"], fields
+
+
+async def test_one_sequences_failure_leaves_the_rest_of_its_batch(server: PolicyServer) -> None:
+    """A sequence whose sampling fails ends in an error; the others generated with it in the
+    same batch finish as they would have."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+    prompt = server.tokenizer("3+4=", add_special_tokens=False)["input_ids"]
+
+    def broken(_: list[int]) -> list[int]:
+        raise RuntimeError("this sequence's own failure")
+
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    sequences = [
+        Sequence(index=i, prompt_ids=prompt, params=params, loop=loop, events=events)
+        for i in range(3)
+    ]
+    sequences[1].allowed_tokens = broken
+    server.engine.pause("keep")  # all three are admitted as one batch on resume
+    for seq in sequences:
+        server.engine.submit(seq)
+    server.engine.resume()
+    ends: dict[int, object] = {}
+    async with asyncio.timeout(60):
+        while len(ends) < 3:
+            index, item = await events.get()
+            if not isinstance(item, TokenStep):
+                ends[index] = item
+    assert ends[0] == ends[2] == "length"
+    assert str(ends[1]).startswith("error: RuntimeError")
+    assert len(sequences[0].token_ids) == len(sequences[2].token_ids) == 4
 
 
 async def test_pause_keep_freezes_and_resume_continues(http: httpx.AsyncClient) -> None:

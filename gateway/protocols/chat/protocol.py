@@ -4,6 +4,7 @@ extensions work), and the fields that change how a chat prompt renders."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -72,7 +73,10 @@ def _plainly_valid(endpoint: Endpoint, body: dict[str, Any]) -> bool:
 
 
 def validate_body(endpoint: Endpoint, body: dict[str, Any]) -> bool:
-    """Check the fields DARL relies on; returns whether the call streams."""
+    """Check the fields DARL relies on and the sampling parameters (`check_sampling`);
+    returns whether the call streams."""
+    if not SAMPLING_FIELDS.isdisjoint(body):
+        check_sampling(endpoint, body)
     if _plainly_valid(endpoint, body):
         return bool(body.get("stream", False))
     schema = ChatCompletionRequest if endpoint == CHAT else CompletionRequest
@@ -82,3 +86,68 @@ def validate_body(endpoint: Endpoint, body: dict[str, Any]) -> bool:
         raise BadRequestError(
             f"invalid {endpoint} request: {describe_errors(err.errors())}"
         ) from err
+
+
+# The sampling parameters a policy server takes, with the values vLLM accepts (its
+# `SamplingParams` checks and its OpenAI protocol's bounds): (integer only, lowest, highest,
+# whether the lowest itself is refused). A value outside them would make a policy server
+# refuse the call, or fail it (the reference server's sampler took no seed over 2**64), and a
+# server's failure is DARL's incident, retried and never trained: the agent could turn any
+# attempt into one that does not count. So the gateway refuses them first, as the agent's
+# error. None means the server's default.
+INT64 = 2**63
+SAMPLING_BOUNDS: dict[str, tuple[bool, float | None, float | None, bool]] = {
+    "seed": (True, -INT64, INT64 - 1, False),
+    "temperature": (False, 0.0, None, False),
+    "top_p": (False, 0.0, 1.0, True),
+    "top_k": (True, -1, None, False),
+    "min_p": (False, 0.0, 1.0, False),
+    "presence_penalty": (False, -2.0, 2.0, False),
+    "frequency_penalty": (False, -2.0, 2.0, False),
+    "repetition_penalty": (False, 0.0, None, True),
+    "max_tokens": (True, 1, None, False),
+    "max_completion_tokens": (True, 1, None, False),
+    "min_tokens": (True, 0, None, False),
+    "top_logprobs": (True, 0, 20, False),
+}
+SAMPLING_FIELDS = frozenset({*SAMPLING_BOUNDS, "logprobs"})
+
+
+def check_sampling(endpoint: Endpoint, body: dict[str, Any]) -> None:
+    """Refuse (BadRequestError, naming the field) a sampling parameter no policy server
+    takes: the wrong type, a number out of its bounds, not finite."""
+    for name in SAMPLING_FIELDS.intersection(body):
+        value = body[name]
+        if value is None:
+            continue
+        if name == "logprobs":
+            # A chat call says whether (true or false); a completion how many (0 to 20).
+            if endpoint == CHAT:
+                if type(value) is not bool:
+                    raise _bad_sampling(name, value, "true or false")
+                continue
+            integer, low, high, open_low = True, 0, 20, False
+        else:
+            integer, low, high, open_low = SAMPLING_BOUNDS[name]
+        kinds: tuple[type, ...] = (int,) if integer else (int, float)
+        if type(value) not in kinds or (type(value) is float and not math.isfinite(value)):
+            raise _bad_sampling(name, value, "an integer" if integer else "a finite number")
+        below = low is not None and (value <= low if open_low else value < low)
+        if below or (high is not None and value > high):
+            raise _bad_sampling(name, value, _bounds(integer, low, high, open_low))
+
+
+def _bounds(integer: bool, low: float | None, high: float | None, open_low: bool) -> str:
+    shown = [
+        f"{'over' if open_low else 'at least'} {low if integer else f'{low:g}'}"
+        if low is not None
+        else "",
+        f"at most {high if integer else f'{high:g}'}" if high is not None else "",
+    ]
+    return " and ".join(part for part in shown if part)
+
+
+def _bad_sampling(name: str, value: object, wanted: str) -> BadRequestError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:40] + "..."
+    return BadRequestError(f"{name} must be {wanted}, not {shown}", param=name)

@@ -1,0 +1,171 @@
+"""What a grading's test run established: the listed tests that passed, or why none counts.
+
+The records come from DARL's plugin inside the test process (`pytest_results`), which the
+code under test shares, so a record alone proves nothing: a run counts only when it ended
+as an honest run ends (pytest's own end of session, exit status 1 because the canary that
+must fail failed), its canaries came out right (`canaries`), and no hook or test run was
+replaced. A test passes when its call passed and no phase failed; an expected failure
+(xfail) counts as a pass only when DARL's own copy of the test file declares it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from darl.activities.sandbox.canaries import Canaries
+from darl.activities.sandbox.pytest_results import ALTERED, FINISH, FOREIGN, START
+
+# pytest's exit statuses (pytest.ExitCode), as an honest run with a failing canary ends.
+TESTS_FAILED = 1
+EXIT_MEANINGS = {
+    0: "no test failed, though the canary test that must fail was run",
+    2: "the run was interrupted (a test file did not import?)",
+    3: "pytest failed internally",
+    4: "pytest was called wrongly",
+    5: "no tests were collected",
+}
+SHOWN = 3
+_PARAMETRIZED = re.compile(r"\[.*\]$")
+
+
+@dataclass
+class Records:
+    """The plugin's records of one run, read."""
+
+    started: bool = False
+    finished: int | None = None  # the exit status pytest's session ended with
+    passed_calls: set[str] = field(default_factory=set)
+    xfailed_calls: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)
+    foreign: list[str] = field(default_factory=list)
+    altered: list[str] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, text: str) -> Records:
+        found = cls()
+        for line in text.splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                found._take(record)
+        return found
+
+    def _take(self, record: dict[str, object]) -> None:
+        event, nodeid, outcome = record.get("event"), record.get("nodeid"), record.get("outcome")
+        if event == START:
+            self.started = True
+        elif event == FINISH and isinstance(record.get("exitstatus"), int):
+            self.finished = int(record["exitstatus"])  # type: ignore[call-overload]
+        elif event == FOREIGN:
+            self.foreign.append(str(record.get("what")))
+        elif event == ALTERED:
+            self.altered.append(str(nodeid))
+        elif isinstance(nodeid, str):
+            if outcome == "failed":
+                self.failed.add(nodeid)
+            elif record.get("when") == "call" and outcome == "passed":
+                self.passed_calls.add(nodeid)
+            elif record.get("when") == "call" and outcome == "skipped" and record.get("xfail"):
+                self.xfailed_calls.add(nodeid)
+
+    def passed(self, declared_xfail: set[str]) -> set[str]:
+        xfailed = {n for n in self.xfailed_calls if _PARAMETRIZED.sub("", n) in declared_xfail}
+        return (self.passed_calls | xfailed) - self.failed
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The listed tests that passed, and why the run counts for nothing if it does not."""
+
+    passed: list[str]
+    void: str | None = None
+
+
+def judge(
+    records: Records,
+    tests: list[str],
+    canaries: Canaries,
+    declared_xfail: set[str],
+    exit_code: int | None,
+) -> Verdict:
+    """The verdict on a run that started and ended by itself (not timed out)."""
+    void = _void(records, canaries, declared_xfail, exit_code)
+    if void is not None:
+        return Verdict([], void)
+    passed = records.passed(declared_xfail)
+    return Verdict([t for t in tests if t in passed])
+
+
+def _void(
+    records: Records, canaries: Canaries, declared_xfail: set[str], exit_code: int | None
+) -> str | None:
+    if records.foreign:
+        return "tampering: pytest ran hooks DARL did not load: " + _some(records.foreign)
+    if records.altered:
+        return "tampering: the run of a test was replaced: " + _some(records.altered)
+    if records.finished is None:
+        return f"the test run ended before pytest finished its session (exit status {exit_code})"
+    if exit_code != TESTS_FAILED or records.finished != TESTS_FAILED:
+        meaning = EXIT_MEANINGS.get(exit_code or 0, "it was killed or exited by itself")
+        return (
+            f"pytest exited {exit_code} (its session said {records.finished}); an honest run "
+            f"exits {TESTS_FAILED}: {meaning}"
+        )
+    passed = records.passed(declared_xfail)
+    if canaries.must_fail in passed or canaries.must_fail not in records.failed:
+        return "tampering: the canary test that must fail was not recorded as failed"
+    if canaries.must_pass not in passed:
+        return "the canary test that must pass did not pass: the run was tampered with"
+    return None
+
+
+def _some(items: list[str]) -> str:
+    shown = "; ".join(items[:SHOWN])
+    return shown + (f" and {len(items) - SHOWN} more" if len(items) > SHOWN else "")
+
+
+def declared_xfail(tree: Path, files: Iterable[str]) -> set[str]:
+    """The tests (`file::Class::function`, parameters left out) that the files in `tree`
+    (DARL's copy: restored and patched) declare as expected to fail: an `xfail` in the
+    test's decorators or body, its classes' decorators or the module's `pytestmark`."""
+    declared: set[str] = set()
+    for file in files:
+        try:
+            source = (tree / file).read_text(encoding="utf-8")
+            module = ast.parse(source)
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        marked = any(
+            _mentions_xfail(source, node)
+            for node in module.body
+            if isinstance(node, ast.Assign | ast.AnnAssign)
+            and "pytestmark" in (ast.get_source_segment(source, node) or "")
+        )
+        declared |= _declared_in(source, module.body, file, marked)
+    return declared
+
+
+def _declared_in(source: str, body: list[ast.stmt], prefix: str, marked: bool) -> set[str]:
+    found: set[str] = set()
+    for node in body:
+        if isinstance(node, ast.ClassDef):
+            inner = marked or any(_mentions_xfail(source, d) for d in node.decorator_list)
+            found |= _declared_in(source, node.body, f"{prefix}::{node.name}", inner)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (
+            marked
+            or _mentions_xfail(source, node)
+            or any(_mentions_xfail(source, d) for d in node.decorator_list)
+        ):
+            found.add(f"{prefix}::{node.name}")
+    return found
+
+
+def _mentions_xfail(source: str, node: ast.AST) -> bool:
+    return "xfail" in (ast.get_source_segment(source, node) or "")
