@@ -150,9 +150,13 @@ def give_to(path: Path, uid: int | None) -> None:
     if uid is None:
         return
     os.lchown(path, uid, uid)
-    for folder, dirs, files in os.walk(path):
-        for name in (*dirs, *files):
-            os.lchown(os.path.join(folder, name), uid, uid)
+    pending = [str(path)]  # a stack, not os.walk's recursion: a tree may be deep
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                os.lchown(entry.path, uid, uid)
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
 
 
 def write_etc(folder: Path) -> tuple[tuple[str, str], ...]:
@@ -323,8 +327,8 @@ async def run_sandboxed(
     The descriptors `hand_over` are the command's too, and closed here once it has them."""
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
-        launch = stack.enter_context(BwrapLaunch(argv)) if bwrap else None
         try:
+            launch = stack.enter_context(BwrapLaunch(argv)) if bwrap else None
             with log_path.open("ab") as log:
                 proc = await asyncio.create_subprocess_exec(
                     *(launch.argv if launch else argv),

@@ -145,6 +145,9 @@ async def tree_diff(
     shown, unshown = await asyncio.to_thread(_diffable, root, changes)
     entries = await asyncio.to_thread(_stored, workspace.git_dir, root, shown)
     with tempfile.TemporaryDirectory(dir=workspace.attempt_dir, prefix="diff-") as tmp:
+        # An empty work tree: git needs one to edit an index, and reads no attributes in it.
+        empty = Path(tmp) / "tree"
+        empty.mkdir()
 
         async def indexed(
             *args: str, stdin: bytes | None = None, limit: int | None = None
@@ -152,6 +155,7 @@ async def tree_diff(
             return await git(
                 *args,
                 git_dir=workspace.git_dir,
+                work_tree=empty,
                 index=Path(tmp) / "index",
                 stdin=stdin,
                 limit=limit,

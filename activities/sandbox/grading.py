@@ -20,14 +20,12 @@ git, the sandbox, its Python) is a GradingError.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -59,7 +57,7 @@ from darl.activities.sandbox.errors import (
 from darl.activities.sandbox.outcomes import Records, Verdict, declared_xfail, judge
 from darl.activities.sandbox.tampering import apply_test_patch, patch_paths, restore_and_remove
 from darl.activities.sandbox.workspace import AttemptWorkspace, open_workspace
-from darl.activities.sandbox.workspace_copy import copy_workspace
+from darl.activities.sandbox.workspace_copy import copy_workspace, remove_tree
 from darl.activities.worker_paths import expand, expand_sandbox
 from darl.workflows.contracts import (
     GradeReport,
@@ -160,7 +158,7 @@ async def grade(spec: RolloutSpec, attempt_dir: Path, heartbeat: Heartbeat) -> G
     except (SandboxError, OSError) as err:
         raise GradingError(f"grading {attempt_dir} failed: {err}") from err
     finally:
-        await asyncio.to_thread(_remove_tree, run_dir)
+        await asyncio.to_thread(remove_tree, run_dir)
     return report.model_copy(update={"seconds": round(time.monotonic() - began, 3)})
 
 
@@ -262,10 +260,11 @@ class _Grading:
         read_end, write_end = os.pipe()
         reading = asyncio.ensure_future(_read_pipe(read_end, RESULTS_CAP_BYTES))
         try:
+            # The run closes our copy of the write end, once its command has one.
             run = await self._run(self._pytest(ordered, write_end), hand_over=(write_end,))
-        finally:
-            with contextlib.suppress(OSError):  # closed by the run once it has it
-                os.close(write_end)
+        except BaseException:
+            reading.cancel()
+            raise
         try:
             results, results_cut = await asyncio.wait_for(reading, RESULTS_DRAIN_SECONDS)
         except TimeoutError:
@@ -346,19 +345,28 @@ class _Grading:
         ]
 
     async def _run(self, command: list[str], hand_over: tuple[int, ...] = ()) -> SandboxRun:
-        env = kept_environment(os.environ) | env_map_values(self._spec.task, self._grader.env_map)
-        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-        argv, cwd = command, self._tree
-        if self._tools is not None:
-            layout = SandboxLayout(
-                workspace=self._tree,
-                workdir=self._sandbox.workdir,
-                limits=self._sandbox.limits,
-                uid=self._uid,
-                read_only=(sys.base_prefix, sys.prefix, *self._sandbox.read_only),
-                files=((PLUGIN_FILE, SANDBOX_PLUGIN), *write_etc(self._run_dir / "etc")),
-            )
-            argv, env["PWD"] = bwrap_argv(self._tools, layout, command), self._sandbox.workdir
+        """Run `command` in the grading's sandbox; the descriptors `hand_over` are closed here
+        whatever happens (once the command has them, if it starts)."""
+        try:
+            env = kept_environment(os.environ)
+            env |= env_map_values(self._spec.task, self._grader.env_map)
+            env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+            argv, cwd = command, self._tree
+            if self._tools is not None:
+                layout = SandboxLayout(
+                    workspace=self._tree,
+                    workdir=self._sandbox.workdir,
+                    limits=self._sandbox.limits,
+                    uid=self._uid,
+                    read_only=(sys.base_prefix, sys.prefix, *self._sandbox.read_only),
+                    files=((PLUGIN_FILE, SANDBOX_PLUGIN), *write_etc(self._run_dir / "etc")),
+                )
+                argv = bwrap_argv(self._tools, layout, command)
+                env["PWD"] = self._sandbox.workdir
+        except BaseException:
+            for fd in hand_over:
+                os.close(fd)
+            raise
         run = await run_sandboxed(
             argv,
             env=env,
@@ -404,13 +412,3 @@ def _shown(paths: list[str]) -> list[str]:
     if len(text) <= PATHS_SHOWN:
         return text
     return [*text[:PATHS_SHOWN], f"... and {len(text) - PATHS_SHOWN} more"]
-
-
-def _remove_tree(path: Path) -> None:
-    """Remove a grading directory, even one whose tests took their own write permission."""
-
-    def writable_and_again(func: Callable[[str], object], failed: str, _exc: object) -> None:
-        os.chmod(os.path.dirname(failed), 0o700)
-        func(failed)
-
-    shutil.rmtree(path, onerror=writable_and_again)

@@ -111,7 +111,9 @@ async def _collect(
 
     async def feed() -> None:
         if proc.stdin is not None and stdin is not None:
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            # git may end before it reads (its message, on stderr, says why); uvloop's pipe
+            # says so with a RuntimeError, asyncio's with a BrokenPipeError.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
                 proc.stdin.write(stdin)
                 await proc.stdin.drain()
                 proc.stdin.close()

@@ -1,10 +1,12 @@
-"""The grader's copy of what an agent left in its workspace, made so that nothing the agent
-left can stall, fool or overwhelm it: every directory and file is opened relative to its
-parent's descriptor without following links and without blocking (a FIFO, a socket or a
-device is left out, never opened), a file is copied only as far as its size said, each file
-is copied once however many links it has (the others are linked to the copy), and a
-workspace over its limits (`SandboxLimits`: bytes, entries, path length) is refused as the
-agent's outcome (`UngradableWorkspaceError`) before it costs more.
+"""The grader's copy of what an agent left in its workspace (and its removal), made so that
+nothing the agent or its tests left can stall, fool or overwhelm it: every directory and
+file is opened relative to its parent's descriptor without following links and without
+blocking (a FIFO, a socket or a device is left out, never opened), a file is copied only as
+far as its size said, each file is copied once however many links it has (the others are
+linked to the copy), and a workspace over its limits (`SandboxLimits`: bytes, entries, path
+length) is refused as the agent's outcome (`UngradableWorkspaceError`) before it costs
+more. `remove_tree` removes a tree however deep or long its paths (the tests may have made
+any).
 
 Synchronous, for a thread.
 """
@@ -197,3 +199,56 @@ def _entries(dir_fd: int) -> Iterator[tuple[str, os.stat_result]]:
                 yield entry.name, entry.stat(follow_symlinks=False)
             except OSError:
                 continue
+
+
+def remove_tree(path: Path) -> None:
+    """Remove the directory at `path` and all it holds, however deep (without recursion: the
+    folders under its top are moved up to it, a level a pass) or long its paths (every name
+    is taken from its folder's descriptor); links are removed, never followed; a folder its
+    tests made unwritable is made writable first."""
+    if not os.path.lexists(path):
+        return
+    top = os.open(path, _DIRECTORY)
+    try:
+        moved = 0
+        while True:
+            folders = [n for n, st in _entries(top) if stat.S_ISDIR(st.st_mode)]
+            _empty_but_folders(top)
+            if not folders:
+                break
+            for name in folders:
+                sub = os.open(name, _DIRECTORY, dir_fd=top)
+                try:
+                    _empty_but_folders(sub)
+                    for inner, _ in list(_entries(sub)):
+                        moved = _free_name(top, moved)
+                        os.rename(inner, f".darl-{moved}", src_dir_fd=sub, dst_dir_fd=top)
+                finally:
+                    os.close(sub)
+                os.rmdir(name, dir_fd=top)
+    finally:
+        os.close(top)
+    os.rmdir(path)
+
+
+def _free_name(dir_fd: int, after: int) -> int:
+    """The first n past `after` for which the open directory holds no `.darl-<n>`."""
+    n = after + 1
+    while True:
+        try:
+            os.stat(f".darl-{n}", dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return n
+        n += 1
+
+
+def _empty_but_folders(dir_fd: int) -> None:
+    """Unlink every entry of the open directory that is not a directory."""
+    with contextlib.suppress(PermissionError):
+        os.chmod(dir_fd, 0o700)
+    for name, st in list(_entries(dir_fd)):
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=dir_fd)
+        else:
+            with contextlib.suppress(PermissionError):
+                os.chmod(name, 0o700, dir_fd=dir_fd, follow_symlinks=False)

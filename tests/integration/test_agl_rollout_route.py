@@ -89,7 +89,13 @@ async def test_an_agl_agent_reads_its_task_without_the_hidden_fields(
             command=["{python}", str(READER)],
             sandbox=SandboxSpec(repos_dir=str(repos_dir), isolation="none"),
         ),
-        reward=RewardSpec(grader=GraderSpec(kind="command", command=["true"])),
+        # Agent Lightning's swe_smith agent reads FAIL_TO_PASS, which the grader hides by
+        # default (an agent that knows the graded tests can forge exactly those): shown here.
+        reward=RewardSpec(
+            grader=GraderSpec(
+                kind="command", command=["true"], hidden_fields=["patch", "test_patch"]
+            )
+        ),
         timeouts=RolloutTimeouts(agent_seconds=120),
         revision=CURRENT_REVISION,
     )

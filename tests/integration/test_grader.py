@@ -387,6 +387,7 @@ async def test_fake_reports_and_start_up_files_in_the_workspace_grade_0(attempt)
     assert {"sitecustomize.py", "darl.pth", "tests/usercustomize.py"} <= set(report.removed)
     assert "tests/test_calc.py/conftest.py" in report.removed
     assert report.restored == ["tests/test_calc.py"]
+    assert "deleted file mode" in report.diff and "+++ b/report.xml" in report.diff
 
 
 async def test_the_tests_time_out(attempt) -> None:

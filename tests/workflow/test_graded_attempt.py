@@ -1,7 +1,8 @@
 """A reward from a grader (RewardSpec.grader), on the time-skipping server with the real
-rollout activities: await_agent grades the finished attempt with its runner, the workflow
-takes the grade and never what the agent reported (a result it posted, a reward in its exit),
-and a grading that cannot be done fails the rollout as DARL's, without a retry. The runner is
+rollout activities: await_agent grades the ended attempt with its runner however its agent
+ended (unless DARL failed it first), the workflow takes the grade and never what the agent
+reported (a result it posted, a reward in its exit: kept as its claim), and a grading that
+cannot be done fails the rollout as DARL's, without a retry. The runner is
 a stand-in with a scripted grade; tests/integration/test_swe_agents.py grades real sandboxes."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import asyncio
 import uuid
 from pathlib import Path
 
+from aiohttp import web
 from temporalio.testing import WorkflowEnvironment
 
 from darl.activities.agent_contract import AgentContract
@@ -46,8 +48,12 @@ class ScriptedGradingRunner(AgentRunner):
 
     kind = "local"
 
-    def __init__(self, grade: GradeReport | GradingError) -> None:
+    def __init__(
+        self, grade: GradeReport | GradingError, exits: list[AgentExit] | None = None
+    ) -> None:
         self.verdict = grade
+        # How each attempt's agent ends (an exit with status 0, by default).
+        self.exits = exits or []
         self.grades = 0
         self.started = asyncio.Event()
         # Held until the test has signalled the agent's report, so the report is in the
@@ -65,7 +71,10 @@ class ScriptedGradingRunner(AgentRunner):
     ) -> AgentExit:
         self.started.set()
         await self.release.wait()
-        return AgentExit(exit_code=0, report=AgentReport(attempt=request.attempt, reward=1.0))
+        report = AgentReport(attempt=request.attempt, reward=1.0, answer="fixed")
+        if request.attempt <= len(self.exits):
+            return self.exits[request.attempt - 1].model_copy(update={"report": report})
+        return AgentExit(exit_code=0, report=report)
 
     async def grade(self, request: AwaitRequest, heartbeat: Heartbeat) -> GradeReport:
         self.grades += 1
@@ -101,9 +110,12 @@ def graded_spec() -> RolloutSpec:
 
 
 async def run_graded(
-    env: WorkflowEnvironment, tmp_path: Path, runner: ScriptedGradingRunner
+    env: WorkflowEnvironment,
+    tmp_path: Path,
+    runner: ScriptedGradingRunner,
+    stack: FakeStack | None = None,
 ) -> RolloutResult:
-    async with worker(env, tmp_path, FakeStack([]), runners={"local": runner}) as queue:
+    async with worker(env, tmp_path, stack or FakeStack([]), runners={"local": runner}) as queue:
         handle = await start(env, graded_spec(), queue)
         await asyncio.wait_for(runner.started.wait(), TIMEOUT)
         # The agent's own report by signal too: a reward it posted to DARL_RESULT_URL.
@@ -120,6 +132,41 @@ async def test_the_grade_is_the_reward_whatever_the_agent_reports(
     assert result.status == RolloutStatus.SUCCEEDED, result.error
     assert result.reward == 0.0 and result.grade == GRADE
     assert runner.grades == 1
+    # What the agent said of itself is kept as its claim, apart from DARL's reward.
+    claim = result.agent_claim
+    assert claim is not None and (claim.reward, claim.answer) == (1.0, "fixed")
+    assert (result.answer, result.metadata) == (None, {})
+
+
+async def test_an_agent_that_failed_or_ran_out_of_time_is_graded_all_the_same(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """No way of ending spares an agent its grade: killed (137) or timed out, what it left
+    is graded, and the rollout succeeds with that grade (a failed_agent or timed_out
+    rollout would not be trained: a zero the policy could choose not to count)."""
+    for ended in (AgentExit(exit_code=137), AgentExit(exit_code=None, timed_out=True)):
+        runner = ScriptedGradingRunner(GRADE, exits=[ended])
+        result = await run_graded(time_skipping_env, tmp_path, runner)
+        assert result.status == RolloutStatus.SUCCEEDED, result.error
+        assert (result.reward, result.grade, result.exit_code) == (0.0, GRADE, ended.exit_code)
+        assert runner.grades == 1 and result.attempts == 1
+
+
+async def test_an_agent_that_failed_after_darl_failed_it_gets_a_new_attempt(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """Rule 7 still holds: an agent that failed after a DARL incident is not graded; its
+    attempt is DARL's failure, and the next attempt is graded."""
+    stack = FakeStack([])
+    stack.close_answers.append(
+        web.json_response(
+            {"closed": True, "events": [], "infra_incidents": ["502 the policy server failed"]}
+        )
+    )
+    runner = ScriptedGradingRunner(GRADE, exits=[AgentExit(exit_code=1)])
+    result = await run_graded(time_skipping_env, tmp_path, runner, stack)
+    assert result.status == RolloutStatus.SUCCEEDED, result.error
+    assert (result.attempts, result.grade, runner.grades) == (2, GRADE, 1)
 
 
 async def test_a_grading_that_cannot_be_done_fails_the_rollout_as_darl_s(
