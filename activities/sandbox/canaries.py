@@ -1,12 +1,13 @@
 """Canary tests: proof, in every grading, that the test outcomes are honest.
 
 The code under test runs in the pytest process that records the outcomes, so it can write
-any record. Before the run the grader plants two tests drawn fresh for this grading (names
-made like the listed tests' own, bodies from random values) in one of the listed test files:
-one that must pass and one that must fail. A run that records the failing one as passed, or
-does not record the passing one as passed, was tampered with (or cut short), and grades 0
-whatever it recorded of the listed tests. The canaries run last (their file is last on the
-command line, and they are at its end), so tampering done by any test before them meets them.
+any record. Before the run the grader plants, in every listed test file that can hold them,
+two tests drawn fresh for this grading (names made like that file's listed tests, bodies
+from random values, each put between the file's own tests at a random place): one that must
+pass and one that must fail. A run that records a failing one as passed, or does not record
+a passing one as passed, was tampered with (or cut short), and grades 0 whatever it recorded
+of the listed tests. So tampering that spares a file, a place in the run or a time spares
+the canaries there too.
 
 Only a tamperer that tells the canaries from the listed tests escapes them: the listed tests
 are hidden from the agent (`GraderSpec.hidden_fields`) and the canaries look like tests of
@@ -42,39 +43,63 @@ class Canaries:
     must_fail: str
 
 
-def plant(tree: Path, tests: list[str], rng: random.Random | None = None) -> Canaries:
-    """Append the two canaries to one of the listed tests' Python files in `tree` (one with
-    no module-wide marks, which would apply to them too), or to a new file beside the first
-    listed one when there is none."""
+def plant(tree: Path, tests: list[str], rng: random.Random | None = None) -> list[Canaries]:
+    """Plant a pair of canaries in each listed test file of `tree` that can hold them (a
+    Python module with no module-wide marks, which would apply to them too), or in a new
+    file beside the first listed one when none can."""
     rng = rng or random.SystemRandom()
     by_file: dict[str, list[str]] = {}
     for test in tests:
         path, _, name = test.partition("::")
         by_file.setdefault(path, []).append(_PARAMETRIZED.sub("", name.rsplit("::", 1)[-1]))
     hosts = [f for f in by_file if f.endswith(".py") and _can_host(tree / f)]
-    if hosts:
-        file = rng.choice(sorted(hosts))
-        source = (tree / file).read_text(encoding="utf-8")
-    else:
+    if not hosts:
         first = next(iter(by_file))
         folder = first.rpartition("/")[0]
-        file = f"{folder}/" if folder else ""
-        file += f"test_{rng.choice(WORDS)}_{rng.choice(WORDS)}_{rng.randrange(10**6)}.py"
-        source = ""
+        new = f"{folder}/" if folder else ""
+        new += f"test_{rng.choice(WORDS)}_{rng.choice(WORDS)}_{rng.randrange(10**6)}.py"
+        (tree / new).parent.mkdir(parents=True, exist_ok=True)
+        (tree / new).write_text("", encoding="utf-8")
+        by_file[new], hosts = by_file[first], [new]
+    return [_plant_in(tree, file, by_file[file], rng) for file in hosts]
+
+
+def _plant_in(tree: Path, file: str, models: list[str], rng: random.Random) -> Canaries:
+    source = (tree / file).read_text(encoding="utf-8")
+    module = ast.parse(source)
     taken = set(re.findall(r"\b\w+\b", source))
     names = []
     for _ in range(2):
-        name = _name_like(rng.choice(by_file.get(file) or ["test_it"]), rng, taken)
+        name = _name_like(rng.choice(models), rng, taken)
         taken.add(name)
         names.append(name)
-    reference = _imported_name(source, rng)
-    body = [_function(names[0], rng, reference, passes=True)]
-    body.append(_function(names[1], rng, reference, passes=False))
-    separator = "" if not source or source.endswith("\n") else "\n"
-    text = source + separator + "".join(f"\n\n{f}" for f in body)
-    (tree / file).parent.mkdir(parents=True, exist_ok=True)
-    (tree / file).write_text(text, encoding="utf-8")
+    reference = _imported_name(module, rng)
+    lines = source.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    planted = [
+        (rng.choice(_places(module, len(lines))), _function(name, rng, reference, passes))
+        for name, passes in zip(names, (True, False), strict=True)
+    ]
+    # From the last place up, so an earlier place's line number still holds.
+    for place, function in sorted(planted, key=lambda p: p[0], reverse=True):
+        lines[place:place] = ["\n", "\n", *function.splitlines(keepends=True), "\n"]
+    (tree / file).write_text("".join(lines), encoding="utf-8")
     return Canaries(file, f"{file}::{names[0]}", f"{file}::{names[1]}")
+
+
+def _places(module: ast.Module, lines: int) -> list[int]:
+    """Where a canary may go (after that many lines): after any top-level statement past the
+    module's opening (its docstring and imports, which the canaries may use), or its end."""
+    body = module.body
+    first = 0
+    while first < len(body) and (
+        isinstance(body[first], ast.Import | ast.ImportFrom)
+        or (isinstance(body[first], ast.Expr) and isinstance(body[first].value, ast.Constant))
+    ):
+        first += 1
+    places = [stmt.end_lineno or 0 for stmt in body[max(first - 1, 0) :]]
+    return places or [lines]
 
 
 def _can_host(path: Path) -> bool:
@@ -104,12 +129,8 @@ def _name_like(model: str, rng: random.Random, taken: set[str]) -> str:
             return name
 
 
-def _imported_name(source: str, rng: random.Random) -> str | None:
+def _imported_name(module: ast.Module, rng: random.Random) -> str | None:
     """A name the module imports at its top (what its tests use), if any but pytest."""
-    try:
-        module = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return None
     names = []
     for node in module.body:
         if isinstance(node, ast.ImportFrom) and node.module != "__future__":
@@ -132,7 +153,7 @@ def _function(name: str, rng: random.Random, reference: str | None, passes: bool
 
 
 def _computation(rng: random.Random) -> tuple[str, object]:
-    kind = rng.randrange(4)
+    kind = rng.randrange(7)
     if kind == 0:
         a, b = rng.randint(2, 999), rng.randint(2, 999)
         return f"{a} + {b}", a + b
@@ -142,8 +163,22 @@ def _computation(rng: random.Random) -> tuple[str, object]:
     if kind == 2:
         items = [rng.randint(0, 99) for _ in range(rng.randint(3, 6))]
         return f"sorted({items!r})", sorted(items)
-    word = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(4, 9)))
+    if kind == 3:
+        items = [rng.randint(0, 99) for _ in range(rng.randint(3, 6))]
+        return f"max({items!r})", max(items)
+    if kind == 4:
+        parts = [_word(rng) for _ in range(rng.randint(2, 4))]
+        separator = rng.choice(["-", ", ", "/", "."])
+        return f"{separator!r}.join({parts!r})", separator.join(parts)
+    if kind == 5:
+        word = _word(rng)
+        return f"len({word!r})", len(word)
+    word = _word(rng)
     return f"{word!r}.upper()", word.upper()
+
+
+def _word(rng: random.Random) -> str:
+    return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 9)))
 
 
 def _wrong(value: object, rng: random.Random) -> object:

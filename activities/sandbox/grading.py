@@ -255,8 +255,8 @@ class _Grading:
         planted = await asyncio.to_thread(canaries.plant, self._tree, tests)
         xfails = await asyncio.to_thread(declared_xfail, self._tree, files)
         await asyncio.to_thread(give_to, self._tree, self._uid)
-        # The canaries' file last: they run after every listed test.
-        ordered = [f for f in files if f != planted.file] + [planted.file]
+        # A file of their own, when the canaries needed one.
+        ordered = list(dict.fromkeys([*files, *(c.file for c in planted)]))
         read_end, write_end = os.pipe()
         reading = asyncio.ensure_future(_read_pipe(read_end, RESULTS_CAP_BYTES))
         try:
@@ -270,10 +270,9 @@ class _Grading:
         except TimeoutError:
             results, results_cut = b"", True
         with self._log.open("a") as log:
-            log.write(
-                f"\n# DARL's canary tests: {planted.must_pass} must pass, "
-                f"{planted.must_fail} must fail\n"
-            )
+            log.write("\n# DARL's canary tests (drawn for this grading):\n")
+            for pair in planted:
+                log.write(f"#   {pair.must_pass} must pass, {pair.must_fail} must fail\n")
         log_tail = file_tail(self._log, LOG_TAIL_BYTES)
         records = Records.read(results.decode("utf-8", errors="replace"))
         if not records.started and not run.timed_out:

@@ -91,7 +91,7 @@ class Verdict:
 def judge(
     records: Records,
     tests: list[str],
-    canaries: Canaries,
+    canaries: list[Canaries],
     declared_xfail: set[str],
     exit_code: int | None,
 ) -> Verdict:
@@ -104,7 +104,7 @@ def judge(
 
 
 def _void(
-    records: Records, canaries: Canaries, declared_xfail: set[str], exit_code: int | None
+    records: Records, canaries: list[Canaries], declared_xfail: set[str], exit_code: int | None
 ) -> str | None:
     if records.foreign:
         return "tampering: pytest ran hooks DARL did not load: " + _some(records.foreign)
@@ -119,10 +119,17 @@ def _void(
             f"exits {TESTS_FAILED}: {meaning}"
         )
     passed = records.passed(declared_xfail)
-    if canaries.must_fail in passed or canaries.must_fail not in records.failed:
-        return "tampering: the canary test that must fail was not recorded as failed"
-    if canaries.must_pass not in passed:
-        return "the canary test that must pass did not pass: the run was tampered with"
+    for pair in canaries:
+        if pair.must_fail in passed or pair.must_fail not in records.failed:
+            return (
+                "tampering: the canary test that must fail was not recorded as failed "
+                f"({pair.must_fail})"
+            )
+        if pair.must_pass not in passed:
+            return (
+                "the canary test that must pass did not pass: the run was tampered with "
+                f"({pair.must_pass})"
+            )
     return None
 
 

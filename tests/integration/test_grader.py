@@ -219,8 +219,9 @@ async def test_a_correct_fix_grades_1_and_twice_the_same(attempt) -> None:
     # canaries, drawn fresh for each grading).
     same = {"seconds": 0, "log_tail": ""}
     assert again.model_copy(update=same) == first.model_copy(update=same)
-    # The four listed tests and the canary that must pass.
-    assert "1 failed, 5 passed" in first.log_tail and "1 failed, 5 passed" in again.log_tail
+    # The four listed tests, and in each of the two files a canary that must pass and one
+    # that must fail.
+    assert "2 failed, 6 passed" in first.log_tail and "2 failed, 6 passed" in again.log_tail
     print(f"grading the tiny repository took {first.seconds:.2f} s and {again.seconds:.2f} s")
 
 

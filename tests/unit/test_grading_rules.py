@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -61,7 +62,7 @@ LISTED = ["t.py::ok", "t.py::xfailed", "t.py::declared[1]", "t.py::teardown", "t
 
 def verdict(records: list[dict[str, object]], exit_code: int | None = 1) -> Verdict:
     text = "".join(json.dumps(r) + "\n" for r in records) + "not json\n[1]\n"
-    return judge(Records.read(text), LISTED, CANARIES, {"t.py::declared"}, exit_code)
+    return judge(Records.read(text), LISTED, [CANARIES], {"t.py::declared"}, exit_code)
 
 
 def test_a_test_passes_only_with_a_passing_call_and_no_failed_phase() -> None:
@@ -147,34 +148,69 @@ def _run_canaries(tree: Path, planted: Canaries) -> dict[str, str]:
     return outcomes
 
 
+MODULE_A = '''\
+"""Tests of a."""
+from os.path import join
+
+
+def test_join_paths():
+    assert join("a") == "a"
+
+
+class TestMore:
+    def test_join_more(self):
+        assert join("a", "b") == "a/b"
+
+
+def test_last():
+    pass
+'''
+
+
 def test_canaries_are_named_like_the_listed_tests_and_drawn_fresh(tmp_path: Path) -> None:
+    """A pair in every listed file that can hold them, each canary named like that file's
+    listed tests, anywhere between its tests (never above its imports), bodies and places
+    drawn fresh; the file's own tests untouched."""
     (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_a.py").write_text(
-        "from os.path import join\n\n\ndef test_join_paths():\n    assert join('a') == 'a'\n"
-    )
+    (tmp_path / "tests" / "test_a.py").write_text(MODULE_A)
+    (tmp_path / "tests" / "test_b.py").write_text("def test_b_one():\n    pass\n")
     (tmp_path / "tests" / "test_marked.py").write_text(
         "import pytest\n\npytestmark = pytest.mark.skip\n\n\ndef test_skipped():\n    pass\n"
     )
-    listed = ["tests/test_a.py::test_join_paths", "tests/test_marked.py::test_skipped"]
-    seen = set()
-    for seed in range(20):
+    listed = [
+        "tests/test_a.py::test_join_paths",
+        "tests/test_a.py::TestMore::test_join_more[x]",
+        "tests/test_b.py::test_b_one",
+        "tests/test_marked.py::test_skipped",
+    ]
+    seen, places = set(), set()
+    for seed in range(30):
         tree = tmp_path / f"copy-{seed}"
         shutil.copytree(tmp_path / "tests", tree / "tests")
         planted = plant(tree, listed, random.Random(seed))
         # Never in a file whose module-wide marks would apply to them.
-        assert planted.file == "tests/test_a.py"
-        for nodeid in (planted.must_pass, planted.must_fail):
+        assert [p.file for p in planted] == ["tests/test_a.py", "tests/test_b.py"]
+        for pair in planted:
+            assert pair.must_pass != pair.must_fail
+            assert _run_canaries(tree, pair) == {
+                pair.must_pass: "passed",
+                pair.must_fail: "failed",
+            }
+        for nodeid in (planted[0].must_pass, planted[0].must_fail):
             name = nodeid.rsplit("::", 1)[1]
-            assert name.startswith("test_join_") and name.endswith("_paths"), name
-        assert planted.must_pass != planted.must_fail
-        assert _run_canaries(tree, planted) == {
-            planted.must_pass: "passed",
-            planted.must_fail: "failed",
-        }
-        text = (tree / planted.file).read_text()
-        assert text.startswith("from os.path import join\n") and "assert join is not None" in text
+            assert name.startswith("test_join_") and name.endswith(("_paths", "_more")), name
+        text = (tree / planted[0].file).read_text()
+        assert text.startswith('"""Tests of a."""\nfrom os.path import join\n')
+        assert "assert join is not None" in text
+        # Take the canaries out again: the file's own tests are as they were.
+        kept = text
+        for nodeid in (planted[0].must_pass, planted[0].must_fail):
+            name = re.escape(nodeid.rsplit("::", 1)[1])
+            kept = re.sub(rf"\n\n\ndef {name}\(\):\n(    .*\n)+", "\n", kept)
+        assert re.sub(r"\n+", "\n", kept) == re.sub(r"\n+", "\n", MODULE_A)
         seen.add(text)
-    assert len(seen) == 20
+        places.add(text.index(planted[0].must_fail.rsplit("::", 1)[1]))
+    assert len(seen) == 30 and len(places) > 3
 
 
 def test_canaries_go_to_a_file_of_their_own_when_no_listed_file_can_hold_them(
@@ -182,7 +218,7 @@ def test_canaries_go_to_a_file_of_their_own_when_no_listed_file_can_hold_them(
 ) -> None:
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_m.py").write_text("import pytest\npytestmark = []\n")
-    planted = plant(tmp_path, ["tests/test_m.py::test_x"], random.Random(1))
+    [planted] = plant(tmp_path, ["tests/test_m.py::test_x"], random.Random(1))
     assert planted.file.startswith("tests/test_") and planted.file != "tests/test_m.py"
     assert _run_canaries(tmp_path, planted) == {
         planted.must_pass: "passed",
