@@ -1,11 +1,14 @@
 """Watching a local process from the event loop: waiting for its exit without polling (a
-pidfd), and reading the end of the file it writes its log to."""
+pidfd), and reading the files it may have touched (its log, its exit status) without a link
+followed or a wait."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
+import stat
 from pathlib import Path
 
 
@@ -31,11 +34,37 @@ async def wait_for_exit(pid: int, timeout: float) -> None:
         os.close(pidfd)
 
 
-def file_tail(path: Path, size: int) -> str:
-    """The last `size` bytes of the file as text ("" when there is no file yet)."""
+# How a file an agent could have replaced is opened: never through a link, never waiting
+# (a FIFO would hold an open until a writer came, and with it the worker's event loop).
+_SAFE_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class NotARegularFileError(OSError):
+    """A path that should hold a file holds something else (a FIFO, a link, a device)."""
+
+
+def read_file(path: Path, limit: int = 1 << 20, tail: bool = False) -> bytes:
+    """At most `limit` bytes of the regular file at `path` (its last ones with `tail`),
+    opened without following a link or blocking: a file an agent could have replaced can
+    never hold the reader. Raises FileNotFoundError, NotARegularFileError, OSError."""
     try:
-        with path.open("rb") as f:
-            f.seek(max(0, path.stat().st_size - size))
-            return f.read().decode("utf-8", errors="replace")
-    except FileNotFoundError:
+        fd = os.open(path, _SAFE_READ)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise NotARegularFileError(err.errno, f"{path} is a link") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARegularFileError(errno.EINVAL, f"{path} is not a regular file")
+        if tail:
+            f.seek(max(0, st.st_size - limit))
+        return f.read(limit)
+
+
+def file_tail(path: Path, size: int) -> str:
+    """The last `size` bytes of the file as text ("" when there is no regular file there)."""
+    try:
+        return read_file(path, size, tail=True).decode("utf-8", errors="replace")
+    except (FileNotFoundError, NotARegularFileError):
         return ""

@@ -27,7 +27,7 @@ import psutil
 
 from darl.activities.agent_contract import AgentContract, TaskPathError, inherited_env
 from darl.activities.errors import agent_lost_error, agent_spec_error, agent_stopped_error
-from darl.activities.processes import file_tail, wait_for_exit
+from darl.activities.processes import NotARegularFileError, file_tail, read_file, wait_for_exit
 from darl.activities.runners.base import (
     LOG_TAIL_BYTES,
     AgentRunner,
@@ -71,10 +71,18 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _read_exit_code(path: Path) -> int | None:
+    """The agent's exit status, once its wrapper wrote it (None before). Read without
+    following a link or waiting: an agent without isolation could put a FIFO there."""
     try:
-        return int(path.read_text())
+        text = read_file(path, 32)
     except FileNotFoundError:
         return None
+    except NotARegularFileError:
+        return 1  # not what the wrapper writes: the agent's own doing
+    try:
+        return int(text)
+    except ValueError:
+        return 1
 
 
 def _log_tail(attempt_dir: Path) -> str:
@@ -85,9 +93,9 @@ def _check_sandbox_started(attempt_dir: Path) -> None:
     """An agent whose sandbox could not be made never ran: the sandbox, not the agent, failed."""
     failed = attempt_dir / FAILED_FILE
     if failed.exists():
+        why = read_file(failed, 4096).decode(errors="replace")
         raise agent_spec_error(
-            f"the agent's sandbox did not start ({failed.read_text()}): "
-            f"{_log_tail(attempt_dir)[-500:]}"
+            f"the agent's sandbox did not start ({why}): {_log_tail(attempt_dir)[-500:]}"
         )
 
 

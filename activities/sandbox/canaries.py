@@ -93,10 +93,7 @@ def _places(module: ast.Module, lines: int) -> list[int]:
     module's opening (its docstring and imports, which the canaries may use), or its end."""
     body = module.body
     first = 0
-    while first < len(body) and (
-        isinstance(body[first], ast.Import | ast.ImportFrom)
-        or (isinstance(body[first], ast.Expr) and isinstance(body[first].value, ast.Constant))
-    ):
+    while first < len(body) and _opening(body[first]):
         first += 1
     places = [stmt.end_lineno or 0 for stmt in body[max(first - 1, 0) :]]
     return places or [lines]
@@ -127,6 +124,13 @@ def _name_like(model: str, rng: random.Random, taken: set[str]) -> str:
         name = f"{head}_{word}{sep}{tail}" if head else f"{model}_{word}"
         if name not in taken:
             return name
+
+
+def _opening(stmt: ast.stmt) -> bool:
+    """An import, or a docstring."""
+    if isinstance(stmt, ast.Import | ast.ImportFrom):
+        return True
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
 
 
 def _imported_name(module: ast.Module, rng: random.Random) -> str | None:

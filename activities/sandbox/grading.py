@@ -33,7 +33,7 @@ from darl.activities.agent_contract import env_map_values
 from darl.activities.heartbeats import heartbeating
 from darl.activities.processes import file_tail
 from darl.activities.runners.base import agent_heartbeat_interval
-from darl.activities.sandbox import canaries, pytest_results
+from darl.activities.sandbox import pytest_results
 from darl.activities.sandbox.agent import check_sandbox
 from darl.activities.sandbox.bubblewrap import (
     RUN_DIR,
@@ -47,17 +47,23 @@ from darl.activities.sandbox.bubblewrap import (
     sandbox_uid,
     write_etc,
 )
-from darl.activities.sandbox.changes import committed_tree, compare, tree_diff
 from darl.activities.sandbox.errors import (
     GradingError,
     SandboxError,
     SandboxSpecError,
     UngradableWorkspaceError,
 )
-from darl.activities.sandbox.outcomes import Records, Verdict, declared_xfail, judge
-from darl.activities.sandbox.tampering import apply_test_patch, patch_paths, restore_and_remove
+from darl.activities.sandbox.outcomes import (
+    FAILED_SHOWN,
+    Records,
+    TestRun,
+    canary_note,
+    scored,
+    verdict_of,
+)
+from darl.activities.sandbox.preparation import Preparation, Task, prepare
 from darl.activities.sandbox.workspace import AttemptWorkspace, open_workspace
-from darl.activities.sandbox.workspace_copy import copy_workspace, remove_tree
+from darl.activities.sandbox.workspace_copy import remove_tree
 from darl.activities.worker_paths import expand, expand_sandbox
 from darl.workflows.contracts import (
     GradeReport,
@@ -72,8 +78,7 @@ T = TypeVar("T")
 
 GRADING_PREFIX = "grading-"
 LOG_TAIL_BYTES = 8 * 1024
-FAILED_SHOWN = 20
-PATHS_SHOWN = 100
+
 SANDBOX_PLUGIN = f"{RUN_DIR}/pytest_results.py"
 # At most this much of the results is kept (the code under test could write without end);
 # past it the run counts for nothing.
@@ -194,41 +199,15 @@ class _Grading:
         self._uid = sandbox_uid(str(run_dir)) if tools is not None else None
 
     async def run(self, tests: list[str]) -> GradeReport:
-        copy = await self._beating(
-            asyncio.to_thread(
-                copy_workspace, self._workspace.tree, self._tree, self._sandbox.limits
-            )
+        task = Task(tests, hidden_test_patch(self._spec.task) if tests else "")
+        prepared = await prepare(
+            self._workspace, self._tree, task, self._sandbox.limits, self._beating
         )
-        committed = await committed_tree(self._workspace)
-        changes = await self._beating(asyncio.to_thread(compare, self._tree, committed))
-        try:
-            diff, cut = await self._beating(tree_diff(self._workspace, self._tree, changes))
-        except SandboxError as err:  # the diff is for people; the grade never depends on it
-            diff, cut = f"# the agent's diff could not be made: {err}\n", False
-        restored: list[str] = []
-        removed: list[str] = []
-        if self._grader.kind == "swe_tests":
-            restored, removed = await restore_and_remove(
-                self._workspace, self._tree, changes, self._must_be_committed(tests)
-            )
-        report = GradeReport(
-            reward=0.0,
-            restored=_shown(restored),
-            removed=_shown(sorted({*removed, *copy.left_out})),
-            diff=diff,
-            diff_truncated=cut,
-        )
+        await asyncio.to_thread(give_to, self._tree, self._uid)
         if self._grader.kind == "command":
-            await asyncio.to_thread(give_to, self._tree, self._uid)
             run = await self._run([expand(p) for p in self._grader.command or []])
-            return self._commanded(report, run)
-        return await self._tested(report, tests)
-
-    def _must_be_committed(self, tests: list[str]) -> list[str]:
-        """Paths that must be as committed whatever their names: the hidden test patch's and
-        the listed tests' files."""
-        files = [t.split("::", 1)[0] for t in tests]
-        return list(dict.fromkeys([*patch_paths(hidden_test_patch(self._spec.task)), *files]))
+            return self._commanded(prepared.report, run)
+        return await self._tested(prepared, tests)
 
     def _commanded(self, report: GradeReport, run: SandboxRun) -> GradeReport:
         ok = run.exit_code == 0 and not run.timed_out
@@ -246,22 +225,13 @@ class _Grading:
             }
         )
 
-    async def _tested(self, report: GradeReport, tests: list[str]) -> GradeReport:
-        await apply_test_patch(self._workspace, self._tree, hidden_test_patch(self._spec.task))
-        files = list(dict.fromkeys(t.split("::", 1)[0] for t in tests))
-        missing = [f for f in files if not await asyncio.to_thread((self._tree / f).is_file)]
-        if missing:
-            raise GradingError(f"the listed tests' files are not in the repository: {missing}")
-        planted = await asyncio.to_thread(canaries.plant, self._tree, tests)
-        xfails = await asyncio.to_thread(declared_xfail, self._tree, files)
-        await asyncio.to_thread(give_to, self._tree, self._uid)
-        # A file of their own, when the canaries needed one.
-        ordered = list(dict.fromkeys([*files, *(c.file for c in planted)]))
+    async def _tested(self, prepared: Preparation, tests: list[str]) -> GradeReport:
         read_end, write_end = os.pipe()
         reading = asyncio.ensure_future(_read_pipe(read_end, RESULTS_CAP_BYTES))
         try:
             # The run closes our copy of the write end, once its command has one.
-            run = await self._run(self._pytest(ordered, write_end), hand_over=(write_end,))
+            command = self._pytest(prepared.files, write_end)
+            run = await self._run(command, hand_over=(write_end,))
         except BaseException:
             reading.cancel()
             raise
@@ -270,58 +240,28 @@ class _Grading:
         except TimeoutError:
             results, results_cut = b"", True
         with self._log.open("a") as log:
-            log.write("\n# DARL's canary tests (drawn for this grading):\n")
-            for pair in planted:
-                log.write(f"#   {pair.must_pass} must pass, {pair.must_fail} must fail\n")
-        log_tail = file_tail(self._log, LOG_TAIL_BYTES)
-        records = Records.read(results.decode("utf-8", errors="replace"))
-        if not records.started and not run.timed_out:
+            log.write(canary_note(prepared.canaries))
+        test_run = TestRun(
+            records=Records.read(results.decode("utf-8", errors="replace")),
+            exit_code=run.exit_code,
+            timed_out=run.timed_out,
+            cut=results_cut,
+            log_tail=file_tail(self._log, LOG_TAIL_BYTES),
+        )
+        if not test_run.records.started and not run.timed_out:
             # Before the repository's code could run: the grader's Python, not the agent.
             raise GradingError(
                 f"pytest did not start in the grading sandbox ({sys.executable} needs it): "
-                f"{log_tail[-500:]}"
+                f"{test_run.log_tail[-500:]}"
             )
-        if run.timed_out:
-            seconds = self._spec.timeouts.reward_seconds
-            verdict = Verdict([], f"the tests did not finish within {seconds:g}s")
-        elif results_cut:
-            verdict = Verdict(
-                [],
-                "the test run wrote more results than DARL reads, or kept them open after it ended",
-            )
-        else:
-            verdict = judge(records, tests, planted, xfails, run.exit_code)
-        return self._scored(report, tests, run, verdict, log_tail)
-
-    def _scored(
-        self,
-        report: GradeReport,
-        tests: list[str],
-        run: SandboxRun,
-        verdict: Verdict,
-        log_tail: str,
-    ) -> GradeReport:
-        passed = len(verdict.passed)
-        if verdict.void is not None:
-            reward = 0.0
-        elif passed == len(tests):
-            reward = 1.0
-        else:
-            reward = self._grader.partial_credit * passed / len(tests)
-        failed = [t for t in tests if t not in set(verdict.passed)]
-        reason = verdict.void or f"{passed} of {len(tests)} listed tests passed"
-        return report.model_copy(
-            update={
-                "reward": reward,
-                "tests": len(tests),
-                "passed": passed,
-                "failed_tests": failed[:FAILED_SHOWN],
-                "exit_code": run.exit_code,
-                "timed_out": run.timed_out,
-                "log_tail": log_tail,
-                "reason": reason,
-            }
+        verdict = verdict_of(
+            test_run,
+            tests,
+            prepared.canaries,
+            set(prepared.xfails),
+            self._spec.timeouts.reward_seconds,
         )
+        return scored(prepared.report, tests, verdict, self._grader.partial_credit, test_run)
 
     def _pytest(self, files: list[str], results_fd: int) -> list[str]:
         inside = self._tools is not None
@@ -402,12 +342,3 @@ async def _read_pipe(fd: int, cap: int) -> tuple[bytes, bool]:
     finally:
         transport.close()
     return b"".join(chunks), size > cap
-
-
-def _shown(paths: list[str]) -> list[str]:
-    """At most PATHS_SHOWN paths, as text a JSON payload can carry (a file name that is not
-    UTF-8 has its odd bytes replaced)."""
-    text = [p.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for p in paths]
-    if len(text) <= PATHS_SHOWN:
-        return text
-    return [*text[:PATHS_SHOWN], f"... and {len(text) - PATHS_SHOWN} more"]

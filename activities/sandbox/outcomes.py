@@ -19,6 +19,7 @@ from pathlib import Path
 
 from darl.activities.sandbox.canaries import Canaries
 from darl.activities.sandbox.pytest_results import ALTERED, FINISH, FOREIGN, START
+from darl.workflows.contracts import GradeReport
 
 # pytest's exit statuses (pytest.ExitCode), as an honest run with a failing canary ends.
 TESTS_FAILED = 1
@@ -30,6 +31,7 @@ EXIT_MEANINGS = {
     5: "no tests were collected",
 }
 SHOWN = 3
+FAILED_SHOWN = 20
 _PARAMETRIZED = re.compile(r"\[.*\]$")
 
 
@@ -103,6 +105,67 @@ def judge(
     return Verdict([t for t in tests if t in passed])
 
 
+@dataclass(frozen=True)
+class TestRun:
+    """How a grading's test run ended, as DARL saw it from outside: the plugin's records
+    (read from the channel DARL opened, `cut` when there was more than it reads), the exit
+    status (None when it was killed at the timeout) and the end of its log."""
+
+    records: Records
+    exit_code: int | None
+    timed_out: bool
+    cut: bool
+    log_tail: str
+
+
+def verdict_of(
+    run: TestRun,
+    tests: list[str],
+    canaries: list[Canaries],
+    declared_xfail: set[str],
+    timeout_seconds: float,
+) -> Verdict:
+    if run.timed_out:
+        return Verdict([], f"the tests did not finish within {timeout_seconds:g}s")
+    if run.cut:
+        return Verdict(
+            [], "the test run wrote more results than DARL reads, or kept them open after it ended"
+        )
+    return judge(run.records, tests, canaries, declared_xfail, run.exit_code)
+
+
+def scored(
+    report: GradeReport,
+    tests: list[str],
+    verdict: Verdict,
+    partial_credit: float,
+    run: TestRun,
+) -> GradeReport:
+    """The grade: 1 when every listed test passed, else `partial_credit` times the share that
+    did, 0 when the run counts for nothing; with the reason in a sentence and how the run
+    ended."""
+    passed = len(verdict.passed)
+    if verdict.void is not None:
+        reward = 0.0
+    elif passed == len(tests):
+        reward = 1.0
+    else:
+        reward = partial_credit * passed / len(tests)
+    failed = [t for t in tests if t not in set(verdict.passed)]
+    return report.model_copy(
+        update={
+            "reward": reward,
+            "tests": len(tests),
+            "passed": passed,
+            "failed_tests": failed[:FAILED_SHOWN],
+            "reason": verdict.void or f"{passed} of {len(tests)} listed tests passed",
+            "exit_code": run.exit_code,
+            "timed_out": run.timed_out,
+            "log_tail": run.log_tail,
+        }
+    )
+
+
 def _void(
     records: Records, canaries: list[Canaries], declared_xfail: set[str], exit_code: int | None
 ) -> str | None:
@@ -131,6 +194,12 @@ def _void(
                 f"({pair.must_pass})"
             )
     return None
+
+
+def canary_note(canaries: list[Canaries]) -> str:
+    """What a grading log says of its canaries, for a person reading it."""
+    lines = [f"#   {c.must_pass} must pass, {c.must_fail} must fail\n" for c in canaries]
+    return "\n# DARL's canary tests (drawn for this grading):\n" + "".join(lines)
 
 
 def _some(items: list[str]) -> str:

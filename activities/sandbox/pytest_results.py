@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 START, FOREIGN, ALTERED, FINISH = "pytest", "foreign", "altered", "finish"
@@ -30,8 +30,8 @@ START, FOREIGN, ALTERED, FINISH = "pytest", "foreign", "altered", "finish"
 class Recorder:
     """The plugin: writes records to the results descriptor (`fd`)."""
 
-    def __init__(self, fd: int, root: str, write: Callable[[int, bytes], int] = os.write) -> None:
-        self._fd, self._root, self._write = fd, os.path.realpath(root), write
+    def __init__(self, fd: int, root: str) -> None:
+        self._fd, self._root = fd, os.path.realpath(root)
         self._trusted: set[int] = set()
         self._trusted_prefixes = tuple(
             os.path.realpath(p) + os.sep for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}
@@ -41,7 +41,7 @@ class Recorder:
         view = memoryview(json.dumps(record).encode() + b"\n")
         try:
             while view:
-                view = view[self._write(self._fd, view) :]
+                view = view[os.write(self._fd, view) :]
         except OSError:  # the grader stopped reading: nothing more can count
             pass
 

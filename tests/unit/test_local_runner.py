@@ -190,3 +190,25 @@ def test_an_agent_stays_ours_across_a_wall_clock_step() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_an_agent_without_isolation_cannot_freeze_the_runner_with_its_files(
+    tmp_path: Path,
+) -> None:
+    """Without a sandbox the agent can reach its attempt's directory: a FIFO where its exit
+    status or log goes, or a link there, is read as what it is, at once (an open that waited
+    for a writer would hold the worker's event loop, and every rollout on it)."""
+    attempt = tmp_path / "attempt"
+    attempt.mkdir()
+    os.mkfifo(attempt / EXIT_FILE)
+    os.mkfifo(attempt / local.LOG_FILE)
+    async with asyncio.timeout(5):
+        assert local._read_exit_code(attempt / EXIT_FILE) == 1
+        assert local._log_tail(attempt) == ""
+    (attempt / EXIT_FILE).unlink()
+    (attempt / "elsewhere").write_text("0")
+    (attempt / EXIT_FILE).symlink_to(attempt / "elsewhere")
+    assert local._read_exit_code(attempt / EXIT_FILE) == 1
+    (attempt / EXIT_FILE).unlink()
+    (attempt / EXIT_FILE).write_text("3")
+    assert local._read_exit_code(attempt / EXIT_FILE) == 3

@@ -126,9 +126,10 @@ def check_sampling(endpoint: Endpoint, body: dict[str, Any]) -> None:
                 if type(value) is not bool:
                     raise _bad_sampling(name, value, "true or false")
                 continue
-            integer, low, high, open_low = True, 0, 20, False
+            bounds: tuple[bool, float | None, float | None, bool] = (True, 0, 20, False)
         else:
-            integer, low, high, open_low = SAMPLING_BOUNDS[name]
+            bounds = SAMPLING_BOUNDS[name]
+        integer, low, high, open_low = bounds
         kinds: tuple[type, ...] = (int,) if integer else (int, float)
         if type(value) not in kinds or (type(value) is float and not math.isfinite(value)):
             raise _bad_sampling(name, value, "an integer" if integer else "a finite number")
