@@ -68,3 +68,52 @@ def file_tail(path: Path, size: int) -> str:
         return read_file(path, size, tail=True).decode("utf-8", errors="replace")
     except (FileNotFoundError, NotARegularFileError):
         return ""
+
+
+class PipeReader:
+    """The read end of a pipe, read on the event loop as it fills (never a thread blocked on
+    it, never a file object that could close the descriptor a second time): its first `cap`
+    bytes. It owns the descriptor: `close` closes it, once."""
+
+    def __init__(self, fd: int, cap: int) -> None:
+        self._fd, self._cap = fd, cap
+        self._chunks: list[bytes] = []
+        self._size = 0
+        os.set_blocking(fd, False)
+        self._loop = asyncio.get_running_loop()
+        self._ended: asyncio.Future[None] = self._loop.create_future()
+        self._loop.add_reader(fd, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            while chunk := os.read(self._fd, 1 << 16):
+                if self._size < self._cap:
+                    self._chunks.append(chunk[: self._cap - self._size])
+                self._size += len(chunk)
+        except BlockingIOError:
+            return  # all there is for now
+        except OSError as err:
+            if not self._ended.done():
+                self._ended.set_exception(err)
+            self._loop.remove_reader(self._fd)
+            return
+        if not self._ended.done():  # every writer has closed its end
+            self._ended.set_result(None)
+        self._loop.remove_reader(self._fd)
+
+    async def read(self, timeout: float) -> tuple[bytes, bool]:
+        """What the pipe held, once every writer has closed its end (or `timeout` has passed:
+        then what came so far), and whether that was not all: past `cap`, or not ended."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ended), timeout)
+        except TimeoutError:
+            return b"".join(self._chunks), True
+        finally:
+            self.close()
+        return b"".join(self._chunks), self._size > self._cap
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = -1

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from darl.activities.agent_contract import env_map_values
 from darl.activities.heartbeats import heartbeating
-from darl.activities.processes import file_tail
+from darl.activities.processes import PipeReader, file_tail
 from darl.activities.runners.base import agent_heartbeat_interval
 from darl.activities.sandbox import pytest_results
 from darl.activities.sandbox.agent import check_sandbox
@@ -130,9 +130,13 @@ def hidden_test_patch(task: Any) -> str:
 
 def check_grader(spec: RolloutSpec) -> None:
     """Refuse, before any agent runs, a grader that cannot work on this task here (rule 9):
-    raises SandboxSpecError (or TaskPathError for an `env_map` path the task lacks)."""
-    grader, sandbox = _grader_and_sandbox(spec)
-    check_sandbox(sandbox)
+    raises SandboxSpecError (or TaskPathError for an `env_map` path the task lacks). A
+    Kubernetes agent's grading Job is the runner's to check."""
+    grader = spec.reward.grader
+    if grader is None:
+        return
+    if isinstance(spec.agent, LocalAgentSpec):
+        check_sandbox(_grader_and_sandbox(spec)[1])
     if grader.kind == "swe_tests":
         listed_tests(spec.task)
         hidden_test_patch(spec.task)
@@ -227,18 +231,15 @@ class _Grading:
 
     async def _tested(self, prepared: Preparation, tests: list[str]) -> GradeReport:
         read_end, write_end = os.pipe()
-        reading = asyncio.ensure_future(_read_pipe(read_end, RESULTS_CAP_BYTES))
+        reading = PipeReader(read_end, RESULTS_CAP_BYTES)
         try:
             # The run closes our copy of the write end, once its command has one.
             command = self._pytest(prepared.files, write_end)
             run = await self._run(command, hand_over=(write_end,))
         except BaseException:
-            reading.cancel()
+            reading.close()
             raise
-        try:
-            results, results_cut = await asyncio.wait_for(reading, RESULTS_DRAIN_SECONDS)
-        except TimeoutError:
-            results, results_cut = b"", True
+        results, results_cut = await reading.read(RESULTS_DRAIN_SECONDS)
         with self._log.open("a") as log:
             log.write(canary_note(prepared.canaries))
         test_run = TestRun(
@@ -324,21 +325,3 @@ class _Grading:
     async def _beating(self, work: Awaitable[T]) -> T:
         """Await a trusted step (a copy, a walk) while heartbeating."""
         return await heartbeating(work, self._every, self._heartbeat)
-
-
-async def _read_pipe(fd: int, cap: int) -> tuple[bytes, bool]:
-    """Read the pipe open as `fd` to its end on the event loop (never a blocked thread): its
-    first `cap` bytes, and whether there was more."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 16)
-    pipe = os.fdopen(fd, "rb", buffering=0)
-    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
-    chunks, size = [], 0
-    try:
-        while chunk := await reader.read(1 << 16):
-            if size < cap:
-                chunks.append(chunk[: cap - size])
-            size += len(chunk)
-    finally:
-        transport.close()
-    return b"".join(chunks), size > cap
