@@ -49,7 +49,8 @@ class Resource:
 PODS = Resource("pods", "Pod", short_names=("po",), fields=Resource.fields | {"status.phase"})
 SECRETS = Resource("secrets", "Secret", fields=Resource.fields | {"type"})
 JOBS = Resource("jobs", "Job", group="batch")
-RESOURCES = {resource.plural: resource for resource in (PODS, SECRETS, JOBS)}
+CLAIMS = Resource("persistentvolumeclaims", "PersistentVolumeClaim", short_names=("pvc",))
+RESOURCES = {resource.plural: resource for resource in (PODS, SECRETS, JOBS, CLAIMS)}
 # batch/v1 Jobs orphan their Pods when a DELETE names no policy (kubectl sends Background).
 DEFAULT_PROPAGATION = {"jobs": "Orphan"}
 # Metadata only the server sets; a patch cannot change these nor the name and namespace.
@@ -504,6 +505,17 @@ def _apply_defaults(resource: Resource, obj: dict) -> None:
         _normalize_secret(obj)
         return
     meta["generation"] = 1
+    if resource is CLAIMS:
+        # Bound at once, as a dynamically provisioned claim soon is.
+        spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+        obj["spec"] = {"volumeMode": "Filesystem", **spec}
+        requests = (spec.get("resources") or {}).get("requests") or {}
+        obj["status"] = {
+            "phase": "Bound",
+            "accessModes": list(spec.get("accessModes") or []),
+            "capacity": {"storage": requests.get("storage", "")},
+        }
+        return
     spec = obj["spec"] = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
     if resource is PODS:
         _default_pod_spec(spec)
@@ -561,6 +573,12 @@ def _validate(resource: Resource, obj: dict) -> list[tuple[str, str]]:
     errors += _label_errors(obj["metadata"].get("labels"), "metadata.labels")
     if resource is PODS:
         errors += _pod_spec_errors(obj["spec"], "spec")
+    if resource is CLAIMS:
+        spec = obj["spec"]
+        if not spec.get("accessModes"):
+            errors.append(("spec.accessModes", "Required value: at least 1 access mode"))
+        if not ((spec.get("resources") or {}).get("requests") or {}).get("storage"):
+            errors.append(("spec.resources.requests[storage]", "Required value"))
     if resource is JOBS:
         spec = obj["spec"]
         labels = spec["template"]["metadata"]["labels"]
@@ -754,13 +772,23 @@ def build_app(emulator: KubernetesEmulator) -> FastAPI:
     async def pod_log(request: Request) -> Response:
         namespace, name = request.path_params["namespace"], request.path_params["name"]
         pod = emulator.get(PODS, namespace, name)
-        container = pod["spec"]["containers"][0]["name"]
-        if request.query_params.get("container", container) != container:
-            raise bad_request(f"the emulator keeps only the first container's log ({container})")
-        log_path = emulator.kubelet.log_path(pod)
+        spec = pod["spec"]
+        names = [c["name"] for c in [*(spec.get("initContainers") or []), *spec["containers"]]]
+        container = request.query_params.get("container", spec["containers"][0]["name"])
+        if container not in names:
+            raise bad_request(f"container {container} is not valid for pod {name}")
+        log_path = emulator.kubelet.log_path(pod, container)
         # The log so far, even with follow=true: a client sees that stream end early.
         if not log_path.exists():
-            statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+            status = pod.get("status", {})
+            statuses = [
+                s
+                for s in [
+                    *(status.get("initContainerStatuses") or []),
+                    *(status.get("containerStatuses") or []),
+                ]
+                if s.get("name") == container
+            ] or [{}]
             waiting = statuses[0].get("state", {}).get("waiting", {}).get("reason")
             message = f'container "{container}" in pod "{name}" is waiting to start'
             raise bad_request(f"{message}: {waiting or 'ContainerCreating'}")

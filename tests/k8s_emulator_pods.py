@@ -1,6 +1,7 @@
 """The workload half of the Kubernetes API emulator for tests (not Kubernetes): an emulated
-kubelet that runs each Pod as the scenario its image names, real local processes for
-`emulator/run`, and the Job controller for one-Pod Jobs (restartPolicy Never)."""
+kubelet that runs each Pod as the scenario its first image names, or its init containers and
+containers as real local processes with their volumes mounted, and the Job controller for
+one-Pod Jobs (restartPolicy Never)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ import itertools
 import logging
 import os
 import random
+import shutil
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from tests.k8s_emulator_volumes import Mount, VolumeError, VolumeNotReadyError, Volumes, mounted
 
 if TYPE_CHECKING:
     from tests.k8s_emulator import ObjectStore, StoreEvent
@@ -99,14 +103,20 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 @dataclass
 class PodRun:
     pod: dict
-    process: asyncio.subprocess.Process | None = None
+    # The running processes, by container name.
+    processes: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
     task: asyncio.Task | None = None
     started_at: str = field(default_factory=now)
 
+    def running(self) -> list[asyncio.subprocess.Process]:
+        return [p for p in self.processes.values() if p.returncode is None]
+
 
 class Kubelet:
-    """Runs the emulator's Pods on one emulated node. Only the first container runs; there
-    are no restarts; the process gets PATH, HOME and HOSTNAME plus the container's env."""
+    """Runs the emulator's Pods on one emulated node: the init containers one after another,
+    then the containers together (no restarts); a process gets PATH, HOME and HOSTNAME plus
+    the container's env, and its volumes mounted (`k8s_emulator_volumes`). The first
+    container's image may name a scenario (`emulator/<scenario>`) the Pod acts out."""
 
     def __init__(self, store: ObjectStore, workdir: Path) -> None:
         self._store = store
@@ -117,35 +127,49 @@ class Kubelet:
         self._tasks = TaskSet()
         self._ips = itertools.count(2)
         self.failures = self._tasks.failures
+        self.volumes = Volumes(workdir / "volumes", store.get)
+        self._bwrap = shutil.which("bwrap") or "bwrap"
 
     def on_event(self, event: StoreEvent) -> None:
+        meta = event.obj["metadata"]
         if event.plural == "pods" and event.type == "ADDED":
-            run = self._runs[event.obj["metadata"]["uid"]] = PodRun(event.obj)
+            run = self._runs[meta["uid"]] = PodRun(event.obj)
             run.task = self._tasks.spawn(self._run(run))
+        elif event.plural == "pods" and event.type == "DELETED":
+            self.volumes.pod_deleted(meta["uid"])
+        elif event.plural == "persistentvolumeclaims" and event.type == "ADDED":
+            self.volumes.claim_created(meta["namespace"], meta["name"])
+        elif event.plural == "persistentvolumeclaims" and event.type == "DELETED":
+            self.volumes.claim_deleted(meta["namespace"], meta["name"])
 
-    def log_path(self, pod: dict) -> Path:
+    def log_path(self, pod: dict, container: str | None = None) -> Path:
+        """The log of one of the Pod's containers (its first container's by default)."""
         meta = pod["metadata"]
-        return self._logs / f"{meta['namespace']}_{meta['name']}_{meta['uid']}.log"
+        name = container or pod["spec"]["containers"][0]["name"]
+        return self._logs / f"{meta['namespace']}_{meta['name']}_{meta['uid']}_{name}.log"
 
     async def stop(self, pod: dict, grace_seconds: float) -> None:
-        """Stop a deleted Pod's container as Kubernetes does: SIGTERM to its process group,
-        SIGKILL once the grace period is over. A Pod with no process simply stops."""
+        """Stop a deleted Pod's containers as Kubernetes does: SIGTERM to their process
+        groups, SIGKILL once the grace period is over. A Pod with no process simply stops."""
         run = self._runs.pop(pod["metadata"]["uid"], None)
         if run is None or run.task is None:
             return
-        if run.process is None:
+        running = run.running()
+        if not running:
             run.task.cancel()
-        elif run.process.returncode is None:
-            _signal_group(run.process.pid, signal.SIGTERM)
+        else:
+            for process in running:
+                _signal_group(process.pid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(asyncio.shield(run.task), grace_seconds)
             except TimeoutError:
-                _signal_group(run.process.pid, signal.SIGKILL)
+                for process in run.running():
+                    _signal_group(process.pid, signal.SIGKILL)
+                run.task.cancel()
         await asyncio.gather(run.task, return_exceptions=True)
 
     async def aclose(self) -> None:
-        processes = [run.process for run in self._runs.values() if run.process is not None]
-        processes = [process for process in processes if process.returncode is None]
+        processes = [p for run in self._runs.values() for p in run.running()]
         for process in processes:
             _signal_group(process.pid, signal.SIGKILL)
         for process in processes:
@@ -156,15 +180,16 @@ class Kubelet:
     # --- one Pod's life ---------------------------------------------------------------
 
     async def _run(self, run: PodRun) -> None:
-        container = run.pod["spec"]["containers"][0]
-        scenario = scenario_of(container.get("image", ""))
+        containers = run.pod["spec"]["containers"]
+        first = containers[0]
+        scenario = scenario_of(first.get("image", ""))
         if scenario == "unschedulable":
             self._update(run, conditions=[_condition("PodScheduled", False, "Unschedulable")])
             return
         self._schedule(run)
         await asyncio.sleep(MOMENT)
         if scenario == "image-pull-error":
-            image = container["image"]
+            image = first["image"]
             pulled = f'failed to pull image "{image}": not found (emulator)'
             backoff = f'Back-off pulling image "{image}"'
             for reason, message in (("ErrImagePull", pulled), ("ImagePullBackOff", backoff)):
@@ -177,14 +202,17 @@ class Kubelet:
             await asyncio.sleep(MOMENT)
             self._end_briefly_running(run, scenario)
             return
-        if scenario == "sleep":
-            container = {**container, "command": ["sleep", "86400"], "args": []}
-        env = await self._container_env(run, container)
         try:
-            await self._run_process(run, container, env)
+            for init in run.pod["spec"].get("initContainers") or []:
+                if await self._run_container(run, init, init=True) != 0:
+                    self._update(run, phase="Failed", conditions=_ended())
+                    return
+            codes = await asyncio.gather(*(self._run_container(run, c) for c in containers))
         finally:
-            if run.process is not None and run.process.returncode is None:
-                _signal_group(run.process.pid, signal.SIGKILL)
+            for process in run.running():
+                _signal_group(process.pid, signal.SIGKILL)
+        failed = any(code != 0 for code in codes)
+        self._update(run, phase="Failed" if failed else "Succeeded", conditions=_ended())
 
     def _schedule(self, run: PodRun) -> None:
         ip = f"10.244.0.{next(self._ips) % 250 + 2}"
@@ -196,18 +224,55 @@ class Kubelet:
             extra={"hostIP": "127.0.0.1", "podIP": ip, "podIPs": [{"ip": ip}], "startTime": now()},
         )
 
-    async def _container_env(self, run: PodRun, container: dict) -> dict[str, str]:
-        """The container's environment; while a Secret it needs is missing, the Pod waits
-        with CreateContainerConfigError and the kubelet keeps retrying."""
+    async def _run_container(self, run: PodRun, container: dict, init: bool = False) -> int:
+        """Run one container to its end (its exit code; 128 when it could not start)."""
+        scenario = scenario_of(container.get("image", ""))
+        if scenario == "sleep":
+            container = {**container, "command": ["sleep", "86400"], "args": []}
+        env = await self._until_ready(run, container, init, self._resolve_env)
+        if env is None:
+            return 128
+        mounts = await self._until_ready(
+            run, container, init, lambda pod, c: self.volumes.mounts(pod, c)
+        )
+        if mounts is None:
+            return 128
+        return await self._run_process(run, container, env, mounts, init)
+
+    async def _until_ready(
+        self,
+        run: PodRun,
+        container: dict,
+        init: bool,
+        make: Callable[[dict, dict], Any],
+    ) -> Any:
+        """What `make` builds for the container (its env, its mounts); while something it
+        needs is missing (a Secret, a claim) the container waits with the kubelet's reason
+        and the kubelet keeps retrying. None when it can never be made (the container
+        failed to create)."""
         shown = None
         while True:
             try:
-                return self._resolve_env(run.pod, container)
-            except ContainerConfigError as err:
+                return make(run.pod, container)
+            except (ContainerConfigError, VolumeNotReadyError) as err:
                 if str(err) != shown:
                     shown = str(err)
-                    waiting = {"reason": "CreateContainerConfigError", "message": shown}
-                    self._update(run, state={"waiting": waiting})
+                    reason = (
+                        "CreateContainerConfigError"
+                        if isinstance(err, ContainerConfigError)
+                        else "ContainerCreating"
+                    )
+                    waiting = {"reason": reason, "message": shown}
+                    self._update(run, container=container, init=init, state={"waiting": waiting})
+            except VolumeError as err:
+                terminated = {
+                    "exitCode": 128,
+                    "reason": "CreateContainerError",
+                    "message": str(err),
+                }
+                terminated |= {"startedAt": now(), "finishedAt": now()}
+                self._update(run, container=container, init=init, state={"terminated": terminated})
+                return None
             await asyncio.sleep(RESYNC_SECONDS)
 
     def _resolve_env(self, pod: dict, container: dict) -> dict[str, str]:
@@ -252,20 +317,29 @@ class Kubelet:
             raise ContainerConfigError(f'secret "{ref.get("name")}" not found')
         return secret
 
-    async def _run_process(self, run: PodRun, container: dict, env: dict[str, str]) -> None:
+    async def _run_process(
+        self,
+        run: PodRun,
+        container: dict,
+        env: dict[str, str],
+        mounts: list[Mount],
+        init: bool,
+    ) -> int:
         names = {var["name"] for var in container.get("env") or []}
         defined = {name: value for name, value in env.items() if name in names}
         words = [*(container.get("command") or []), *(container.get("args") or [])]
         argv = [expand(word, defined) for word in words]
+        cwd = container.get("workingDir")
         started = now()
         try:
             if not argv:
                 raise FileNotFoundError("the emulator needs a command: images have no entrypoint")
-            with self.log_path(run.pod).open("wb") as log_file:
-                run.process = await asyncio.create_subprocess_exec(
-                    *argv,
+            with self.log_path(run.pod, container["name"]).open("wb") as log_file:
+                process = await asyncio.create_subprocess_exec(
+                    *mounted(argv, mounts, cwd, self._bwrap),
                     env=env,
-                    cwd=container.get("workingDir") or self._workdir,
+                    # bwrap enters the working directory itself, once the mounts are made.
+                    cwd=self._workdir if mounts or not cwd else cwd,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=asyncio.subprocess.STDOUT,
@@ -275,23 +349,28 @@ class Kubelet:
             terminated = {"exitCode": 128, "reason": "StartError", "message": str(err)}
             self._update(
                 run,
-                phase="Failed",
+                container=container,
+                init=init,
+                phase=None if init else "Failed",
                 state={"terminated": {**terminated, "startedAt": started, "finishedAt": now()}},
             )
-            return
-        container_id = f"emulator://{run.process.pid}"
+            return 128
+        run.processes[container["name"]] = process
+        container_id = f"emulator://{process.pid}"
         ready = [_condition(kind, True) for kind in ("Initialized", "Ready", "ContainersReady")]
         self._update(
             run,
-            phase="Running",
+            container=container,
+            init=init,
+            phase=None if init else "Running",
             state={"running": {"startedAt": started}},
-            ready=True,
-            conditions=ready,
+            ready=not init,
+            conditions=None if init else ready,
             container_id=container_id,
         )
-        code = await run.process.wait()
+        code = await process.wait()
         # A container's end takes everything it started with it.
-        _signal_group(run.process.pid, signal.SIGKILL)
+        _signal_group(process.pid, signal.SIGKILL)
         exit_code = code if code >= 0 else 128 - code
         terminated = {
             "exitCode": exit_code,
@@ -300,14 +379,14 @@ class Kubelet:
             "finishedAt": now(),
             "containerID": container_id,
         }
-        phase = "Succeeded" if exit_code == 0 else "Failed"
         self._update(
             run,
-            phase=phase,
+            container=container,
+            init=init,
             state={"terminated": terminated},
-            conditions=_ended(),
             container_id=container_id,
         )
+        return exit_code
 
     def _end_briefly_running(self, run: PodRun, scenario: str) -> None:
         ended = {"startedAt": run.started_at, "finishedAt": now()}
@@ -329,6 +408,8 @@ class Kubelet:
         self,
         run: PodRun,
         *,
+        container: dict | None = None,
+        init: bool = False,
         phase: str | None = None,
         state: dict | None = None,
         ready: bool = False,
@@ -337,7 +418,9 @@ class Kubelet:
         spec: dict | None = None,
         extra: dict | None = None,
     ) -> None:
-        """Write the Pod's status as the kubelet reports it (a no-op once the Pod is gone)."""
+        """Write the Pod's status as the kubelet reports it (a no-op once the Pod is gone):
+        `state` is a container's (the first container's unless `container` says which, an
+        init container's with `init`)."""
         meta = run.pod["metadata"]
         pod = self._store.get("pods", meta["namespace"], meta["name"])
         if pod is None or pod["metadata"]["uid"] != meta["uid"]:
@@ -350,7 +433,8 @@ class Kubelet:
         by_type.update({c["type"]: c for c in conditions or []})
         status["conditions"] = list(by_type.values())
         if state is not None:
-            container = pod["spec"]["containers"][0]
+            container = container or pod["spec"]["containers"][0]
+            key = "initContainerStatuses" if init else "containerStatuses"
             entry = {
                 "name": container["name"],
                 "image": container.get("image", ""),
@@ -363,7 +447,8 @@ class Kubelet:
             }
             if container_id:
                 entry["containerID"] = container_id
-            status["containerStatuses"] = [entry]
+            entries = [e for e in status.get(key) or [] if e["name"] != container["name"]]
+            status[key] = [*entries, entry]
         run.pod = self._store.write("pods", pod, "MODIFIED")
 
 

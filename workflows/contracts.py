@@ -160,6 +160,12 @@ class KubernetesAgentSpec(Contract):
     `activeDeadlineSeconds`, no service account token, non-root (a template that asks for
     root, `runAsUser: 0`, runs only in the worker's sandbox namespace under its RuntimeClass,
     and is refused without one).
+
+    With a reward `grader`, the repository the agent works on is the image's `workdir`, put
+    on a volume of the attempt before the agent starts (with a copy of it as the image had
+    it, which the agent never sees); after the agent, DARL grades it in a second Job on that
+    volume, in the same image, with `test_python` (the image's Python that has pytest)
+    running the tests, within `limits` (memory, /tmp, what the grader copies).
     """
 
     kind: Literal["kubernetes"] = "kubernetes"
@@ -168,6 +174,9 @@ class KubernetesAgentSpec(Contract):
     command: list[str] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     env_map: dict[str, str] = Field(default_factory=dict)
+    workdir: str = "/testbed"
+    test_python: str = "python"
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
 
     @model_validator(mode="after")
     def _one_way_to_start(self) -> KubernetesAgentSpec:
@@ -270,13 +279,15 @@ class ReplaySpec(Contract):
 
 
 def check_grader_agent(agent: AgentSpec, reward: RewardSpec) -> None:
-    """Raise ValueError unless the reward's grader, if any, can reach the agent's sandbox."""
-    if reward.grader is None:
+    """Raise ValueError unless the reward's grader, if any, can reach the agent's sandbox:
+    a local agent's, or the volume a Kubernetes agent's attempt works on."""
+    if reward.grader is None or isinstance(agent, KubernetesAgentSpec):
         return
     if not isinstance(agent, LocalAgentSpec) or agent.sandbox is None:
         raise ValueError(
             "a reward 'grader' runs in the attempt's sandbox: give a local agent a "
-            "'sandbox' (grading a Kubernetes or HTTP agent is not supported yet)"
+            "'sandbox', or run the agent as a Kubernetes Job (an HTTP agent's workspace is "
+            "out of DARL's reach)"
         )
 
 

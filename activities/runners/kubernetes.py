@@ -24,11 +24,12 @@ from datetime import datetime
 from typing import Any
 
 import kr8s
-from kr8s.asyncio.objects import Job, Secret
+from kr8s.asyncio.objects import Job, PersistentVolumeClaim, Secret
 
 from darl.activities.agent_contract import AgentContract
-from darl.activities.errors import agent_lost_error, agent_stopped_error
+from darl.activities.errors import agent_lost_error, agent_spec_error, agent_stopped_error
 from darl.activities.runners.base import AgentRunner, agent_deadline, agent_heartbeat_interval
+from darl.activities.runners.kubernetes_grading import KubernetesGrading
 from darl.activities.runners.kubernetes_manifest import (
     MANAGED_BY,
     TOKEN_KEY,
@@ -39,6 +40,7 @@ from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
     AwaitRequest,
+    GradeReport,
     LaunchRequest,
     RolloutSpec,
 )
@@ -67,6 +69,15 @@ class KubernetesSettings:
     # the operator's choice, both or neither. Without them such a Job is refused.
     sandbox_namespace: str | None = None
     sandbox_runtime_class: str | None = None
+    # Grading an agent (a reward `grader`): DARL's own image, whose container does the
+    # grading's trusted steps in the grading Job; the size and class of each attempt's
+    # volume; where DARL mounts its folders in the Jobs' containers.
+    grading_image: str | None = None
+    grading_volume_size: str = "20Gi"
+    grading_storage_class: str | None = None
+    grading_mount_root: str = "/darl"
+    # The Python of DARL's image.
+    grading_python: str = "python"
 
     def __post_init__(self) -> None:
         if (self.sandbox_namespace is None) != (self.sandbox_runtime_class is None):
@@ -109,6 +120,7 @@ class KubernetesJobRunner(AgentRunner):
         self._api: Any = None
         self._limiter = JobRateLimiter(settings.jobs_per_minute)
         self._manifests = JobManifests(settings)
+        self._grading = KubernetesGrading(self)
 
     async def api(self) -> Any:
         if self._api is None:
@@ -125,10 +137,17 @@ class KubernetesJobRunner(AgentRunner):
         api = await self.api()
         if await self._stopped(name):
             raise agent_stopped_error(f"attempt {request.attempt} of {spec.rollout_id} was stopped")
+        if spec.reward.grader is not None and self.settings.grading_image is None:
+            raise agent_spec_error(
+                "a reward 'grader' for a Kubernetes agent needs DARL's image for the grading "
+                "Job: start the worker with --k8s-grading-image"
+            )
         manifest = self.job_manifest(spec, request.attempt, contract)
         namespace = manifest["metadata"]["namespace"]
         job = await self._create_or_find_job(manifest, api)
         await self._ensure_secret(job, contract, api)
+        if spec.reward.grader is not None:
+            await self._create(PersistentVolumeClaim, self._manifests.claim(job), api)
         return AgentHandle(
             kind=self.kind,
             rollout_id=spec.rollout_id,
@@ -177,17 +196,20 @@ class KubernetesJobRunner(AgentRunner):
     async def _create_secret(self, metadata: dict, data: dict[str, str], api: Any) -> None:
         """Create a Secret (in the agents' namespace unless `metadata` names another); one
         already there is kept."""
-        secret = await Secret(
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"namespace": self.settings.namespace, **metadata},
-                "stringData": data,
-            },
-            api=api,
-        )
+        manifest = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"namespace": self.settings.namespace, **metadata},
+            "stringData": data,
+        }
+        await self._create(Secret, manifest, api)
+
+    @staticmethod
+    async def _create(kind: type, manifest: dict, api: Any) -> None:
+        """Create the object; one already there (a retried try made it) is kept."""
+        obj = await kind(manifest, api=api)
         try:
-            await secret.create()
+            await obj.create()
         except kr8s.ServerError as err:
             if _status_code(err) != 409:
                 raise
@@ -208,7 +230,12 @@ class KubernetesJobRunner(AgentRunner):
             if outcome is not None:
                 return outcome
             if time.time() > deadline:
-                await self.kill(handle)
+                if spec.reward.grader is not None:
+                    # Its Pods, not the Job: the attempt's volume goes with the Job, and
+                    # what the agent left there is graded all the same.
+                    await self._end_pods(name, namespace, api)
+                else:
+                    await self.kill(handle)
                 return AgentExit(exit_code=None, timed_out=True)
             await self._watch_pods(name, namespace, api, interval, seen)
 
@@ -244,7 +271,7 @@ class KubernetesJobRunner(AgentRunner):
         ]
         pod = pods[-1] if pods else None
         seen = {p.name: p.metadata.get("resourceVersion") for p in pods}
-        infra = _infra_problem(pod, self.settings.unschedulable_seconds)
+        infra = self.infra_problem(pod)
         if infra is not None:
             await self._delete(name, api, namespace)
             raise agent_lost_error(f"Job {name}: {infra}")
@@ -283,6 +310,20 @@ class KubernetesJobRunner(AgentRunner):
 
     async def kill(self, handle: AgentHandle) -> None:
         await self._delete(handle.data["job"], await self.api(), handle.data["namespace"])
+
+    async def grade(self, request: AwaitRequest, heartbeat: Heartbeat) -> GradeReport:
+        """Grade the ended attempt in a second Job on its volume (`kubernetes_grading`)."""
+        return await self._grading.grade(request, heartbeat)
+
+    def infra_problem(self, pod: Any) -> str | None:
+        """What makes the Pod's run an infra failure (read from status fields), if anything."""
+        return _infra_problem(pod, self.settings.unschedulable_seconds)
+
+    async def _end_pods(self, name: str, namespace: str, api: Any) -> None:
+        """Delete the Job's Pods (the Job, which fails for it, stays)."""
+        async for pod in api.get("pods", namespace=namespace, label_selector={"job-name": name}):
+            with contextlib.suppress(kr8s.NotFoundError):
+                await pod.delete()
 
     async def stop(self, request: LaunchRequest) -> None:
         """Mark the attempt stopped (a later launch refuses), then delete its Job, in

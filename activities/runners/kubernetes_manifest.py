@@ -26,6 +26,17 @@ if TYPE_CHECKING:
     from darl.activities.runners.kubernetes import KubernetesSettings
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "darl"}
+# A graded attempt's volume: the repository the agent works on (`workspace`), and the
+# image's repository as it was before the agent (`base`), which only the grading mounts.
+ATTEMPT_VOLUME = "darl-attempt"
+WORKSPACE_SUBPATH = "workspace"
+SEED_CONTAINER = "darl-seed"
+# The seed: the image's workdir ($1) copied twice onto the volume ($2), before the agent.
+SEED_SCRIPT = (
+    'mkdir -p "$2/workspace" "$2/base"'
+    ' && (cd "$1" && tar -cf - .) | (cd "$2/workspace" && tar -xf -)'
+    ' && (cd "$1" && tar -cf - .) | (cd "$2/base" && tar -xf -)'
+)
 TOKEN_KEY = "token"
 # Variables of the agent contract that carry the rollout token: from the Secret, not plain env.
 TOKEN_VARS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AGL_KEY")
@@ -44,6 +55,11 @@ def job_name(rollout_id: str, attempt: int) -> str:
     slug = re.sub(r"[^a-z0-9-]+", "-", rollout_id.lower()).strip("-")[:32].strip("-")
     digest = hashlib.sha256(rollout_id.encode()).hexdigest()[:8]
     return f"darl-{slug}-{digest}-a{attempt}"
+
+
+def attempt_claim(job: str) -> str:
+    """The name of the volume (PersistentVolumeClaim) of the attempt whose Job is `job`."""
+    return f"{job}-attempt"
 
 
 def yaml_escape(value: object) -> str:
@@ -105,6 +121,8 @@ class JobManifests:
         pod = template.setdefault("spec", {})
         pod["restartPolicy"] = "Never"
         pod["automountServiceAccountToken"] = False
+        if spec.reward.grader is not None:
+            self._on_the_attempts_volume(pod, agent, name)
         if root:
             self._enforce_sandboxed_root(pod)
         else:
@@ -117,6 +135,56 @@ class JobManifests:
             given = [e for e in container.get("env") or [] if e.get("name") not in env]
             container["env"] = [*given, *env.values()]
         return job
+
+    def claim(self, job: Any) -> dict:
+        """The volume of a graded attempt, beside its Job and owned by it (it goes with the
+        Job, which outlives the grading)."""
+        meta = job.metadata
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta.name, "uid": meta.uid}
+        spec: dict[str, Any] = {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": self.settings.grading_volume_size}},
+        }
+        if self.settings.grading_storage_class is not None:
+            spec["storageClassName"] = self.settings.grading_storage_class
+        return {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {
+                "name": attempt_claim(meta.name),
+                "namespace": meta.namespace,
+                "labels": {**MANAGED_BY, **dict(meta.labels or {})},
+                "ownerReferences": [owner],
+            },
+            "spec": spec,
+        }
+
+    def _on_the_attempts_volume(self, pod: dict, agent: KubernetesAgentSpec, name: str) -> None:
+        """Put the agent's workdir on the attempt's volume (graded agents): a first init
+        container, of the agent's image, copies the image's workdir there twice (the
+        agent's workspace, and the base the grader restores from, which the agent never
+        mounts); the agent's container mounts the workspace at its workdir."""
+        containers = pod.get("containers") or []
+        if not containers:
+            return  # refused below, with the Job's other faults
+        agent_container = containers[0]
+        mount = f"{self.settings.grading_mount_root}/attempt"
+        pod["volumes"] = [
+            *(pod.get("volumes") or []),
+            {"name": ATTEMPT_VOLUME, "persistentVolumeClaim": {"claimName": attempt_claim(name)}},
+        ]
+        seed = {
+            "name": SEED_CONTAINER,
+            "image": agent_container.get("image"),
+            "command": ["/bin/sh", "-c", SEED_SCRIPT, SEED_CONTAINER, agent.workdir, mount],
+            "volumeMounts": [{"name": ATTEMPT_VOLUME, "mountPath": mount}],
+        }
+        pod["initContainers"] = [seed, *(pod.get("initContainers") or [])]
+        agent_container["volumeMounts"] = [
+            *(agent_container.get("volumeMounts") or []),
+            {"name": ATTEMPT_VOLUME, "mountPath": agent.workdir, "subPath": WORKSPACE_SUBPATH},
+        ]
+        agent_container.setdefault("workingDir", agent.workdir)
 
     def _user_job(self, agent: KubernetesAgentSpec, spec: RolloutSpec, attempt: int) -> dict:
         if agent.image is not None:

@@ -14,6 +14,7 @@ fail, one that must pass), checks the exit status and the session's end (`canari
 Standalone (pytest and the standard library): the sandbox sees this one file.
 
     python -I -B pytest_results.py --results-fd N --root DIR -- PYTEST ARGS...
+    python -I -B pytest_results.py --results-fd N --root DIR --args-file ARGS.json
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from collections.abc import Sequence
 from typing import Any
 
 START, FOREIGN, ALTERED, FINISH = "pytest", "foreign", "altered", "finish"
+USAGE = (
+    "usage: pytest_results.py --results-fd N --root DIR -- ARGS\n"
+    "       pytest_results.py --results-fd N --root DIR --args-file ARGS.json\n"
+)
 
 
 class Recorder:
@@ -113,10 +118,18 @@ def _hookimpls(plugins: Any) -> list[Any]:
 
 
 def main(argv: Sequence[str]) -> int:
-    if len(argv) < 5 or argv[0] != "--results-fd" or argv[2] != "--root" or argv[4] != "--":
-        sys.stderr.write("usage: pytest_results.py --results-fd N --root DIR -- ARGS\n")
+    if len(argv) < 5 or argv[0] != "--results-fd" or argv[2] != "--root":
+        sys.stderr.write(USAGE)
         return 2
-    fd, root, pytest_args = int(argv[1]), argv[3], list(argv[5:])
+    fd, root = int(argv[1]), argv[3]
+    if argv[4] == "--":
+        pytest_args = list(argv[5:])
+    elif argv[4] == "--args-file" and len(argv) == 6:
+        with open(argv[5]) as f:
+            pytest_args = [str(arg) for arg in json.load(f)]
+    else:
+        sys.stderr.write(USAGE)
+        return 2
     import pytest
 
     # Before anything else's: the snapshot of trusted hooks, and the check of an item's run.

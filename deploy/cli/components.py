@@ -232,6 +232,23 @@ def worker(
             help="The RuntimeClass of root Jobs: a sandboxing one (gVisor's runsc).",
         ),
     ] = None,
+    k8s_grading_image: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DARL_K8S_GRADING_IMAGE",
+            help="DARL's image, for the grading Jobs of graded Kubernetes agents.",
+        ),
+    ] = None,
+    k8s_grading_volume_size: Annotated[
+        str, typer.Option(envvar="DARL_K8S_GRADING_VOLUME_SIZE", help="Each graded attempt's.")
+    ] = "20Gi",
+    k8s_grading_storage_class: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DARL_K8S_GRADING_STORAGE_CLASS",
+            help="The attempts' volumes' StorageClass (default: the cluster's).",
+        ),
+    ] = None,
     temporal_address: TemporalAddress = DEFAULT_ADDRESS,
     namespace: Namespace = DEFAULT_NAMESPACE,
     home: Home = Path(".darl"),
@@ -252,6 +269,9 @@ def worker(
                 jobs_per_minute=k8s_jobs_per_minute,
                 sandbox_namespace=k8s_sandbox_namespace,
                 sandbox_runtime_class=k8s_sandbox_runtime_class,
+                grading_image=k8s_grading_image,
+                grading_volume_size=k8s_grading_volume_size,
+                grading_storage_class=k8s_grading_storage_class,
             )
         )
     except ValueError as err:

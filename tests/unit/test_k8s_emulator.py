@@ -337,3 +337,117 @@ async def test_the_emulator_stops_its_processes_on_exit(tmp_path: Path) -> None:
         process = await eventually(lambda: running_pid(pod))
     with pytest.raises(ProcessLookupError):
         os.kill(process, 0)
+
+
+def volume_pod(tmp_path: Path, name: str, init: list[str], main: list[str]) -> dict:
+    """A Job whose Pod has a claim, an emptyDir and a Secret volume, an init container and
+    two containers."""
+    mount = tmp_path / "mnt"
+    mount.mkdir(exist_ok=True)
+    mounts = [
+        {"name": "claim", "mountPath": f"{mount}/claim"},
+        {"name": "scratch", "mountPath": f"{mount}/scratch"},
+        {"name": "secret", "mountPath": f"{mount}/secret", "readOnly": True},
+    ]
+    manifest = job_manifest(name)
+    spec = manifest["spec"]["template"]["spec"]
+    spec["volumes"] = [
+        {"name": "claim", "persistentVolumeClaim": {"claimName": f"{name}-claim"}},
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "secret", "secret": {"secretName": f"{name}-secret"}},
+    ]
+    spec["initContainers"] = [
+        {"name": "init", "image": "emulator/run", "command": init, "volumeMounts": mounts}
+    ]
+    spec["containers"] = [
+        {"name": "main", "image": "emulator/run", "command": main, "volumeMounts": mounts},
+        {
+            "name": "sub",
+            "image": "emulator/run",
+            "command": ["sh", "-c", f"cat {mount}/claim/note"],
+            "volumeMounts": [{"name": "claim", "mountPath": f"{mount}/claim", "subPath": "inner"}],
+        },
+    ]
+    return manifest
+
+
+async def create_claim_and_secret(api: Any, name: str) -> None:
+    claim = await kr8s.asyncio.objects.PersistentVolumeClaim(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": f"{name}-claim", "namespace": NS},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+        api=api,
+    )
+    await claim.create()
+    secret = await Secret(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": f"{name}-secret", "namespace": NS},
+            "stringData": {"key.txt": "from the secret\n"},
+        },
+        api=api,
+    )
+    await secret.create()
+
+
+async def test_init_containers_then_containers_share_the_pods_volumes(
+    api: Any, emulator: KubernetesEmulator, tmp_path: Path
+) -> None:
+    """The init container writes the claim (a subPath among it) and the emptyDir; the
+    containers read them, each with a log of its own; the Secret volume is read-only; the
+    claim waits for its PersistentVolumeClaim, bound at once."""
+    mount = tmp_path / "mnt"
+    init = [
+        "sh",
+        "-c",
+        f"mkdir -p {mount}/claim/inner && echo first > {mount}/claim/inner/note"
+        f" && echo scratch > {mount}/scratch/x && echo init ran",
+    ]
+    main = [
+        "sh",
+        "-c",
+        f"cat {mount}/scratch/x {mount}/secret/key.txt;"
+        f" (echo no > {mount}/secret/key.txt) 2>/dev/null || echo read-only",
+    ]
+    job = await create_job(api, volume_pod(tmp_path, "vols", init, main))
+    pod = await job_pod(api, "vols")
+    assert await waiting_reason(pod) == "ContainerCreating"  # no claim yet
+    await create_claim_and_secret(api, "vols")
+    assert "Complete" in await finished(job)
+    await pod.refresh()
+    (claim,) = emulator.objects("persistentvolumeclaims", NS)
+    assert claim["status"]["phase"] == "Bound"
+    assert [s["name"] for s in pod.raw["status"]["initContainerStatuses"]] == ["init"]
+    assert sorted(s["name"] for s in pod.raw["status"]["containerStatuses"]) == ["main", "sub"]
+    assert [line async for line in pod.logs(container="init")] == ["init ran"]
+    assert [line async for line in pod.logs(container="main")] == [
+        "scratch",
+        "from the secret",
+        "read-only",
+    ]
+    assert [line async for line in pod.logs(container="sub")] == ["first"]
+
+
+async def test_a_failed_init_container_fails_the_pod_before_its_containers(
+    api: Any, emulator: KubernetesEmulator, tmp_path: Path
+) -> None:
+    await create_claim_and_secret(api, "initfails")
+    job = await create_job(
+        api,
+        volume_pod(tmp_path, "initfails", ["sh", "-c", "exit 3"], ["sh", "-c", "echo main ran"]),
+    )
+    assert "Failed" in await finished(job)
+    pod = await job_pod(api, "initfails")
+    (init,) = pod.raw["status"]["initContainerStatuses"]
+    assert init["state"]["terminated"]["exitCode"] == 3
+    # Its containers never ran.
+    states = [s["state"] for s in pod.raw["status"].get("containerStatuses", [])]
+    assert all(set(state) == {"waiting"} for state in states), states
+    assert not emulator.kubelet.log_path(pod.raw, "main").exists()

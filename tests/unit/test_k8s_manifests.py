@@ -23,8 +23,17 @@ from temporalio.exceptions import ApplicationError
 
 from darl.activities.agent_contract import ContractIssuer
 from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
+from darl.activities.runners.kubernetes_grading import KubernetesGrading
 from darl.workflows import search_attributes
-from darl.workflows.contracts import KubernetesAgentSpec, RolloutSpec, RolloutTimeouts
+from darl.workflows.contracts import (
+    AgentHandle,
+    AwaitRequest,
+    GraderSpec,
+    KubernetesAgentSpec,
+    RewardSpec,
+    RolloutSpec,
+    RolloutTimeouts,
+)
 from darl.workflows.training_config import TrainingConfig
 from tests.k8s_emulator_pods import expand
 from tests.k8s_schema import InvalidObject, validate
@@ -305,9 +314,11 @@ def test_the_rollout_worker_may_do_exactly_what_the_job_runner_needs():
     }
     assert grants == {
         ("batch", "jobs"): sorted(["create", "get", "list", "watch", "delete"]),
-        ("", "pods"): sorted(["get", "list", "watch"]),
+        # Delete: a graded attempt that runs out of time loses its Pod, not its Job.
+        ("", "pods"): sorted(["get", "list", "watch", "delete"]),
         ("", "pods/log"): ["get"],
         ("", "secrets"): sorted(["create", "get", "delete"]),
+        ("", "persistentvolumeclaims"): sorted(["create", "get", "delete"]),
     }
     (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
     assert binding["metadata"]["namespace"] == "darl-agents"
@@ -685,23 +696,41 @@ def runner_settings(objects: list[dict]) -> KubernetesSettings:
         namespace=env["DARL_K8S_NAMESPACE"],
         sandbox_namespace=env.get("DARL_K8S_SANDBOX_NAMESPACE"),
         sandbox_runtime_class=env.get("DARL_K8S_SANDBOX_RUNTIME_CLASS"),
+        grading_image=env.get("DARL_K8S_GRADING_IMAGE"),
     )
 
 
-def enforced_job(template: Path, task: dict, settings: KubernetesSettings) -> dict:
-    """The Job the Kubernetes runner makes of `template` for `task`: rendered, placed and
-    with DARL's fields enforced."""
-    spec = RolloutSpec(
+def rollout_spec(template: Path, task: dict, graded: bool = False) -> RolloutSpec:
+    return RolloutSpec(
         run_id="swe",
         rollout_id="swe.e0.t3.1",
         task=task,
         agent=KubernetesAgentSpec(job_template=str(template)),
+        reward=RewardSpec(grader=GraderSpec() if graded else None),
         timeouts=RolloutTimeouts(agent_seconds=7200),
+        revision=3,
     )
+
+
+def enforced_job(
+    template: Path, task: dict, settings: KubernetesSettings, graded: bool = False
+) -> dict:
+    """The Job the Kubernetes runner makes of `template` for `task`: rendered, placed and
+    with DARL's fields enforced."""
+    spec = rollout_spec(template, task, graded)
     contract = ContractIssuer("http://darl-gateway.darl.svc:8100", b"secret").issue(
         spec, 1, None, {}
     )
     return KubernetesJobRunner(settings).job_manifest(spec, 1, contract)
+
+
+def grading_job(agent_job: dict, template: Path, task: dict, settings: KubernetesSettings) -> dict:
+    """The grading Job the runner makes for the attempt whose Job is `agent_job` (as stored)."""
+    stored = {**agent_job, "metadata": {**agent_job["metadata"], "uid": "u-1"}}
+    spec = rollout_spec(template, task, graded=True)
+    handle = AgentHandle(kind="kubernetes", rollout_id=spec.rollout_id, attempt=1, started_at=0)
+    request = AwaitRequest(spec=spec, attempt=1, handle=handle, one_activity=True)
+    return KubernetesGrading(KubernetesJobRunner(settings)).grading_job(stored, request)
 
 
 def namespace_level(objects: list[dict], name: str) -> str:
@@ -779,6 +808,68 @@ def test_the_swe_job_is_admitted_by_its_namespace_and_would_be_refused_by_the_ag
     assert arithmetic["metadata"]["namespace"] == settings.namespace
     assert "runtimeClassName" not in arithmetic["spec"]["template"]["spec"]
     assert pod_security_violations(arithmetic["spec"]["template"]["spec"], "restricted") == []
+
+
+GRADED_TASK = {
+    **SWE_TASKS[0],
+    "FAIL_TO_PASS": ["tests/main_test.py::test_private_domains"],
+    "PASS_TO_PASS": [],
+    "test_patch": "(the hidden tests)",
+}
+
+
+@pytest.mark.parametrize("where", ["examples/swe", "examples/arithmetic"])
+def test_a_graded_attempt_and_its_grading_are_admitted_and_fenced(where: str):
+    """The SWE Job (root, in the sandbox namespace) and a non-root one: graded, each works on
+    its attempt's volume (the seed first, the agent's workdir on the volume, the base in no
+    container of the agent's), and its grading Job is admitted where it runs, carries none
+    of the agent contract, and is selected by no NetworkPolicy but default-deny."""
+    objects = BUILT[where]
+    settings = runner_settings(objects)
+    settings = KubernetesSettings(
+        **{**settings.__dict__, "grading_image": "registry.example.com/darl:0.1.0"}
+    )
+    template = SWE_JOB_TEMPLATE if where == "examples/swe" else JOB_TEMPLATE
+    task = GRADED_TASK if where == "examples/swe" else {**TASKS[0], **GRADED_TASK}
+    job = enforced_job(template, task, settings, graded=True)
+    validate(job)
+    pod = job["spec"]["template"]["spec"]
+    seed, *_ = pod["initContainers"]
+    assert seed["name"] == "darl-seed" and seed["image"] == pod["containers"][0]["image"]
+    agent = pod["containers"][0]
+    (workspace,) = [m for m in agent["volumeMounts"] if m["name"] == "darl-attempt"]
+    assert workspace == {"name": "darl-attempt", "mountPath": "/testbed", "subPath": "workspace"}
+    namespace = job["metadata"]["namespace"]
+    level = namespace_level(objects, namespace)
+    assert pod_security_violations(pod, level) == []
+    grading = grading_job(job, template, task, settings)
+    validate(grading)
+    grading_pod = grading["spec"]["template"]["spec"]
+    assert grading["metadata"]["namespace"] == namespace
+    assert grading_pod.get("runtimeClassName") == pod.get("runtimeClassName")
+    assert pod_security_violations(grading_pod, level) == []
+    (prepare,) = grading_pod["initContainers"]
+    (tests,) = grading_pod["containers"]
+    assert prepare["image"] == "registry.example.com/darl:0.1.0"
+    assert tests["image"] == agent["image"]
+    names = {var["name"] for var in tests["env"]}
+    assert not {n for n in names if n.startswith(("DARL_", "OPENAI_", "ANTHROPIC_", "AGL_"))}
+    assert not any("valueFrom" in var for var in tests["env"])
+    # No NetworkPolicy of the namespace selects the grading Pod but default-deny.
+    labels = grading["spec"]["template"]["metadata"]["labels"]
+    policies = [
+        o
+        for o in objects
+        if o["kind"] == "NetworkPolicy" and o["metadata"]["namespace"] == namespace
+    ]
+    selecting = [
+        p["metadata"]["name"]
+        for p in policies
+        if all(
+            labels.get(k) == v for k, v in p["spec"]["podSelector"].get("matchLabels", {}).items()
+        )
+    ]
+    assert selecting == ["default-deny"]
 
 
 def test_a_worker_without_a_sandbox_refuses_the_swe_job():

@@ -1,0 +1,245 @@
+"""Grading a Kubernetes agent, with the real kr8s client against the Kubernetes API emulator of
+tests/k8s_emulator.py (an emulator, not Kubernetes: no kube-apiserver or kubelet runs here;
+the emulated kubelet runs containers as local processes, their volumes bind-mounted with
+bubblewrap, and has no images: the "task image" is the host with the repository at the
+agent's workdir). The agent's Job works on the attempt's volume; a second Job grades it there
+with DARL's trusted steps first and the tests after, and the runner judges what the API gives
+back as the local grader does: a fix 1, a wrong fix 0, forged outcomes 0 with the reason, a
+workspace over its limits 0, the hidden tests never in the agent's reach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from darl.activities.agent_contract import ContractIssuer
+from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
+from darl.activities.runners.kubernetes_grading import grading_job_name
+from darl.activities.runners.kubernetes_manifest import attempt_claim
+from darl.workflows.contracts import (
+    AwaitRequest,
+    GradeReport,
+    GraderSpec,
+    KubernetesAgentSpec,
+    LaunchRequest,
+    RewardSpec,
+    RolloutSpec,
+    RolloutTimeouts,
+    SandboxLimits,
+)
+from tests.integration.test_grader import CALC, FIXED, Repo, repo, task
+from tests.k8s_emulator import KubernetesEmulator
+from tests.k8s_schema import validate
+
+__all__ = ["repo"]  # the fixture, used by name
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="the emulator mounts with bwrap"),
+]
+
+NAMESPACE = "darl-agents"
+ISSUER = ContractIssuer("http://127.0.0.1:9", b"secret")
+TIMEOUT = 120
+
+
+@pytest.fixture
+async def emulator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[KubernetesEmulator]:
+    # kr8s reads a kubeconfig even when given a URL: never a real cluster's here.
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    async with KubernetesEmulator(tmp_path / "emulator") as emu:
+        yield emu
+
+
+@pytest.fixture
+def image(repo: Repo, tmp_path: Path) -> Path:
+    """What the task's image holds at its workdir: the repository at the task's commit."""
+    workdir = tmp_path / "image" / "testbed"
+    workdir.parent.mkdir()
+    subprocess.run(
+        ["git", "clone", "-q", str(repo.repos_dir / "org__calc"), str(workdir)], check=True
+    )
+    subprocess.run(["git", "-C", str(workdir), "checkout", "-q", repo.commit], check=True)
+    return workdir
+
+
+def runner_for(emu: KubernetesEmulator, tmp_path: Path) -> KubernetesJobRunner:
+    mounts = tmp_path / "mnt"
+    mounts.mkdir(exist_ok=True)
+    return KubernetesJobRunner(
+        KubernetesSettings(
+            namespace=NAMESPACE,
+            api_url=emu.url,
+            grading_image="registry.example.com/darl:test",
+            grading_python=sys.executable,
+            grading_mount_root=str(mounts),
+        )
+    )
+
+
+def graded_rollout(
+    repo: Repo, workdir: Path, script: str, limits: SandboxLimits | None = None
+) -> RolloutSpec:
+    return RolloutSpec(
+        run_id="k8s-graded",
+        rollout_id=f"k8s-graded.{uuid.uuid4().hex[:8]}",
+        task=task(repo),
+        agent=KubernetesAgentSpec(
+            image="emulator/run",
+            command=["/bin/sh", "-c", script],
+            workdir=str(workdir),
+            test_python=sys.executable,
+            limits=limits or SandboxLimits(),
+        ),
+        reward=RewardSpec(grader=GraderSpec()),
+        timeouts=RolloutTimeouts(agent_seconds=60, heartbeat_seconds=3, reward_seconds=60),
+        revision=3,
+    )
+
+
+async def run_and_grade(
+    runner: KubernetesJobRunner, spec: RolloutSpec
+) -> tuple[int | None, GradeReport]:
+    contract = ISSUER.issue(spec, 1, None, {})
+    handle = await runner.launch(LaunchRequest(spec=spec, attempt=1), contract)
+    request = AwaitRequest(spec=spec, attempt=1, handle=handle, one_activity=True)
+    beats: list[object] = []
+    agent_exit = await asyncio.wait_for(runner.wait(request, contract, beats.append), TIMEOUT)
+    report = await asyncio.wait_for(runner.grade(request, beats.append), TIMEOUT)
+    return agent_exit.exit_code, report
+
+
+def writes(path: str, text: str) -> str:
+    return f"cat > {path} <<'DARL_FILE'\n{text}DARL_FILE\n"
+
+
+async def test_the_fix_grades_1_on_the_attempts_volume(
+    emulator: KubernetesEmulator, repo: Repo, image: Path, tmp_path: Path
+) -> None:
+    """The agent fixes the code in its workdir (the attempt's volume): graded 1 by a second
+    Job; the image's repository itself is untouched; the Jobs and the volume are the
+    schema's; what the agent could see holds neither the base nor the hidden tests."""
+    runner = runner_for(emulator, tmp_path)
+    peek = (
+        f'echo "volume: [$(ls {tmp_path}/mnt/attempt 2>/dev/null)]"; '
+        'echo "workdir: [$(ls)]"; cat tests/test_hidden.py 2>&1;'
+    )
+    spec = graded_rollout(repo, image, peek + writes("calc.py", FIXED))
+    exit_code, report = await run_and_grade(runner, spec)
+    assert exit_code == 0
+    assert (report.reward, report.passed, report.tests) == (1.0, 4, 4), report.reason
+    assert report.reason == "4 of 4 listed tests passed"
+    assert "+    return a + b" in report.diff
+    assert (image / "calc.py").read_text() == CALC
+    (agent_job,) = [
+        j for j in emulator.objects("jobs", NAMESPACE) if j["metadata"]["name"].endswith("-a1")
+    ]
+    name = agent_job["metadata"]["name"]
+    grading = next(
+        j
+        for j in emulator.objects("jobs", NAMESPACE)
+        if j["metadata"]["name"] == grading_job_name(name)
+    )
+    (claim,) = emulator.objects("persistentvolumeclaims", NAMESPACE)
+    for obj in (agent_job, grading, claim):
+        validate(obj)
+    assert claim["metadata"]["name"] == attempt_claim(name)
+    assert claim["metadata"]["ownerReferences"][0]["uid"] == agent_job["metadata"]["uid"]
+    assert grading["metadata"]["ownerReferences"][0]["uid"] == agent_job["metadata"]["uid"]
+    assert grading["spec"]["template"]["metadata"]["labels"]["darl.dev/role"] == "grading"
+    # The agent's container: its workspace at its workdir, nothing else of the volume.
+    agent_log = (await _pod_log(emulator, name)).decode()
+    assert "volume: []" in agent_log  # no base/, no other attempt's files
+    assert "workdir: [calc.py\npyproject.toml\ntests]" in agent_log
+    assert "test_hidden.py: No such file" in agent_log
+
+
+async def _pod_log(emu: KubernetesEmulator, job: str) -> bytes:
+    (pod,) = [
+        p for p in emu.objects("pods", NAMESPACE) if p["metadata"]["labels"].get("job-name") == job
+    ]
+    return emu.kubelet.log_path(pod).read_bytes()
+
+
+async def test_a_wrong_fix_and_a_forgery_grade_0(
+    emulator: KubernetesEmulator, repo: Repo, image: Path, tmp_path: Path
+) -> None:
+    runner = runner_for(emulator, tmp_path)
+    wrong = graded_rollout(repo, image, writes("calc.py", CALC.replace("a - b", "a * b")))
+    forged = CALC + (
+        "\nimport sys\n"
+        "_recorder = getattr(sys.modules.get('__main__'), 'Recorder', None)\n"
+        "if _recorder is not None:\n"
+        "    _record = _recorder.record\n"
+        "    def _forged(self, record, _record=_record):\n"
+        "        if record.get('outcome') == 'failed':\n"
+        "            record = dict(record, outcome='passed')\n"
+        "        _record(self, record)\n"
+        "    _recorder.record = _forged\n"
+    )
+    hack = graded_rollout(repo, image, writes("calc.py", forged))
+    (_, wrong_report), (_, hack_report) = await asyncio.gather(
+        run_and_grade(runner, wrong), run_and_grade(runner, hack)
+    )
+    assert wrong_report.reward == 0.0 and wrong_report.reason == "1 of 4 listed tests passed"
+    assert hack_report.reward == 0.0 and hack_report.reason is not None
+    assert hack_report.reason.startswith("tampering: the canary test that must fail")
+
+
+async def test_a_workspace_over_its_limits_grades_0(
+    emulator: KubernetesEmulator, repo: Repo, image: Path, tmp_path: Path
+) -> None:
+    runner = runner_for(emulator, tmp_path)
+    spec = graded_rollout(
+        repo,
+        image,
+        "for n in $(seq 1 300); do echo x > f$n; done",
+        limits=SandboxLimits(workspace_files=150),
+    )
+    _, report = await run_and_grade(runner, spec)
+    assert report.reward == 0.0
+    assert report.reason is not None and report.reason.startswith(
+        "not graded: the workspace holds more than 150 entries"
+    )
+
+
+async def test_a_grader_without_darls_image_is_refused_before_any_job(
+    emulator: KubernetesEmulator, repo: Repo, image: Path, tmp_path: Path
+) -> None:
+    runner = KubernetesJobRunner(KubernetesSettings(namespace=NAMESPACE, api_url=emulator.url))
+    spec = graded_rollout(repo, image, "true")
+    with pytest.raises(Exception, match="--k8s-grading-image"):
+        await runner.launch(LaunchRequest(spec=spec, attempt=1), ISSUER.issue(spec, 1, None, {}))
+    assert emulator.objects("jobs", NAMESPACE) == []
+
+
+async def test_an_agent_that_ran_out_of_time_is_graded_on_what_it_left(
+    emulator: KubernetesEmulator, repo: Repo, image: Path, tmp_path: Path
+) -> None:
+    """The runner ends a graded attempt at its deadline by its Pod, not its Job: the volume
+    (the Job's) stays, and what the agent left is graded."""
+    runner = runner_for(emulator, tmp_path)
+    spec = graded_rollout(repo, image, writes("calc.py", FIXED) + "exec sleep 600\n")
+    spec = spec.model_copy(
+        update={"timeouts": spec.timeouts.model_copy(update={"agent_seconds": 3})}
+    )
+    contract = ISSUER.issue(spec, 1, None, {})
+    handle = await runner.launch(LaunchRequest(spec=spec, attempt=1), contract)
+    request = AwaitRequest(spec=spec, attempt=1, handle=handle, one_activity=True)
+    agent_exit = await asyncio.wait_for(runner.wait(request, contract, lambda *_: None), TIMEOUT)
+    assert agent_exit.timed_out
+    assert [j["metadata"]["name"] for j in emulator.objects("jobs", NAMESPACE)] == [
+        handle.data["job"]
+    ]
+    report = await asyncio.wait_for(runner.grade(request, lambda *_: None), TIMEOUT)
+    assert report.reward == 1.0, report.reason
