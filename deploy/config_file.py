@@ -1,6 +1,6 @@
-"""A training run's config file: YAML or JSON in, `--set key=value` overrides on top, a
-validated TrainingConfig with absolute paths out. Used by `darl train`, the demo and the tests
-alike.
+"""A training run's config file: YAML or JSON in (made from another file's, `extends:`),
+`--set key=value` overrides on top, a validated TrainingConfig with absolute paths out. Used
+by `darl train`, the demo and the tests alike.
 
 A relative path means the directory of the file it is written in (the config file's; a --set
 on the command line: the current directory), as every config system users know has it, except
@@ -37,6 +37,8 @@ PATH_KEYS = (
     "rollout.agent.job_template",
 )
 STACK_HOME_PREFIX = ".darl"
+# A file's key naming the config file it is made from (its sections replace that one's).
+EXTENDS_KEY = "extends"
 
 
 def load_config(
@@ -56,6 +58,7 @@ def load_config(
         raise ConfigFileError(f"{path}: {single_line(str(err))}") from err
     if not isinstance(data, dict):
         raise ConfigFileError(f"{path}: expected a mapping of config keys")
+    data = with_base(path, data, home)
     resolve_paths(data, path.resolve().parent, home)
     for override in overrides:
         apply_override(data, override)
@@ -67,6 +70,31 @@ def load_config(
         return TrainingConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigFileError(f"{path}: {errors.one_line(err.errors())}") from err
+
+
+def with_base(
+    path: Path, data: dict[str, Any], home: Path | None, seen: tuple[Path, ...] = ()
+) -> dict[str, Any]:
+    """The config of a file that `extends` another (a path, from its own directory): the
+    other file's, each top-level section this one gives in place of the other's whole."""
+    base_name = data.pop(EXTENDS_KEY, None)
+    if base_name is None:
+        return data
+    if not isinstance(base_name, str):
+        raise ConfigFileError(f"{path}: {EXTENDS_KEY} must name a config file")
+    base_path = (path.resolve().parent / base_name).resolve()
+    if base_path in (*seen, path.resolve()):
+        raise ConfigFileError(f"{path}: {EXTENDS_KEY} goes round to {base_path}")
+    try:
+        base = yaml.safe_load(base_path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigFileError(f"{path}: {EXTENDS_KEY}: {single_line(str(err))}") from err
+    if not isinstance(base, dict):
+        raise ConfigFileError(f"{base_path}: expected a mapping of config keys")
+    base = with_base(base_path, base, home, (*seen, path.resolve()))
+    # The base's relative paths are its own directory's.
+    resolve_paths(base, base_path.parent, home)
+    return {**base, **data}
 
 
 def resolve_paths(data: dict[str, Any], base: Path, home: Path | None) -> None:

@@ -10,11 +10,12 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
-from darl.deploy.config_file import load_config
+from darl.deploy.config_file import ConfigFileError, load_config, with_base
 from darl.trainer.verl_config import build_verl_config
-from darl.workflows.contracts import LocalAgentSpec
+from darl.workflows.contracts import KubernetesAgentSpec, LocalAgentSpec
 
 REPO = Path(__file__).parents[2]
 CONFIG = REPO / "examples" / "swe" / "train-gpu.yaml"
@@ -161,3 +162,38 @@ def test_the_recipes_sizes_agree():
     assert mini["model"]["model_kwargs"]["max_tokens"] < aggregation.max_response_length
     # A call in flight at a weight sync can finish within the drain.
     assert config.weight_sync.inflight == "drain"
+
+
+K8S_CONFIG = REPO / "examples" / "swe" / "train-gpu-k8s.yaml"
+
+
+def test_the_recipe_on_a_cluster_is_the_same_run_with_jobs_graded_on_their_volumes():
+    """train-gpu-k8s.yaml extends train-gpu.yaml: every section it does not give is the
+    recipe's; its agent is the shipped Job template (the name the swe overlay mounts it
+    under), graded."""
+    base, cluster = load_config(CONFIG), load_config(K8S_CONFIG)
+    agent = cluster.rollout.agent
+    assert isinstance(agent, KubernetesAgentSpec) and agent.workdir == "/testbed"
+    assert agent.job_template == "/etc/darl/job-templates/swe.yaml"
+    overlay = yaml.safe_load((REPO / "deploy/k8s/examples/swe/kustomization.yaml").read_text())
+    (templates,) = [g for g in overlay["configMapGenerator"] if g["name"] == "darl-job-templates"]
+    assert "swe.yaml=job-template.yaml" in templates["files"]
+    assert cluster.rollout.reward == base.rollout.reward
+    for section in ("backend", "aggregation", "knobs", "validation", "mode", "group_size"):
+        assert getattr(cluster, section) == getattr(base, section), section
+    assert cluster.run_id != base.run_id
+
+
+def test_a_config_that_extends_another(tmp_path: Path):
+    (tmp_path / "base.yaml").write_text("run_id: base\ngroup_size: 3\ndataset: {path: d.jsonl}\n")
+    (tmp_path / "child.yaml").write_text("extends: base.yaml\nrun_id: child\n")
+    child = yaml.safe_load((tmp_path / "child.yaml").read_text())
+    merged = with_base(tmp_path / "child.yaml", child, None)
+    assert merged["run_id"] == "child" and merged["group_size"] == 3
+    assert merged["dataset"]["path"] == str(tmp_path / "d.jsonl")
+    (tmp_path / "loop.yaml").write_text("extends: loop.yaml\n")
+    with pytest.raises(ConfigFileError, match="goes round"):
+        load_config(tmp_path / "loop.yaml")
+    (tmp_path / "lost.yaml").write_text("extends: nowhere.yaml\n")
+    with pytest.raises(ConfigFileError, match=r"nowhere\.yaml"):
+        load_config(tmp_path / "lost.yaml")
