@@ -1,10 +1,12 @@
-"""Shared fixtures: real Temporal servers from the pip-installed binaries (never downloaded)."""
+"""Shared fixtures: real Temporal servers from the pip-installed binaries (never downloaded),
+and the Kubernetes API emulator."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import IndexedValueType
@@ -59,3 +61,16 @@ async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
 
 # The S3 emulator (moto's server mode) for the S3 trajectory store's tests.
 from tests.s3_emulator import s3_bucket, s3_emulator  # noqa: E402, F401
+
+
+@pytest.fixture
+async def emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+    """The Kubernetes API emulator (tests/k8s_emulator.py), one per test, under the test's
+    tmp_path."""
+    from tests.k8s_emulator import KubernetesEmulator
+
+    # kr8s reads a kubeconfig even when given a URL: never a real cluster's here (a real one
+    # would lend it its token and default namespace).
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    async with KubernetesEmulator(tmp_path / "emulator") as emu:
+        yield emu

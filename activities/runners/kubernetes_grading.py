@@ -49,8 +49,6 @@ from darl.activities.sandbox.outcomes import (
     FAILED_SHOWN,
     Records,
     TestRun,
-    scored,
-    verdict_of,
 )
 from darl.activities.sandbox.preparation import Preparation
 from darl.workflows.contracts import (
@@ -334,14 +332,7 @@ class KubernetesGrading:
             raise GradingError(
                 f"pytest did not start in the task's image ({request.spec.agent}): {output[-500:]}"
             )
-        verdict = verdict_of(
-            run,
-            tests,
-            preparation.canaries,
-            set(preparation.xfails),
-            request.spec.timeouts.reward_seconds,
-        )
-        return scored(preparation.report, tests, verdict, partial_credit, run)
+        return preparation.graded(tests, run, request.spec.timeouts.reward_seconds, partial_credit)
 
 
 def _terminated(pod: Any, container: str, init: bool = False) -> dict | None:

@@ -58,8 +58,6 @@ from darl.activities.sandbox.outcomes import (
     Records,
     TestRun,
     canary_note,
-    scored,
-    verdict_of,
 )
 from darl.activities.sandbox.preparation import Preparation, Task, prepare
 from darl.activities.sandbox.workspace import AttemptWorkspace, open_workspace
@@ -255,14 +253,9 @@ class _Grading:
                 f"pytest did not start in the grading sandbox ({sys.executable} needs it): "
                 f"{test_run.log_tail[-500:]}"
             )
-        verdict = verdict_of(
-            test_run,
-            tests,
-            prepared.canaries,
-            set(prepared.xfails),
-            self._spec.timeouts.reward_seconds,
+        return prepared.graded(
+            tests, test_run, self._spec.timeouts.reward_seconds, self._grader.partial_credit
         )
-        return scored(prepared.report, tests, verdict, self._grader.partial_credit, test_run)
 
     def _pytest(self, files: list[str], results_fd: int) -> list[str]:
         inside = self._tools is not None

@@ -20,7 +20,7 @@ from darl.activities.sandbox import canaries
 from darl.activities.sandbox.canaries import Canaries
 from darl.activities.sandbox.changes import committed_tree, compare, tree_diff
 from darl.activities.sandbox.errors import GradingError, SandboxError
-from darl.activities.sandbox.outcomes import declared_xfail
+from darl.activities.sandbox.outcomes import TestRun, declared_xfail, scored, verdict_of
 from darl.activities.sandbox.tampering import apply_test_patch, patch_paths, restore_and_remove
 from darl.activities.sandbox.workspace import AttemptWorkspace
 from darl.activities.sandbox.workspace_copy import copy_workspace
@@ -45,6 +45,14 @@ class Preparation(BaseModel):
     canaries: list[Canaries]
     xfails: list[str]
     report: GradeReport
+
+    def graded(
+        self, tests: list[str], run: TestRun, timeout_seconds: float, partial_credit: float
+    ) -> GradeReport:
+        """The grade of a run of the prepared tests, judged by their canaries and declared
+        xfails."""
+        verdict = verdict_of(run, tests, self.canaries, set(self.xfails), timeout_seconds)
+        return scored(self.report, tests, verdict, partial_credit, run)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import pytest
 
 from darl.activities.sandbox.workspace_copy import MAX_PATH_BYTES, remove_tree
 from darl.workflows.contracts import GraderSpec, SandboxLimits
+from tests.agents.swe_scripts import REBIND_RECORDER, XFAIL_PLUGIN
 from tests.integration.test_grader import (
     CALC,
     FIXED,
@@ -53,17 +54,7 @@ def in_calc(code: str) -> str:
 
 FORGERIES = {
     "the recorder rebound to record failures as passes": (
-        """
-        import sys
-        _recorder = getattr(sys.modules.get("__main__"), "Recorder", None)
-        if _recorder is not None:
-            _record = _recorder.record
-            def _forged(self, record, _record=_record):
-                if record.get("outcome") == "failed":
-                    record = dict(record, outcome="passed")
-                _record(self, record)
-            _recorder.record = _forged
-        """,
+        REBIND_RECORDER,
         "tampering: the canary test that must fail",
     ),
     "failures forged in every file but the last on the command line": (
@@ -119,20 +110,7 @@ FORGERIES = {
         "tampering: the canary test that must fail",
     ),
     "a plugin registered at import makes every test xfail": (
-        """
-        import gc
-        import pytest
-        from _pytest.config import Config
-
-        class AllXfail:
-            def pytest_runtest_setup(self, item):
-                item.add_marker(pytest.mark.xfail(reason="forged", run=False))
-
-        for found in gc.get_objects():
-            if isinstance(found, Config):
-                found.pluginmanager.register(AllXfail())
-                break
-        """,
+        XFAIL_PLUGIN,
         "tampering: pytest ran hooks DARL did not load",
     ),
     "pytest's run of a test replaced, no plugin": (

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -49,16 +48,6 @@ pytestmark = [
 NAMESPACE = "darl-agents"
 ISSUER = ContractIssuer("http://127.0.0.1:9", b"secret")
 TIMEOUT = 120
-
-
-@pytest.fixture
-async def emulator(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[KubernetesEmulator]:
-    # kr8s reads a kubeconfig even when given a URL: never a real cluster's here.
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
-    async with KubernetesEmulator(tmp_path / "emulator") as emu:
-        yield emu
 
 
 @pytest.fixture

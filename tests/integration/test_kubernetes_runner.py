@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -50,16 +49,6 @@ ROOT = Path(__file__).parents[2]
 NAMESPACE = "darl-agents"
 ISSUER = ContractIssuer("http://127.0.0.1:9", b"secret")
 TIMEOUT = 60
-
-
-@pytest.fixture
-async def emulator(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[KubernetesEmulator]:
-    # kr8s reads a kubeconfig even when given a URL: never a real cluster's here.
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
-    async with KubernetesEmulator(tmp_path / "emulator") as emu:
-        yield emu
 
 
 def runner_for(emu: KubernetesEmulator, **settings: object) -> KubernetesJobRunner:

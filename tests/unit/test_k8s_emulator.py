@@ -23,16 +23,6 @@ pytestmark = pytest.mark.timeout(10)
 
 
 @pytest.fixture
-async def emulator(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[KubernetesEmulator]:
-    # A real kubeconfig on the machine would lend kr8s its token and default namespace.
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
-    async with KubernetesEmulator(tmp_path) as emu:
-        yield emu
-
-
-@pytest.fixture
 async def api(emulator: KubernetesEmulator) -> AsyncIterator[Any]:
     client = await kr8s.asyncio.api(url=emulator.url, namespace=NS)
     yield client
