@@ -35,12 +35,14 @@ from darl.activities.runners.kubernetes_manifest import (
     TOKEN_KEY,
     JobManifests,
     job_name,
+    quantity_bytes,
 )
 from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
     AwaitRequest,
     GradeReport,
+    KubernetesAgentSpec,
     LaunchRequest,
     RolloutSpec,
 )
@@ -85,6 +87,8 @@ class KubernetesSettings:
                 "give the sandbox namespace and the sandbox RuntimeClass together: root Jobs "
                 "run only under a sandboxing runtime (gVisor's runsc)"
             )
+        # Refused here, with the worker's flag, rather than by the API at each attempt.
+        quantity_bytes(self.grading_volume_size)
         if self.sandbox_namespace is not None and self.sandbox_namespace == self.namespace:
             raise ValueError(
                 f"the sandbox namespace must not be the agents' namespace {self.namespace!r}: "
@@ -137,11 +141,8 @@ class KubernetesJobRunner(AgentRunner):
         api = await self.api()
         if await self._stopped(name):
             raise agent_stopped_error(f"attempt {request.attempt} of {spec.rollout_id} was stopped")
-        if spec.reward.grader is not None and self.settings.grading_image is None:
-            raise agent_spec_error(
-                "a reward 'grader' for a Kubernetes agent needs DARL's image for the grading "
-                "Job: start the worker with --k8s-grading-image"
-            )
+        if spec.reward.grader is not None:
+            self._check_gradable(spec)
         manifest = self.job_manifest(spec, request.attempt, contract)
         namespace = manifest["metadata"]["namespace"]
         job = await self._create_or_find_job(manifest, api)
@@ -213,6 +214,29 @@ class KubernetesJobRunner(AgentRunner):
         except kr8s.ServerError as err:
             if _status_code(err) != 409:
                 raise
+
+    def _check_gradable(self, spec: RolloutSpec) -> None:
+        """Refuse a graded attempt that could not be graded: no DARL image for the grading
+        Job, or a volume too small for a workspace within its limits three times over (the
+        agent's, the grader's copy, and the copy's files in git), so that the agent could
+        fill it and fail its grading as DARL's."""
+        if self.settings.grading_image is None:
+            raise agent_spec_error(
+                "a reward 'grader' for a Kubernetes agent needs DARL's image for the grading "
+                "Job: start the worker with --k8s-grading-image"
+            )
+        agent = spec.agent
+        if not isinstance(agent, KubernetesAgentSpec):
+            raise agent_spec_error(f"the kubernetes runner cannot run a {agent.kind!r} agent")
+        size = self.settings.grading_volume_size
+        needed = 3 * agent.limits.workspace_mb * 1024 * 1024
+        if needed > quantity_bytes(size):
+            raise agent_spec_error(
+                f"an attempt's volume ({size}, --k8s-grading-volume-size) must hold "
+                f"limits.workspace_mb ({agent.limits.workspace_mb} MiB) three times over (the "
+                "agent's workspace, the grader's copy, the copy in git) besides the image's "
+                "repository: lower limits.workspace_mb or give the worker a larger volume"
+            )
 
     # --- wait ------------------------------------------------------------------------------
 

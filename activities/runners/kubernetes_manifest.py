@@ -37,6 +37,13 @@ SEED_SCRIPT = (
     ' && (cd "$1" && tar -cf - .) | (cd "$2/workspace" && tar -xf -)'
     ' && (cd "$1" && tar -cf - .) | (cd "$2/base" && tar -xf -)'
 )
+# Kubernetes' quantity suffixes (of a volume's size), as multiples of a byte.
+QUANTITY_SUFFIXES = {
+    **{s: 1024 ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: 1000 ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
+    "": 1,
+}
+QUANTITY = re.compile(r"(\d+(?:\.\d+)?)([A-Za-z]*)")
 TOKEN_KEY = "token"
 # Variables of the agent contract that carry the rollout token: from the Secret, not plain env.
 TOKEN_VARS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AGL_KEY")
@@ -48,6 +55,15 @@ TOKEN_VARS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AGL_KEY")
 # All six are in the `baseline` Pod Security Standard's list; under gVisor they are
 # capabilities of its user-space kernel, not of the node's.
 SANDBOXED_ROOT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETGID", "SETUID")
+
+
+def quantity_bytes(quantity: str) -> int:
+    """The bytes a Kubernetes quantity names (`20Gi`, `500M`, `1073741824`); ValueError for
+    anything else."""
+    match = QUANTITY.fullmatch(quantity.strip())
+    if match is None or match.group(2) not in QUANTITY_SUFFIXES:
+        raise ValueError(f"{quantity!r} is not a size Kubernetes takes (e.g. 20Gi, 500M)")
+    return int(float(match.group(1)) * QUANTITY_SUFFIXES[match.group(2)])
 
 
 def job_name(rollout_id: str, attempt: int) -> str:

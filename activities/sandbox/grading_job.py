@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import shutil
 import sys
@@ -109,7 +110,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UngradableWorkspaceError as err:
         _say(UNGRADABLE_MARK, _one_line(str(err)))
         return UNGRADABLE_EXIT
-    except (SandboxError, OSError, ValueError) as err:
+    except OSError as err:
+        # The workspace was within its limits (measured before a byte was copied): a full
+        # volume is the worker's size for it, too small for this image's repository.
+        full = " (the attempt's volume is full: a larger --k8s-grading-volume-size)"
+        _say(FAILED_MARK, _one_line(f"{err}{full if err.errno == errno.ENOSPC else ''}"))
+        return FAILED_EXIT
+    except (SandboxError, ValueError) as err:
         _say(FAILED_MARK, _one_line(f"{type(err).__name__}: {err}"))
         return FAILED_EXIT
     _say(PREPARED_MARK, preparation.model_dump_json())

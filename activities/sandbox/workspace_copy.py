@@ -4,8 +4,8 @@ file is opened relative to its parent's descriptor without following links and w
 blocking (a FIFO, a socket or a device is left out, never opened), a file is copied only as
 far as its size said, each file is copied once however many links it has (the others are
 linked to the copy), and a workspace over its limits (`SandboxLimits`: bytes, entries, path
-length) is refused as the agent's outcome (`UngradableWorkspaceError`) before it costs
-more. `remove_tree` removes a tree however deep or long its paths (the tests may have made
+length) is refused as the agent's outcome (`UngradableWorkspaceError`) before anything is
+written. `remove_tree` removes a tree however deep or long its paths (the tests may have made
 any).
 
 Synchronous, for a thread.
@@ -46,29 +46,33 @@ def copy_workspace(
 ) -> CopyReport:
     """Copy the workspace at `source` to `target` (made here): regular files (content and
     mode bits), links as links, directories made writable; `owner` (a uid) owns the copy when
-    given. Raises UngradableWorkspaceError when the workspace is over its limits."""
-    copier = _Copier(target, limits, owner)
+    given. Raises UngradableWorkspaceError when the workspace is over its limits, before a
+    byte of it is written: an agent that filled the disk the copy goes to is refused for its
+    size, never failed by the disk."""
     root = os.open(source, _DIRECTORY)
     try:
-        copier.directory(root)
+        _Walk(limits).tree(root)
+        copier = _Copier(limits, target, owner)
+        copier.tree(root)
     finally:
         os.close(root)
     return copier.report
 
 
-class _Copier:
-    def __init__(self, target: Path, limits: SandboxLimits, owner: int | None) -> None:
-        self._target, self._owner = target, owner
+class _Walk:
+    """A walk of a workspace that measures it against its limits (raising
+    UngradableWorkspaceError), writing nothing."""
+
+    def __init__(self, limits: SandboxLimits) -> None:
         self._max_bytes = limits.workspace_mb * 1024 * 1024
         self._max_entries = limits.workspace_files
-        self._linked: dict[tuple[int, int], str] = {}
+        self._seen: set[tuple[int, int]] = set()
         self.report = CopyReport()
-        self._make_dir("")
 
-    def directory(self, root: int) -> None:
-        """Copy the directory open as `root`, walking it with descriptors: each directory
-        is opened from the root a name at a time, so no path of any length is resolved and
-        no more than one directory is held open."""
+    def tree(self, root: int) -> None:
+        """Walk the directory open as `root` with descriptors: each directory is opened from
+        the root a name at a time, so no path of any length is resolved and no more than one
+        directory is held open."""
         pending: list[str] = [""]
         while pending:
             rel = pending.pop()
@@ -81,31 +85,88 @@ class _Copier:
                     path = f"{rel}/{name}" if rel else name
                     self._count(path)
                     if stat.S_ISDIR(st.st_mode):
-                        self._make_dir(path)
+                        self.directory(path)
                         pending.append(path)
                     elif stat.S_ISLNK(st.st_mode):
-                        link = self._target / path
-                        os.symlink(os.readlink(name, dir_fd=dir_fd), link)
-                        self._own(link)
+                        self.link(dir_fd, name, path)
                     elif stat.S_ISREG(st.st_mode):
-                        self._file(dir_fd, name, path, st)
+                        key = (st.st_dev, st.st_ino)
+                        if st.st_nlink > 1 and key in self._seen:
+                            self.linked(key, path)
+                            continue
+                        self._measure(path, st)
+                        self.file(dir_fd, name, path, st)
+                        if st.st_nlink > 1:
+                            self._seen.add(key)
                     else:
                         self.report.left_out.append(path)
             finally:
                 os.close(dir_fd)
 
-    def _file(self, dir_fd: int, name: str, path: str, st: os.stat_result) -> None:
-        target = self._target / path
-        key = (st.st_dev, st.st_ino)
-        if st.st_nlink > 1 and key in self._linked:
-            os.link(self._target / self._linked[key], target)
-            return
+    def directory(self, path: str) -> None:
+        """A directory at `path`, before what it holds."""
+
+    def link(self, dir_fd: int, name: str, path: str) -> None:
+        """A symbolic link `name` in the open directory, at `path`."""
+
+    def file(self, dir_fd: int, name: str, path: str, st: os.stat_result) -> None:
+        """A regular file `name` in the open directory, at `path`, the first of its links."""
+
+    def linked(self, key: tuple[int, int], path: str) -> None:
+        """Another link, at `path`, to the file `key` (device, inode) met before."""
+
+    def _measure(self, path: str, st: os.stat_result) -> None:
         self.report.bytes += st.st_size
         if self.report.bytes > self._max_bytes:
             raise UngradableWorkspaceError(
                 f"the workspace holds more than {self._max_bytes // (1024 * 1024)} MiB of files "
                 f"(sandbox.limits.workspace_mb; {path} is {st.st_size} bytes)"
             )
+
+    def _count(self, path: str) -> None:
+        self.report.entries += 1
+        if self.report.entries > self._max_entries:
+            raise UngradableWorkspaceError(
+                f"the workspace holds more than {self._max_entries} entries "
+                "(sandbox.limits.workspace_files)"
+            )
+        size = len(os.fsencode(path))
+        if size > MAX_PATH_BYTES:
+            raise UngradableWorkspaceError(
+                f"the workspace holds a path of {size} bytes (at most {MAX_PATH_BYTES}): "
+                f"{path[:200]}..."
+            )
+
+
+class _Copier(_Walk):
+    """The walk that copies to `target`, still measuring (the workspace may have changed
+    since it was measured)."""
+
+    def __init__(self, limits: SandboxLimits, target: Path, owner: int | None) -> None:
+        super().__init__(limits)
+        self._target, self._owner = target, owner
+        self._copied: dict[tuple[int, int], str] = {}
+        self.directory("")
+
+    def directory(self, path: str) -> None:
+        folder = self._target / path if path else self._target
+        folder.mkdir(mode=0o755)
+        self._own(folder)
+
+    def link(self, dir_fd: int, name: str, path: str) -> None:
+        link = self._target / path
+        os.symlink(os.readlink(name, dir_fd=dir_fd), link)
+        self._own(link)
+
+    def linked(self, key: tuple[int, int], path: str) -> None:
+        if key in self._copied:
+            os.link(self._target / self._copied[key], self._target / path)
+        else:
+            self.report.left_out.append(path)  # the first link could not be copied
+
+    def file(self, dir_fd: int, name: str, path: str, st: os.stat_result) -> None:
+        target = self._target / path
+        key = (st.st_dev, st.st_ino)
         try:
             fd = os.open(name, _READ, dir_fd=dir_fd)
         except OSError:
@@ -128,26 +189,7 @@ class _Copier:
             finally:
                 os.close(out)
         if st.st_nlink > 1:
-            self._linked[key] = path
-
-    def _count(self, path: str) -> None:
-        self.report.entries += 1
-        if self.report.entries > self._max_entries:
-            raise UngradableWorkspaceError(
-                f"the workspace holds more than {self._max_entries} entries "
-                "(sandbox.limits.workspace_files)"
-            )
-        size = len(os.fsencode(path))
-        if size > MAX_PATH_BYTES:
-            raise UngradableWorkspaceError(
-                f"the workspace holds a path of {size} bytes (at most {MAX_PATH_BYTES}): "
-                f"{path[:200]}..."
-            )
-
-    def _make_dir(self, path: str) -> None:
-        folder = self._target / path if path else self._target
-        folder.mkdir(mode=0o755)
-        self._own(folder)
+            self._copied[key] = path
 
     def _own(self, path: Path) -> None:
         if self._owner is not None:

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from temporalio.exceptions import ApplicationError
 
 from darl.activities.agent_contract import ContractIssuer
 from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
@@ -202,14 +203,40 @@ async def test_a_workspace_over_its_limits_grades_0(
     )
 
 
-async def test_a_grader_without_darls_image_is_refused_before_any_job(
-    emulator: KubernetesEmulator, repo: Repo, image: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    ("settings", "refusal"),
+    [
+        ({}, "needs DARL's image for the grading Job: start the worker with --k8s-grading-image"),
+        # 2048 MiB three times over is 6 GiB: the agent could fill a 5Gi volume within its
+        # limits and fail its own grading as DARL's.
+        (
+            {"grading_image": "darl:test", "grading_volume_size": "5Gi"},
+            r"volume \(5Gi, --k8s-grading-volume-size\) must hold limits.workspace_mb "
+            r"\(2048 MiB\) three times over",
+        ),
+    ],
+    ids=["no DARL image", "a volume too small"],
+)
+async def test_an_attempt_that_could_not_be_graded_is_refused_before_any_job(
+    emulator: KubernetesEmulator,
+    repo: Repo,
+    image: Path,
+    settings: dict[str, str],
+    refusal: str,
 ) -> None:
-    runner = KubernetesJobRunner(KubernetesSettings(namespace=NAMESPACE, api_url=emulator.url))
+    runner = KubernetesJobRunner(
+        KubernetesSettings(namespace=NAMESPACE, api_url=emulator.url, **settings)
+    )
     spec = graded_rollout(repo, image, "true")
-    with pytest.raises(Exception, match="--k8s-grading-image"):
+    with pytest.raises(ApplicationError, match=refusal) as refused:
         await runner.launch(LaunchRequest(spec=spec, attempt=1), ISSUER.issue(spec, 1, None, {}))
+    assert refused.value.non_retryable
     assert emulator.objects("jobs", NAMESPACE) == []
+
+
+def test_a_volume_size_kubernetes_would_not_take_is_refused_at_start() -> None:
+    with pytest.raises(ValueError, match="'20GB' is not a size Kubernetes takes"):
+        KubernetesSettings(grading_volume_size="20GB")
 
 
 async def test_an_agent_that_ran_out_of_time_is_graded_on_what_it_left(
