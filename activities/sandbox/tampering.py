@@ -15,7 +15,6 @@ import asyncio
 import importlib.machinery
 import os
 import re
-import shutil
 import stat
 import sys
 from collections.abc import Callable, Iterable
@@ -25,6 +24,7 @@ from pathlib import Path
 from darl.activities.sandbox.changes import EXECUTABLE, SUBMODULE, SYMLINK, TreeChanges
 from darl.activities.sandbox.errors import SandboxError
 from darl.activities.sandbox.workspace import AttemptWorkspace, git
+from darl.activities.sandbox.workspace_copy import remove_tree
 
 TEST_DIRS = frozenset({"tests", "test"})
 TEST_FILE_PATTERNS = ("test_*.py", "*_test.py")
@@ -109,8 +109,8 @@ def patch_paths(patch: str) -> list[str]:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
+    if stat.S_ISDIR(path.lstat().st_mode):
+        remove_tree(path)  # however deep the agent made it: no recursion
     else:
         path.unlink()
 
@@ -163,10 +163,15 @@ async def restore_and_remove(
     extra = set(also_restore)
 
     def is_package(folder: str) -> bool:
-        base = root / folder if folder else None
-        return base is not None and any(
-            os.path.lexists(base / f"__init__{suffix}") for suffix in IMPORTABLE_SUFFIXES
-        )
+        # As pytest tells a package from a folder it puts on sys.path (a regular
+        # `__init__.py`): an `__init__` of another kind, which this removal may take away,
+        # makes no package of a folder whose modules would then shadow others.
+        if not folder:
+            return False
+        try:
+            return stat.S_ISREG((root / folder / "__init__.py").lstat().st_mode)
+        except OSError:
+            return False
 
     removed = await asyncio.to_thread(
         lambda: [p for p in changes.added if read_by_tests(p) or shadows_a_module(p, is_package)]

@@ -285,6 +285,37 @@ async def test_a_tree_too_deep_for_recursion_is_graded(attempt) -> None:
     assert report.reward == 1.0, report.reason
 
 
+async def test_a_deep_tree_in_place_of_a_listed_test_file_is_removed(attempt) -> None:
+    """1,400 nested folders (about 2,800 bytes of path, within the limit) where the listed
+    test file was: the copy takes them, the restore removes them without recursion (Python's
+    rmtree recurses past its limit), and the fix grades 1."""
+    at = await attempt()
+    (at.workspace / "calc.py").write_text(FIXED)
+    (at.workspace / "tests" / "test_calc.py").unlink()
+    (at.workspace / "tests" / "test_calc.py").mkdir()
+    make_deep(at.workspace / "tests" / "test_calc.py", "d", 1400)
+    try:
+        report = await at.grade()
+    finally:
+        remove_tree(at.workspace)
+    assert report.reward == 1.0, report.reason
+    assert report.restored == ["tests/test_calc.py"]
+
+
+async def test_a_shadow_in_a_folder_made_a_package_by_a_compiled_init_is_removed(attempt) -> None:
+    """`lib/__init__.pyc` would make `lib/` look a package (so `lib/difflib.py` no shadow),
+    but it is removed as compiled code, and pytest tells packages by `__init__.py`: with
+    `lib/` on sys.path (a test there), `difflib` would be the agent's. Both go."""
+    at = await attempt()
+    (at.workspace / "calc.py").write_text(FIXED)
+    (at.workspace / "lib").mkdir()
+    (at.workspace / "lib" / "__init__.pyc").write_bytes(b"not code")
+    (at.workspace / "lib" / "difflib.py").write_text("import os\nos._exit(0)\n")
+    report = await at.grade()
+    assert report.reward == 1.0, report.reason
+    assert "lib/difflib.py" in report.removed
+
+
 async def test_fifos_where_the_grader_reads_block_nothing(attempt) -> None:
     """FIFOs with no writer in place of a listed test file, a conftest.py and a report: a
     grader that opened one would wait for ever (and a worker that did it on its event loop
