@@ -145,7 +145,7 @@ class KubernetesJobRunner(AgentRunner):
             self._check_gradable(spec)
         manifest = self.job_manifest(spec, request.attempt, contract)
         namespace = manifest["metadata"]["namespace"]
-        job = await self._create_or_find_job(manifest, api)
+        job = await self.create_or_find_job(manifest, api)
         await self._ensure_secret(job, contract, api)
         if spec.reward.grader is not None:
             await self._create(PersistentVolumeClaim, self._manifests.claim(job), api)
@@ -161,9 +161,9 @@ class KubernetesJobRunner(AgentRunner):
         """The attempt's Job as this runner creates it (see `kubernetes_manifest`)."""
         return self._manifests.job(spec, attempt, contract)
 
-    async def _create_or_find_job(self, manifest: dict, api: Any) -> Any:
+    async def create_or_find_job(self, manifest: dict, api: Any) -> Any:
         name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
-        existing = await self._get(Job, name, api, namespace)
+        existing = await self.find(Job, name, api, namespace)
         if existing is not None:
             return existing
         await self._limiter.acquire()
@@ -173,7 +173,7 @@ class KubernetesJobRunner(AgentRunner):
         except kr8s.ServerError as err:
             if _status_code(err) != 409:
                 raise
-            found = await self._get(Job, name, api, namespace)
+            found = await self.find(Job, name, api, namespace)
             if found is None:
                 raise
             return found
@@ -183,7 +183,7 @@ class KubernetesJobRunner(AgentRunner):
         """The token's Secret, beside its Job (an owner must be in the same namespace)."""
         name = job.metadata.name
         owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job.metadata.uid}
-        await self._create_secret(
+        await self.create_secret(
             {
                 "name": name,
                 "namespace": job.metadata.namespace,
@@ -194,7 +194,7 @@ class KubernetesJobRunner(AgentRunner):
             api,
         )
 
-    async def _create_secret(self, metadata: dict, data: dict[str, str], api: Any) -> None:
+    async def create_secret(self, metadata: dict, data: dict[str, str], api: Any) -> None:
         """Create a Secret (in the agents' namespace unless `metadata` names another); one
         already there is kept."""
         manifest = {
@@ -261,9 +261,9 @@ class KubernetesJobRunner(AgentRunner):
                 else:
                     await self.kill(handle)
                 return AgentExit(exit_code=None, timed_out=True)
-            await self._watch_pods(name, namespace, api, interval, seen)
+            await self.watch_pods(name, namespace, api, interval, seen)
 
-    async def _watch_pods(
+    async def watch_pods(
         self, name: str, namespace: str, api: Any, seconds: float, seen: dict[str, str]
     ) -> None:
         """Return on the first change of the attempt's Pods since the list that gave `seen`
@@ -286,7 +286,7 @@ class KubernetesJobRunner(AgentRunner):
     ) -> tuple[AgentExit | None, dict[str, str]]:
         """How the attempt ended (None while it runs) and the Pods' resourceVersions seen;
         raises agent_lost_error for an infra failure."""
-        job = await self._get(Job, name, api, namespace)
+        job = await self.find(Job, name, api, namespace)
         if job is None:
             raise agent_lost_error(f"Job {name} is gone")
         pods = [
@@ -297,7 +297,7 @@ class KubernetesJobRunner(AgentRunner):
         seen = {p.name: p.metadata.get("resourceVersion") for p in pods}
         infra = self.infra_problem(pod)
         if infra is not None:
-            await self._delete(name, api, namespace)
+            await self.delete_job(name, api, namespace)
             raise agent_lost_error(f"Job {name}: {infra}")
         conditions = {c.get("type"): c for c in job.raw.get("status", {}).get("conditions", [])}
         failed = conditions.get("Failed") or conditions.get("FailureTarget")
@@ -309,7 +309,7 @@ class KubernetesJobRunner(AgentRunner):
             deleted = _deleted_under_the_agent(pod)
             if deleted is not None:
                 # Not the agent's doing: its next attempt resumes by replay (rule 10).
-                await self._delete(name, api, namespace)
+                await self.delete_job(name, api, namespace)
                 raise agent_lost_error(f"Job {name}: {deleted}; log tail: {tail[-500:]}")
             terminated = _terminated(pod)
             return AgentExit(
@@ -333,7 +333,7 @@ class KubernetesJobRunner(AgentRunner):
     # --- kill and stop --------------------------------------------------------------------
 
     async def kill(self, handle: AgentHandle) -> None:
-        await self._delete(handle.data["job"], await self.api(), handle.data["namespace"])
+        await self.delete_job(handle.data["job"], await self.api(), handle.data["namespace"])
 
     async def grade(self, request: AwaitRequest, heartbeat: Heartbeat) -> GradeReport:
         """Grade the ended attempt in a second Job on its volume (`kubernetes_grading`)."""
@@ -356,9 +356,9 @@ class KubernetesJobRunner(AgentRunner):
         name = job_name(request.spec.rollout_id, request.attempt)
         api = await self.api()
         marker = {"name": f"{name}-stopped", "labels": {**MANAGED_BY, "darl.dev/stopped": "true"}}
-        await self._create_secret(marker, {}, api)
+        await self.create_secret(marker, {}, api)
         for namespace in self._namespaces():
-            await self._delete(name, api, namespace)
+            await self.delete_job(name, api, namespace)
 
     def _namespaces(self) -> list[str]:
         sandbox = self.settings.sandbox_namespace
@@ -366,11 +366,11 @@ class KubernetesJobRunner(AgentRunner):
 
     async def _stopped(self, name: str) -> bool:
         api = await self.api()
-        return await self._get(Secret, f"{name}-stopped", api, self.settings.namespace) is not None
+        return await self.find(Secret, f"{name}-stopped", api, self.settings.namespace) is not None
 
-    async def _delete(self, name: str, api: Any, namespace: str) -> None:
+    async def delete_job(self, name: str, api: Any, namespace: str) -> None:
         """Delete the Job with its Pods (and the Secret it owns); idempotent."""
-        job = await self._get(Job, name, api, namespace)
+        job = await self.find(Job, name, api, namespace)
         if job is None:
             return
         try:
@@ -378,7 +378,7 @@ class KubernetesJobRunner(AgentRunner):
         except kr8s.NotFoundError:
             return
 
-    async def _get(self, kind: type, name: str, api: Any, namespace: str) -> Any | None:
+    async def find(self, kind: type, name: str, api: Any, namespace: str) -> Any | None:
         """The object, or None at once on a 404 (kr8s's `get` keeps re-listing for seconds)."""
         obj = kind({"metadata": {"name": name, "namespace": namespace}}, api=api)
         try:
@@ -429,7 +429,11 @@ def _infra_problem(pod: Any, unschedulable_seconds: float) -> str | None:
         return f"the Pod was {status['reason'].lower()}"
     if status.get("phase") == "Unknown":
         return "the Pod's node was lost"
-    for container in status.get("containerStatuses", []) or []:
+    statuses = [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]
+    for container in statuses:
         waiting = container.get("state", {}).get("waiting") or {}
         if waiting.get("reason") in IMAGE_FAILURES:
             return f"image {container.get('image')} cannot be pulled ({waiting['reason']})"

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import kr8s
 from kr8s.asyncio.objects import Job
 
+from darl.activities.agent_contract import env_map_values
 from darl.activities.runners.kubernetes_manifest import (
     ATTEMPT_VOLUME,
     MANAGED_BY,
@@ -47,14 +48,20 @@ from darl.activities.sandbox.grading_job import (
 )
 from darl.activities.sandbox.outcomes import (
     FAILED_SHOWN,
+    LOG_TAIL_BYTES,
+    RESULTS_CAP_BYTES,
     Records,
     TestRun,
+    commanded,
+    ungradable,
 )
 from darl.activities.sandbox.preparation import Preparation
 from darl.workflows.contracts import (
     AwaitRequest,
     GradeReport,
+    GraderSpec,
     KubernetesAgentSpec,
+    RolloutSpec,
 )
 from darl.workflows.heartbeats import Heartbeat
 
@@ -64,27 +71,41 @@ if TYPE_CHECKING:
 PREPARE, TESTS = "darl-prepare", "darl-tests"
 # What the trusted steps may take on top of the tests' own timeout.
 PREPARE_SECONDS = 600
+# The grading Job's deadline past the two (the tests end at theirs, by `timeout`).
+DEADLINE_GRACE_SECONDS = 60
 # The tests container's output: the plugin's records, then this line, then pytest's log.
 LOG_MARK = "DARL-TESTS-LOG"
-RESULTS_CAP_BYTES = 16 * 1024 * 1024
-LOG_TAIL_BYTES = 8 * 1024
 # `timeout`'s own exit status when the command ran past it.
 TIMED_OUT_EXIT = 124
-# The tests container's command: pytest (or the grader's command) with the plugin's records
-# on the container's output, under the tests' timeout where the image has `timeout`.
-TESTS_SCRIPT = r"""
-seconds="$1"; shift
-exec 3>&1 >/tmp/darl-tests.log 2>&1
+# The tests container's exit status when the tests could not start (its /tmp, or a Python
+# that cannot run pytest); a command that exits so itself exits 96 instead.
+NOT_READY_EXIT = 97
+# The tests container's command. The records of DARL's plugin go to the container's output
+# (fd 3); pytest's own output to a log in /tmp, read back through a descriptor opened before
+# the tests ran (they may put a FIFO or a link in its place). Before the tests, the image's
+# Python is checked from `/` (nothing of the workspace on its path): only then is a run
+# whose records never reached DARL the tests' doing. Whether the tests ran is told by the
+# exit status, which only this shell (the container's first process) sets.
+TESTS_SCRIPT = rf"""
+seconds="$1"; python="$2"; plugin="$3"; shift 3
+log=/tmp/darl-tests.log
+: >"$log" && exec 5<"$log" || exit {NOT_READY_EXIT}
+if [ "$python" != - ] && ! (cd / && "$python" -I "$plugin" --check) >"$log" 2>&1; then
+    echo {LOG_MARK}
+    tail -c {LOG_TAIL_BYTES} <&5
+    exit {NOT_READY_EXIT}
+fi
 if command -v timeout >/dev/null; then
-    timeout -k 10 "$seconds" "$@"
+    timeout -k 10 "$seconds" "$@" 3>&1 >>"$log" 2>&1 5<&-
 else
-    "$@"
+    "$@" 3>&1 >>"$log" 2>&1 5<&-
 fi
 code=$?
-exec >&3 2>&1
-echo DARL-TESTS-LOG
-tail -c 8192 /tmp/darl-tests.log
-exit $code
+[ "$code" -eq {NOT_READY_EXIT} ] && code=96
+echo
+echo {LOG_MARK}
+tail -c {LOG_TAIL_BYTES} <&5
+exit "$code"
 """
 # The contract's variables a grading never gets (the tests never hold the rollout token).
 CONTRACT_PREFIXES = ("DARL_", "OPENAI_", "ANTHROPIC_", "AGL_", "TRACEPARENT")
@@ -103,34 +124,42 @@ class KubernetesGrading:
 
     async def grade(self, request: AwaitRequest, heartbeat: Heartbeat) -> GradeReport:
         spec, handle = request.spec, request.handle
-        agent, grader = spec.agent, spec.reward.grader
-        if not isinstance(agent, KubernetesAgentSpec) or grader is None:
-            raise GradingError("a Kubernetes grading needs a Kubernetes agent and a grader")
+        agent, grader = _graded(spec)
         api = await self._runner.api()
         name, namespace = handle.data["job"], handle.data["namespace"]
         began = time.monotonic()
-        agent_job = await self._runner._get(Job, name, api, namespace)
+        agent_job = await self._runner.find(Job, name, api, namespace)
         if agent_job is None:
             raise GradingError(f"the attempt's Job {name} is gone, and its volume with it")
         tests = listed_tests(spec.task) if grader.kind == "swe_tests" else []
         task = GradingTask(
-            kind=grader.kind,
             tests=tests,
             test_patch=hidden_test_patch(spec.task) if tests else "",
             limits=agent.limits,
         )
         grading = grading_job_name(name)
-        job = await self._runner._get(Job, grading, api, namespace)
+        job = await self._runner.find(Job, grading, api, namespace)
         if job is None:
             manifest = self.grading_job(agent_job.raw, request)
-            job = await self._runner._create_or_find_job(manifest, api)
-            owner = {"apiVersion": "batch/v1", "kind": "Job", "name": grading}
-            owner["uid"] = job.metadata.uid
-            metadata = {"name": grading, "namespace": namespace, "labels": dict(MANAGED_BY)}
-            metadata["ownerReferences"] = [owner]
-            await self._runner._create_secret(metadata, {"task.json": task.model_dump_json()}, api)
-        pod = await self._ended_pod(grading, namespace, api, request, heartbeat)
-        report = await self._report(pod, tests, grader.partial_credit, request)
+            job = await self._runner.create_or_find_job(manifest, api)
+        # Always, after the Job: a try that died between the two left a Job whose Pod waits
+        # for its Secret (one already there is kept).
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": grading}
+        owner["uid"] = job.metadata.uid
+        metadata = {"name": grading, "namespace": namespace, "labels": dict(MANAGED_BY)}
+        metadata["ownerReferences"] = [owner]
+        await self._runner.create_secret(metadata, {"task.json": task.model_dump_json()}, api)
+        pod, deadline_exceeded = await self._ended_pod(grading, namespace, api, spec, heartbeat)
+        if deadline_exceeded:
+            report = GradeReport(
+                reward=0.0,
+                tests=len(tests),
+                failed_tests=tests[:FAILED_SHOWN],
+                timed_out=True,
+                reason=f"the tests did not finish within {spec.timeouts.reward_seconds:g}s",
+            )
+        else:
+            report = await self._report(pod, tests, spec)
         return report.model_copy(update={"seconds": round(time.monotonic() - began, 3)})
 
     # --- the grading Job ---------------------------------------------------------------
@@ -140,10 +169,7 @@ class KubernetesGrading:
         agent's (namespace, security, RuntimeClass, the agent container's image and
         environment less the agent contract), owned by the agent's Job."""
         spec = request.spec
-        agent = spec.agent
-        if not isinstance(agent, KubernetesAgentSpec) or spec.reward.grader is None:
-            raise GradingError("a Kubernetes grading needs a Kubernetes agent and a grader")
-        grader = spec.reward.grader
+        agent, grader = _graded(spec)
         meta = agent_job["metadata"]
         name = grading_job_name(meta["name"])
         pod = copy.deepcopy(agent_job["spec"]["template"]["spec"])
@@ -169,25 +195,33 @@ class KubernetesGrading:
             ],
         }
         limits = agent.limits
+        plugin = f"{run}/pytest_results.py"
         if grader.kind == "swe_tests":
+            check = [agent.test_python, plugin]
             command = [
                 agent.test_python,
-                *("-I", "-B", f"{run}/pytest_results.py", "--results-fd", "3"),
+                *("-I", "-B", plugin, "--results-fd", "3"),
                 *("--root", agent.workdir, "--args-file", f"{run}/args.json"),
             ]
         else:
-            command = list(grader.command or [])
+            check, command = ["-", "-"], list(grader.command or [])
+        # The agent container's environment less the agent contract, the task's values the
+        # grader maps, and no pytest plugin but DARL's, as the local grader runs the tests.
         env = [
             var
             for var in agent_container.get("env") or []
             if not var.get("name", "").startswith(CONTRACT_PREFIXES)
             and var.get("name") not in TOKEN_VARS
         ]
+        mapped = env_map_values(spec.task, grader.env_map)
+        mapped["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        env = [var for var in env if var.get("name") not in mapped]
+        env += [{"name": key, "value": value} for key, value in mapped.items()]
         tests = {
             "name": TESTS,
             "image": agent_container["image"],
             "command": ["/bin/sh", "-c", TESTS_SCRIPT, TESTS],
-            "args": [str(int(spec.timeouts.reward_seconds)), *command],
+            "args": [str(int(spec.timeouts.reward_seconds)), *check, *command],
             "workingDir": agent.workdir,
             "env": env,
             "securityContext": copy.deepcopy(security),
@@ -226,6 +260,7 @@ class KubernetesGrading:
         }
         owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"]}
         owner |= {"uid": meta["uid"], "controller": False, "blockOwnerDeletion": True}
+        deadline = PREPARE_SECONDS + int(spec.timeouts.reward_seconds) + DEADLINE_GRACE_SECONDS
         return {
             "apiVersion": "batch/v1",
             "kind": "Job",
@@ -238,28 +273,27 @@ class KubernetesGrading:
             },
             "spec": {
                 "backoffLimit": 0,
-                "activeDeadlineSeconds": PREPARE_SECONDS + int(spec.timeouts.reward_seconds) + 60,
+                "activeDeadlineSeconds": deadline,
                 "ttlSecondsAfterFinished": self._settings.ttl_seconds_after_finished,
                 "template": {"metadata": {"labels": labels}, "spec": pod},
             },
         }
 
     async def _ended_pod(
-        self,
-        name: str,
-        namespace: str,
-        api: Any,
-        request: AwaitRequest,
-        heartbeat: Heartbeat,
-    ) -> Any:
-        """The grading Pod once it has ended. A Pod the infrastructure failed (an image that
-        will not pull, a Pod that cannot be scheduled or was evicted) is no grade: the Job is
+        self, name: str, namespace: str, api: Any, spec: RolloutSpec, heartbeat: Heartbeat
+    ) -> tuple[Any, bool]:
+        """The grading Pod once it has ended, and whether the Job ran past its deadline with
+        the tests running (their outcome: the Job's controller takes the Pod). A Pod the
+        infrastructure failed (an image that will not pull, a Pod that cannot be scheduled or
+        was evicted, a deadline reached before the tests began) is no grade: the Job is
         deleted and the try fails, so the retry grades afresh."""
         runner = self._runner
-        deadline = time.time() + PREPARE_SECONDS + request.spec.timeouts.reward_seconds + 120
+        grace = DEADLINE_GRACE_SECONDS * 2
+        deadline = time.time() + PREPARE_SECONDS + spec.timeouts.reward_seconds + grace
+        tests_began = False
         while True:
             heartbeat({"grading": name})
-            job = await runner._get(Job, name, api, namespace)
+            job = await runner.find(Job, name, api, namespace)
             if job is None:
                 raise SandboxError(f"the grading Job {name} is gone")
             pods = [
@@ -269,34 +303,37 @@ class KubernetesGrading:
                 )
             ]
             pod = pods[-1] if pods else None
+            if pod is not None:
+                prepared = _terminated(pod, PREPARE, init=True)
+                tests_began |= prepared is not None and prepared.get("exitCode") == 0
             infra = runner.infra_problem(pod)
             if infra is not None:
-                await runner._delete(name, api, namespace)
+                await runner.delete_job(name, api, namespace)
                 raise SandboxError(f"the grading Job {name}: {infra}")
-            conditions = {c.get("type") for c in job.raw.get("status", {}).get("conditions", [])}
-            if pod is not None and conditions & {"Complete", "Failed"}:
-                return pod
+            conditions = job.raw.get("status", {}).get("conditions", [])
+            if any(c.get("reason") == "DeadlineExceeded" for c in conditions):
+                if tests_began:
+                    return pod, True
+                await runner.delete_job(name, api, namespace)
+                raise SandboxError(f"the grading Job {name} ran out of time before its tests")
+            ended = {c.get("type") for c in conditions} & {"Complete", "Failed"}
+            if pod is not None and ended:
+                return pod, False
             if time.time() > deadline:
-                await runner._delete(name, api, namespace)
+                await runner.delete_job(name, api, namespace)
                 raise SandboxError(f"the grading Job {name} did not end in time")
             seen = {p.name: p.metadata.get("resourceVersion") for p in pods}
-            await runner._watch_pods(name, namespace, api, 5.0, seen)
+            await runner.watch_pods(name, namespace, api, 5.0, seen)
 
-    async def _report(
-        self, pod: Any, tests: list[str], partial_credit: float, request: AwaitRequest
-    ) -> GradeReport:
+    async def _report(self, pod: Any, tests: list[str], spec: RolloutSpec) -> GradeReport:
+        _, grader = _graded(spec)
         prepare = _terminated(pod, PREPARE, init=True)
         prepared_log = await _log(pod, PREPARE, RESULTS_CAP_BYTES)
         if prepare is None:
             raise SandboxError(f"the grading's trusted steps did not run: {prepared_log[-500:]}")
         if prepare.get("exitCode") == UNGRADABLE_EXIT:
             reason = _marked(prepared_log, UNGRADABLE_MARK) or "the workspace cannot be graded"
-            return GradeReport(
-                reward=0.0,
-                tests=len(tests),
-                failed_tests=tests[:FAILED_SHOWN],
-                reason=f"not graded: {reason}",
-            )
+            return ungradable(tests, reason)
         plan = _marked(prepared_log, PREPARED_MARK)
         if prepare.get("exitCode") != 0 or plan is None:
             why = _marked(prepared_log, FAILED_MARK) or prepared_log[-500:]
@@ -306,33 +343,33 @@ class KubernetesGrading:
         output = await _log(pod, TESTS, RESULTS_CAP_BYTES)
         records, _, tail = ("\n" + output).partition(f"\n{LOG_MARK}\n")
         exit_code = ended.get("exitCode") if ended is not None else None
-        timed_out = (
-            exit_code == TIMED_OUT_EXIT
-            or pod.raw.get("status", {}).get("reason") == "DeadlineExceeded"
-        )
-        if request.spec.reward.grader is not None and request.spec.reward.grader.kind == "command":
-            ok = exit_code == 0 and not timed_out
-            return preparation.report.model_copy(
-                update={
-                    "reward": 1.0 if ok else 0.0,
-                    "exit_code": exit_code,
-                    "timed_out": timed_out,
-                    "log_tail": tail[-LOG_TAIL_BYTES:],
-                    "reason": f"the command exited {exit_code}",
-                }
+        if exit_code == NOT_READY_EXIT:
+            raise GradingError(
+                f"the tests could not start in the task's image {_image(pod, TESTS)}: {tail[-500:]}"
             )
+        timed_out = exit_code == TIMED_OUT_EXIT
+        log_tail = tail[-LOG_TAIL_BYTES:]
+        if grader.kind == "command":
+            reward_seconds = spec.timeouts.reward_seconds
+            return commanded(preparation.report, exit_code, timed_out, reward_seconds, log_tail)
+        read = Records.read(records)
         run = TestRun(
-            records=Records.read(records),
+            records=read,
             exit_code=None if timed_out else exit_code,
             timed_out=timed_out,
-            cut=len(output) >= RESULTS_CAP_BYTES,
-            log_tail=tail[-LOG_TAIL_BYTES:],
+            # The image's Python ran pytest (checked): a run whose first record never reached
+            # DARL wrote more than the container's log keeps.
+            cut=len(output) >= RESULTS_CAP_BYTES or not read.started,
+            log_tail=log_tail,
         )
-        if not run.records.started and not timed_out:
-            raise GradingError(
-                f"pytest did not start in the task's image ({request.spec.agent}): {output[-500:]}"
-            )
-        return preparation.graded(tests, run, request.spec.timeouts.reward_seconds, partial_credit)
+        return preparation.graded(tests, run, spec.timeouts.reward_seconds, grader.partial_credit)
+
+
+def _graded(spec: RolloutSpec) -> tuple[KubernetesAgentSpec, GraderSpec]:
+    agent, grader = spec.agent, spec.reward.grader
+    if not isinstance(agent, KubernetesAgentSpec) or grader is None:
+        raise GradingError("a Kubernetes grading needs a Kubernetes agent and a grader")
+    return agent, grader
 
 
 def _terminated(pod: Any, container: str, init: bool = False) -> dict | None:
@@ -345,6 +382,8 @@ def _terminated(pod: Any, container: str, init: bool = False) -> dict | None:
 
 
 async def _log(pod: Any, container: str, cap: int) -> str:
+    """The container's log, to about `cap` bytes; SandboxError when the API cannot give it
+    (a grade is never made of a log half read)."""
     lines: list[str] = []
     size = 0
     try:
@@ -354,8 +393,15 @@ async def _log(pod: Any, container: str, cap: int) -> str:
             if size >= cap:
                 break
     except (kr8s.ServerError, kr8s.NotFoundError, OSError) as err:
-        lines.append(f"(no log: {err})")
+        raise SandboxError(f"the log of {pod.name}/{container} cannot be read: {err}") from err
     return "\n".join(lines)
+
+
+def _image(pod: Any, container: str) -> str:
+    for spec in pod.raw.get("spec", {}).get("containers") or []:
+        if spec.get("name") == container:
+            return str(spec.get("image"))
+    return "(unknown)"
 
 
 def _marked(log: str, mark: str) -> str | None:

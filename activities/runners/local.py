@@ -91,12 +91,13 @@ def _log_tail(attempt_dir: Path) -> str:
 
 def _check_sandbox_started(attempt_dir: Path) -> None:
     """An agent whose sandbox could not be made never ran: the sandbox, not the agent, failed."""
-    failed = attempt_dir / FAILED_FILE
-    if failed.exists():
-        why = read_file(failed, 4096).decode(errors="replace")
-        raise agent_spec_error(
-            f"the agent's sandbox did not start ({why}): {_log_tail(attempt_dir)[-500:]}"
-        )
+    try:
+        why = read_file(attempt_dir / FAILED_FILE, 4096).decode(errors="replace")
+    except (FileNotFoundError, NotARegularFileError):
+        return  # none, or not what the supervisor writes (an agent without isolation's)
+    raise agent_spec_error(
+        f"the agent's sandbox did not start ({why}): {_log_tail(attempt_dir)[-500:]}"
+    )
 
 
 def _is_our_leader(pid: int, create_time: float, boot_time: float | None = None) -> bool:

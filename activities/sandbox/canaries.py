@@ -31,7 +31,7 @@ _WORDS = (
     "limit prefix suffix header record field option flag path name text"
 )
 WORDS = tuple(_WORDS.split())
-_PARAMETRIZED = re.compile(r"\[.*\]$")
+PARAMETRIZED = re.compile(r"\[.*\]$")
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def plant(tree: Path, tests: list[str], rng: random.Random | None = None) -> lis
     by_file: dict[str, list[str]] = {}
     for test in tests:
         path, _, name = test.partition("::")
-        by_file.setdefault(path, []).append(_PARAMETRIZED.sub("", name.rsplit("::", 1)[-1]))
+        by_file.setdefault(path, []).append(PARAMETRIZED.sub("", name.rsplit("::", 1)[-1]))
     hosts = [f for f in by_file if f.endswith(".py") and _can_host(tree / f)]
     if not hosts:
         first = next(iter(by_file))

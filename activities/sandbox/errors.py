@@ -4,12 +4,13 @@ ActivitiesError
 ├── SandboxError              a workspace, sandbox or grading step failed: infrastructure,
 │   │                         retried
 │   ├── SandboxSpecError      the spec or task cannot work here (no bwrap, no repository or
-│   │                         commit, test lists the grader cannot read, a test patch that
-│   │                         does not apply to the commit): bad input, not retried
-│   └── GradingError          grading could not run (DARL's git, the sandbox, its Python)
+│   │                         commit, test lists the grader cannot read): bad input, not
+│   │                         retried
+│   └── GradingError          grading could not run (DARL's git, the sandbox, its Python, a
+│                             test patch that does not apply to the restored tree)
 └── UngradableWorkspaceError  what the agent left cannot be graded as it is (over a limit, a
-                              path too long, the hidden tests kept from applying): the agent's
-                              outcome, graded 0 with the reason, never infrastructure
+                              path too long): the agent's outcome, graded 0 with the reason,
+                              never infrastructure
 """
 
 from __future__ import annotations

@@ -54,12 +54,15 @@ from darl.activities.sandbox.errors import (
     UngradableWorkspaceError,
 )
 from darl.activities.sandbox.outcomes import (
-    FAILED_SHOWN,
+    LOG_TAIL_BYTES,
+    RESULTS_CAP_BYTES,
     Records,
     TestRun,
     canary_note,
+    commanded,
+    ungradable,
 )
-from darl.activities.sandbox.preparation import Preparation, Task, prepare
+from darl.activities.sandbox.preparation import PYTEST_OPTIONS, Preparation, Task, prepare
 from darl.activities.sandbox.workspace import AttemptWorkspace, open_workspace
 from darl.activities.sandbox.workspace_copy import remove_tree
 from darl.activities.worker_paths import expand, expand_sandbox
@@ -75,17 +78,12 @@ from darl.workflows.heartbeats import Heartbeat
 T = TypeVar("T")
 
 GRADING_PREFIX = "grading-"
-LOG_TAIL_BYTES = 8 * 1024
 
 SANDBOX_PLUGIN = f"{RUN_DIR}/pytest_results.py"
-# At most this much of the results is kept (the code under test could write without end);
-# past it the run counts for nothing.
-RESULTS_CAP_BYTES = 16 * 1024 * 1024
 # How long the results pipe may stay open once the run has ended (only a process that left
 # the run's process group, without isolation, can hold it).
 RESULTS_DRAIN_SECONDS = 5.0
 PLUGIN_FILE = str(Path(pytest_results.__file__).resolve())
-PYTEST_OPTIONS = ("-q", "--tb=short", "-p", "no:cacheprovider")
 
 
 def _grader_and_sandbox(spec: RolloutSpec) -> tuple[GraderSpec, SandboxSpec]:
@@ -159,7 +157,7 @@ async def grade(spec: RolloutSpec, attempt_dir: Path, heartbeat: Heartbeat) -> G
         try:
             report = await grading.run(tests)
         except UngradableWorkspaceError as err:
-            report = _ungradable(tests, str(err))
+            report = ungradable(tests, str(err))
     except (SandboxSpecError, GradingError):
         raise
     except (SandboxError, OSError) as err:
@@ -167,15 +165,6 @@ async def grade(spec: RolloutSpec, attempt_dir: Path, heartbeat: Heartbeat) -> G
     finally:
         await asyncio.to_thread(remove_tree, run_dir)
     return report.model_copy(update={"seconds": round(time.monotonic() - began, 3)})
-
-
-def _ungradable(tests: list[str], reason: str) -> GradeReport:
-    return GradeReport(
-        reward=0.0,
-        tests=len(tests),
-        failed_tests=tests[:FAILED_SHOWN],
-        reason=f"not graded: {reason}",
-    )
 
 
 class _Grading:
@@ -208,24 +197,14 @@ class _Grading:
         await asyncio.to_thread(give_to, self._tree, self._uid)
         if self._grader.kind == "command":
             run = await self._run([expand(p) for p in self._grader.command or []])
-            return self._commanded(prepared.report, run)
+            return commanded(
+                prepared.report,
+                run.exit_code,
+                run.timed_out,
+                self._spec.timeouts.reward_seconds,
+                file_tail(self._log, LOG_TAIL_BYTES),
+            )
         return await self._tested(prepared, tests)
-
-    def _commanded(self, report: GradeReport, run: SandboxRun) -> GradeReport:
-        ok = run.exit_code == 0 and not run.timed_out
-        if run.timed_out:
-            reason = f"the command did not finish within {self._spec.timeouts.reward_seconds:g}s"
-        else:
-            reason = f"the command exited {run.exit_code}"
-        return report.model_copy(
-            update={
-                "reward": 1.0 if ok else 0.0,
-                "exit_code": run.exit_code,
-                "timed_out": run.timed_out,
-                "log_tail": file_tail(self._log, LOG_TAIL_BYTES),
-                "reason": reason,
-            }
-        )
 
     async def _tested(self, prepared: Preparation, tests: list[str]) -> GradeReport:
         read_end, write_end = os.pipe()

@@ -26,15 +26,15 @@ import errno
 import json
 import shutil
 import sys
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, Field
 
 from darl.activities.sandbox import pytest_results
 from darl.activities.sandbox.errors import SandboxError, UngradableWorkspaceError
-from darl.activities.sandbox.preparation import Preparation, Task, prepare
+from darl.activities.sandbox.preparation import PYTEST_OPTIONS, Preparation, Task, prepare
 from darl.activities.sandbox.workspace import GIT_DIR, AttemptWorkspace, git
 from darl.activities.sandbox.workspace_copy import remove_tree
 from darl.workflows.contracts import SandboxLimits
@@ -45,14 +45,12 @@ BASE_SUBPATH = "base"
 GRADING_SUBPATH = "grading"
 PREPARED_MARK, UNGRADABLE_MARK, FAILED_MARK = "DARL-PREPARED", "DARL-UNGRADABLE", "DARL-FAILED"
 UNGRADABLE_EXIT, FAILED_EXIT = 3, 4
-PYTEST_OPTIONS = ("-q", "--tb=short", "-p", "no:cacheprovider")
 
 
 class GradingTask(BaseModel):
-    """What the runner hands the trusted steps (in a Secret): the grader's kind, the listed
-    tests and the hidden test patch, the workspace's limits."""
+    """What the runner hands the trusted steps (in a Secret): the listed tests (none for a
+    `command` grader) and the hidden test patch, the workspace's limits."""
 
-    kind: Literal["swe_tests", "command"]
     tests: list[str] = Field(default_factory=list)
     test_patch: str = ""
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
@@ -76,10 +74,6 @@ async def base_commit(attempt: Path) -> str:
     return (await git("rev-parse", "HEAD", git_dir=git_dir)).decode().strip()
 
 
-async def _as_is(work: Awaitable[T]) -> T:
-    return await work
-
-
 async def prepared(attempt: Path, task: GradingTask, run: Path, workdir: str) -> Preparation:
     """The trusted steps: `<attempt>/grading/testbed` made ready to test, DARL's plugin and
     pytest's arguments in `run`."""
@@ -89,7 +83,7 @@ async def prepared(attempt: Path, task: GradingTask, run: Path, workdir: str) ->
     await asyncio.to_thread(remove_tree, grading)
     grading.mkdir()
     preparation = await prepare(
-        workspace, grading / "testbed", Task(task.tests, task.test_patch), task.limits, _as_is
+        workspace, grading / "testbed", Task(task.tests, task.test_patch), task.limits
     )
     shutil.copyfile(pytest_results.__file__, run / "pytest_results.py")
     arguments = [*PYTEST_OPTIONS, "--rootdir", workdir, *preparation.files]

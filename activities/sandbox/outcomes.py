@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from darl.activities.sandbox.canaries import Canaries
+from darl.activities.sandbox.canaries import PARAMETRIZED, Canaries
 from darl.activities.sandbox.pytest_results import ALTERED, FINISH, FOREIGN, START
 from darl.workflows.contracts import GradeReport
 
@@ -32,7 +31,11 @@ EXIT_MEANINGS = {
 }
 SHOWN = 3
 FAILED_SHOWN = 20
-_PARAMETRIZED = re.compile(r"\[.*\]$")
+# At most this much of a run's records is read (the code under test could write without
+# end); past it the run counts for nothing.
+RESULTS_CAP_BYTES = 16 * 1024 * 1024
+# How much of the end of a grading's log its report keeps.
+LOG_TAIL_BYTES = 8 * 1024
 
 
 @dataclass
@@ -78,7 +81,7 @@ class Records:
                 self.xfailed_calls.add(nodeid)
 
     def passed(self, declared_xfail: set[str]) -> set[str]:
-        xfailed = {n for n in self.xfailed_calls if _PARAMETRIZED.sub("", n) in declared_xfail}
+        xfailed = {n for n in self.xfailed_calls if PARAMETRIZED.sub("", n) in declared_xfail}
         return (self.passed_calls | xfailed) - self.failed
 
 
@@ -166,6 +169,39 @@ def scored(
     )
 
 
+def ungradable(tests: list[str], reason: str) -> GradeReport:
+    """The grade of a workspace that cannot be graded as it is: 0, the agent's outcome."""
+    return GradeReport(
+        reward=0.0,
+        tests=len(tests),
+        failed_tests=tests[:FAILED_SHOWN],
+        reason=f"not graded: {reason}",
+    )
+
+
+def commanded(
+    report: GradeReport,
+    exit_code: int | None,
+    timed_out: bool,
+    timeout_seconds: float,
+    log_tail: str,
+) -> GradeReport:
+    """The grade of a `command` grader's run: 1 when it exited 0 in time, else 0."""
+    if timed_out:
+        reason = f"the command did not finish within {timeout_seconds:g}s"
+    else:
+        reason = f"the command exited {exit_code}"
+    return report.model_copy(
+        update={
+            "reward": 1.0 if exit_code == 0 and not timed_out else 0.0,
+            "exit_code": exit_code,
+            "timed_out": timed_out,
+            "log_tail": log_tail,
+            "reason": reason,
+        }
+    )
+
+
 def _void(
     records: Records, canaries: list[Canaries], declared_xfail: set[str], exit_code: int | None
 ) -> str | None:
@@ -176,7 +212,9 @@ def _void(
     if records.finished is None:
         return f"the test run ended before pytest finished its session (exit status {exit_code})"
     if exit_code != TESTS_FAILED or records.finished != TESTS_FAILED:
-        meaning = EXIT_MEANINGS.get(exit_code or 0, "it was killed or exited by itself")
+        meaning = "it was killed or exited by itself"
+        if exit_code is not None:
+            meaning = EXIT_MEANINGS.get(exit_code, meaning)
         return (
             f"pytest exited {exit_code} (its session said {records.finished}); an honest run "
             f"exits {TESTS_FAILED}: {meaning}"

@@ -28,6 +28,8 @@ from darl.workflows.contracts import GradeReport, SandboxLimits
 
 T = TypeVar("T")
 PATHS_SHOWN = 100
+# pytest's options in every grading, before the files it runs.
+PYTEST_OPTIONS = ("-q", "--tb=short", "-p", "no:cacheprovider")
 
 
 class Step(Protocol):
@@ -69,11 +71,13 @@ async def prepare(
     tree: Path,
     task: Task,
     limits: SandboxLimits,
-    step: Step,
+    step: Step | None = None,
 ) -> Preparation:
     """Make `tree` (new) the grading's copy of the workspace, ready to test; `step` awaits
-    each long trusted step (heartbeating meanwhile). Raises UngradableWorkspaceError for
-    what the agent left that cannot be graded, GradingError when DARL cannot."""
+    each long trusted step (heartbeating meanwhile; by default it is simply awaited).
+    Raises UngradableWorkspaceError for what the agent left that cannot be graded,
+    GradingError when DARL cannot."""
+    step = step or _awaited
     copy = await step(asyncio.to_thread(copy_workspace, workspace.tree, tree, limits))
     committed = await committed_tree(workspace)
     changes = await step(asyncio.to_thread(compare, tree, committed))
@@ -102,6 +106,10 @@ async def prepare(
         xfails=sorted(xfails),
         report=_undone(report, restored, [*removed, *copy.left_out]),
     )
+
+
+async def _awaited(work: Awaitable[T]) -> T:
+    return await work
 
 
 def _undone(report: GradeReport, restored: list[str], removed: list[str]) -> GradeReport:

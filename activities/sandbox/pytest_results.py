@@ -29,6 +29,7 @@ START, FOREIGN, ALTERED, FINISH = "pytest", "foreign", "altered", "finish"
 USAGE = (
     "usage: pytest_results.py --results-fd N --root DIR -- ARGS\n"
     "       pytest_results.py --results-fd N --root DIR --args-file ARGS.json\n"
+    "       pytest_results.py --check   (exits 0 when this Python can run pytest)\n"
 )
 
 
@@ -118,6 +119,10 @@ def _hookimpls(plugins: Any) -> list[Any]:
 
 
 def main(argv: Sequence[str]) -> int:
+    if list(argv) == ["--check"]:
+        import pytest
+
+        return 0
     if len(argv) < 5 or argv[0] != "--results-fd" or argv[2] != "--root":
         sys.stderr.write(USAGE)
         return 2

@@ -18,12 +18,15 @@ import uuid
 from pathlib import Path
 
 import pytest
+from kr8s.asyncio.objects import Job
 from temporalio.exceptions import ApplicationError
 
 from darl.activities.agent_contract import ContractIssuer
+from darl.activities.runners import kubernetes_grading
 from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
-from darl.activities.runners.kubernetes_grading import grading_job_name
+from darl.activities.runners.kubernetes_grading import KubernetesGrading, grading_job_name
 from darl.activities.runners.kubernetes_manifest import attempt_claim
+from darl.activities.sandbox.errors import GradingError
 from darl.workflows.contracts import (
     AwaitRequest,
     GradeReport,
@@ -259,3 +262,95 @@ async def test_an_agent_that_ran_out_of_time_is_graded_on_what_it_left(
     ]
     report = await asyncio.wait_for(runner.grade(request, lambda *_: None), TIMEOUT)
     assert report.reward == 1.0, report.reason
+
+
+# What the code under test does in the tests container when the tests import it.
+IN_THE_TESTS = {
+    # A FIFO where the tests' log is: the container reads the log back by a descriptor it
+    # opened before, so nothing waits on the FIFO.
+    "a FIFO in place of the tests' log": (
+        FIXED + "import os\nos.unlink('/tmp/darl-tests.log')\nos.mkfifo('/tmp/darl-tests.log')\n",
+        1.0,
+        "4 of 4 listed tests passed",
+    ),
+    # The status the container keeps for "the tests could not start" (DARL's failure): the
+    # tests exiting with it are their own outcome.
+    "an exit with the not-ready status": (
+        CALC + "import os\nos._exit(97)\n",
+        0.0,
+        "the test run ended before pytest finished its session (exit status 96)",
+    ),
+}
+
+
+@pytest.mark.parametrize("trick", list(IN_THE_TESTS))
+async def test_what_the_tests_do_in_their_container_decides_nothing_but_their_grade(
+    emulator: KubernetesEmulator, repo: Repo, image: Path, tmp_path: Path, trick: str
+) -> None:
+    code, reward, reason = IN_THE_TESTS[trick]
+    runner = runner_for(emulator, tmp_path)
+    _, report = await run_and_grade(runner, graded_rollout(repo, image, writes("calc.py", code)))
+    assert (report.reward, report.reason) == (reward, reason)
+
+
+async def test_an_image_whose_python_cannot_run_pytest_is_darls_failure(
+    emulator: KubernetesEmulator, repo: Repo, image: Path, tmp_path: Path
+) -> None:
+    """The tests container checks the image's Python (from `/`, nothing of the workspace on
+    its path) before the tests: a Python without pytest is the grading's failure, retried,
+    never the agent's 0."""
+    runner = runner_for(emulator, tmp_path)
+    spec = graded_rollout(repo, image, writes("calc.py", FIXED))
+    # Not a Python at all (the tests container's /tmp is its own: no script of the test's
+    # there): what it says comes back in the error.
+    agent = spec.agent.model_copy(update={"test_python": "/bin/sh"})
+    spec = spec.model_copy(update={"agent": agent})
+    with pytest.raises(GradingError, match="could not start in the task's image") as failed:
+        await run_and_grade(runner, spec)
+    assert "pytest_results.py" in str(failed.value)
+
+
+async def test_a_grading_job_left_without_its_secret_gets_it_on_the_retry(
+    emulator: KubernetesEmulator, repo: Repo, image: Path, tmp_path: Path
+) -> None:
+    """A try that died between creating the grading Job and its Secret: the next try finds
+    the Job and makes the Secret its Pod waits for."""
+    runner = runner_for(emulator, tmp_path)
+    spec = graded_rollout(repo, image, writes("calc.py", FIXED))
+    contract = ISSUER.issue(spec, 1, None, {})
+    handle = await runner.launch(LaunchRequest(spec=spec, attempt=1), contract)
+    request = AwaitRequest(spec=spec, attempt=1, handle=handle, one_activity=True)
+    await asyncio.wait_for(runner.wait(request, contract, lambda *_: None), TIMEOUT)
+    api = await runner.api()
+    agent_job = await runner.find(Job, handle.data["job"], api, NAMESPACE)
+    grading = KubernetesGrading(runner)
+    await runner.create_or_find_job(grading.grading_job(agent_job.raw, request), api)
+    report = await asyncio.wait_for(runner.grade(request, lambda *_: None), TIMEOUT)
+    assert report.reward == 1.0, report.reason
+
+
+async def test_tests_that_outrun_the_grading_jobs_deadline_grade_0(
+    emulator: KubernetesEmulator,
+    repo: Repo,
+    image: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An image without `timeout` leaves the tests to the grading Job's deadline: the Job's
+    controller ends them, and the attempt is graded 0, timed out (not retried as DARL's
+    failure). The deadline is shortened to seconds here."""
+    monkeypatch.setattr(kubernetes_grading, "PREPARE_SECONDS", 8)
+    monkeypatch.setattr(kubernetes_grading, "DEADLINE_GRACE_SECONDS", 1)
+    tools = tmp_path / "bin"  # the task image's PATH: no `timeout`
+    tools.mkdir()
+    for tool in ("sh", "cat", "tail", "sleep"):
+        (tools / tool).symlink_to(shutil.which(tool) or tool)
+    runner = runner_for(emulator, tmp_path)
+    hangs = CALC + "import time\ntime.sleep(600)\n"
+    spec = graded_rollout(repo, image, writes("calc.py", hangs))
+    agent = spec.agent.model_copy(update={"env": {"PATH": str(tools)}})
+    timeouts = spec.timeouts.model_copy(update={"reward_seconds": 2})
+    spec = spec.model_copy(update={"agent": agent, "timeouts": timeouts})
+    _, report = await run_and_grade(runner, spec)
+    assert (report.reward, report.timed_out) == (0.0, True)
+    assert report.reason == "the tests did not finish within 2s"
