@@ -41,18 +41,15 @@ class CopyReport:
     bytes: int = 0
 
 
-def copy_workspace(
-    source: Path, target: Path, limits: SandboxLimits, owner: int | None = None
-) -> CopyReport:
+def copy_workspace(source: Path, target: Path, limits: SandboxLimits) -> CopyReport:
     """Copy the workspace at `source` to `target` (made here): regular files (content and
-    mode bits), links as links, directories made writable; `owner` (a uid) owns the copy when
-    given. Raises UngradableWorkspaceError when the workspace is over its limits, before a
-    byte of it is written: an agent that filled the disk the copy goes to is refused for its
-    size, never failed by the disk."""
+    mode bits), links as links, directories made writable. Raises UngradableWorkspaceError
+    when the workspace is over its limits, before a byte of it is written: an agent that
+    filled the disk the copy goes to is refused for its size, never failed by the disk."""
     root = os.open(source, _DIRECTORY)
     try:
         _Walk(limits).tree(root)
-        copier = _Copier(limits, target, owner)
+        copier = _Copier(limits, target)
         copier.tree(root)
     finally:
         os.close(root)
@@ -142,21 +139,18 @@ class _Copier(_Walk):
     """The walk that copies to `target`, still measuring (the workspace may have changed
     since it was measured)."""
 
-    def __init__(self, limits: SandboxLimits, target: Path, owner: int | None) -> None:
+    def __init__(self, limits: SandboxLimits, target: Path) -> None:
         super().__init__(limits)
-        self._target, self._owner = target, owner
+        self._target = target
         self._copied: dict[tuple[int, int], str] = {}
         self.directory("")
 
     def directory(self, path: str) -> None:
         folder = self._target / path if path else self._target
         folder.mkdir(mode=0o755)
-        self._own(folder)
 
     def link(self, dir_fd: int, name: str, path: str) -> None:
-        link = self._target / path
-        os.symlink(os.readlink(name, dir_fd=dir_fd), link)
-        self._own(link)
+        os.symlink(os.readlink(name, dir_fd=dir_fd), self._target / path)
 
     def linked(self, key: tuple[int, int], path: str) -> None:
         if key in self._copied:
@@ -184,16 +178,10 @@ class _Copier(_Walk):
                     while view:
                         view = view[os.write(out, view) :]
                 os.fchmod(out, (st.st_mode & 0o777) | 0o600)
-                if self._owner is not None:
-                    os.fchown(out, self._owner, self._owner)
             finally:
                 os.close(out)
         if st.st_nlink > 1:
             self._copied[key] = path
-
-    def _own(self, path: Path) -> None:
-        if self._owner is not None:
-            os.lchown(path, self._owner, self._owner)
 
 
 class _File:
