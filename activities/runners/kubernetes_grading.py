@@ -23,7 +23,9 @@ and the volume go together.
 from __future__ import annotations
 
 import copy
+import re
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import kr8s
@@ -88,7 +90,7 @@ NOT_READY_EXIT = 97
 # exit status, which only this shell (the container's first process) sets.
 TESTS_SCRIPT = rf"""
 seconds="$1"; python="$2"; plugin="$3"; shift 3
-log=/tmp/darl-tests.log
+log="${{TMPDIR:-/tmp}}/darl-tests.log"
 : >"$log" && exec 5<"$log" || exit {NOT_READY_EXIT}
 if [ "$python" != - ] && ! (cd / && "$python" -I "$plugin" --check) >"$log" 2>&1; then
     echo {LOG_MARK}
@@ -107,12 +109,40 @@ echo {LOG_MARK}
 tail -c {LOG_TAIL_BYTES} <&5
 exit "$code"
 """
+# The kubelet's eviction messages for a Pod over its own storage limits
+# (pkg/kubelet/eviction/helpers.go), as against the node's pressure.
+OWN_STORAGE_EVICTION = re.compile(
+    r"Usage of EmptyDir volume .* exceeds the limit"
+    r"|Container \S+ exceeded its local ephemeral storage limit"
+    r"|Pod ephemeral local storage usage exceeds the total limit of containers"
+)
 # The contract's variables a grading never gets (the tests never hold the rollout token).
 CONTRACT_PREFIXES = ("DARL_", "OPENAI_", "ANTHROPIC_", "AGL_", "TRACEPARENT")
 
 
 def grading_job_name(job: str) -> str:
     return f"{job}-grade"
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a grading Pod ended: `void` is why its tests count for nothing when the cluster
+    ended them on their account (and `timed_out` when by the deadline)."""
+
+    pod: Any
+    timed_out: bool = False
+    void: str | None = None
+
+
+def own_storage_eviction(pod: Any) -> str | None:
+    """The kubelet's message when it evicted the Pod for going over its own storage limits
+    (an emptyDir's size, a container's or the Pod's ephemeral storage), not for the node's
+    sake; None otherwise."""
+    status = pod.raw.get("status", {})
+    message = str(status.get("message") or "")
+    if status.get("reason") == "Evicted" and OWN_STORAGE_EVICTION.search(message):
+        return message.strip()
+    return None
 
 
 class KubernetesGrading:
@@ -149,17 +179,17 @@ class KubernetesGrading:
         metadata = {"name": grading, "namespace": namespace, "labels": dict(MANAGED_BY)}
         metadata["ownerReferences"] = [owner]
         await self._runner.create_secret(metadata, {"task.json": task.model_dump_json()}, api)
-        pod, deadline_exceeded = await self._ended_pod(grading, namespace, api, spec, heartbeat)
-        if deadline_exceeded:
+        ended = await self._ended_pod(grading, namespace, api, spec, heartbeat)
+        if ended.void is not None:
             report = GradeReport(
                 reward=0.0,
                 tests=len(tests),
                 failed_tests=tests[:FAILED_SHOWN],
-                timed_out=True,
-                reason=f"the tests did not finish within {spec.timeouts.reward_seconds:g}s",
+                timed_out=ended.timed_out,
+                reason=ended.void,
             )
         else:
-            report = await self._report(pod, tests, spec)
+            report = await self._report(ended.pod, tests, spec)
         return report.model_copy(update={"seconds": round(time.monotonic() - began, 3)})
 
     # --- the grading Job ---------------------------------------------------------------
@@ -213,8 +243,9 @@ class KubernetesGrading:
             if not var.get("name", "").startswith(CONTRACT_PREFIXES)
             and var.get("name") not in TOKEN_VARS
         ]
+        scratch = f"{root}/tmp"
         mapped = env_map_values(spec.task, grader.env_map)
-        mapped["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        mapped |= {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "TMPDIR": scratch}
         env = [var for var in env if var.get("name") not in mapped]
         env += [{"name": key, "value": value} for key, value in mapped.items()]
         tests = {
@@ -225,7 +256,14 @@ class KubernetesGrading:
             "workingDir": agent.workdir,
             "env": env,
             "securityContext": copy.deepcopy(security),
-            "resources": {"limits": {"memory": f"{limits.memory_mb}Mi"}},
+            # The container's writable layer and log too: past it, the kubelet evicts the
+            # Pod, the tests' own outcome (`own_storage_eviction`).
+            "resources": {
+                "limits": {
+                    "memory": f"{limits.memory_mb}Mi",
+                    "ephemeral-storage": f"{limits.tmp_mb}Mi",
+                }
+            },
             "volumeMounts": [
                 {
                     "name": ATTEMPT_VOLUME,
@@ -233,7 +271,7 @@ class KubernetesGrading:
                     "subPath": f"{GRADING_SUBPATH}/testbed",
                 },
                 {"name": "darl-run", "mountPath": run, "readOnly": True},
-                {"name": "darl-tmp", "mountPath": "/tmp"},
+                {"name": "darl-tmp", "mountPath": scratch},
             ],
         }
         pod.update(
@@ -281,12 +319,13 @@ class KubernetesGrading:
 
     async def _ended_pod(
         self, name: str, namespace: str, api: Any, spec: RolloutSpec, heartbeat: Heartbeat
-    ) -> tuple[Any, bool]:
-        """The grading Pod once it has ended, and whether the Job ran past its deadline with
-        the tests running (their outcome: the Job's controller takes the Pod). A Pod the
-        infrastructure failed (an image that will not pull, a Pod that cannot be scheduled or
-        was evicted, a deadline reached before the tests began) is no grade: the Job is
-        deleted and the try fails, so the retry grades afresh."""
+    ) -> Ended:
+        """The grading Pod once it has ended, or why the cluster ended its tests on their
+        account: past the Job's deadline (the Job's controller takes the Pod), or over their
+        storage (the kubelet evicts it). A Pod the infrastructure failed (an image that will
+        not pull, a Pod that cannot be scheduled or was evicted for the node's sake, a
+        deadline reached before the tests began) is no grade: the Job is deleted and the try
+        fails, so the retry grades afresh."""
         runner = self._runner
         grace = DEADLINE_GRACE_SECONDS * 2
         deadline = time.time() + PREPARE_SECONDS + spec.timeouts.reward_seconds + grace
@@ -306,6 +345,9 @@ class KubernetesGrading:
             if pod is not None:
                 prepared = _terminated(pod, PREPARE, init=True)
                 tests_began |= prepared is not None and prepared.get("exitCode") == 0
+                over = own_storage_eviction(pod)
+                if over is not None and tests_began:
+                    return Ended(pod, void=f"the tests went over their storage ({over})")
             infra = runner.infra_problem(pod)
             if infra is not None:
                 await runner.delete_job(name, api, namespace)
@@ -313,12 +355,14 @@ class KubernetesGrading:
             conditions = job.raw.get("status", {}).get("conditions", [])
             if any(c.get("reason") == "DeadlineExceeded" for c in conditions):
                 if tests_began:
-                    return pod, True
+                    seconds = spec.timeouts.reward_seconds
+                    void = f"the tests did not finish within {seconds:g}s"
+                    return Ended(pod, timed_out=True, void=void)
                 await runner.delete_job(name, api, namespace)
                 raise SandboxError(f"the grading Job {name} ran out of time before its tests")
             ended = {c.get("type") for c in conditions} & {"Complete", "Failed"}
             if pod is not None and ended:
-                return pod, False
+                return Ended(pod)
             if time.time() > deadline:
                 await runner.delete_job(name, api, namespace)
                 raise SandboxError(f"the grading Job {name} did not end in time")

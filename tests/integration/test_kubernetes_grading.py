@@ -269,7 +269,9 @@ IN_THE_TESTS = {
     # A FIFO where the tests' log is: the container reads the log back by a descriptor it
     # opened before, so nothing waits on the FIFO.
     "a FIFO in place of the tests' log": (
-        FIXED + "import os\nos.unlink('/tmp/darl-tests.log')\nos.mkfifo('/tmp/darl-tests.log')\n",
+        FIXED
+        + "import os\n_log = os.path.join(os.environ['TMPDIR'], 'darl-tests.log')\n"
+        + "os.unlink(_log)\nos.mkfifo(_log)\n",
         1.0,
         "4 of 4 listed tests passed",
     ),

@@ -17,6 +17,7 @@ from darl.activities.runners.kubernetes import (
     KubernetesJobRunner,
     KubernetesSettings,
 )
+from darl.activities.runners.kubernetes_grading import own_storage_eviction
 from darl.activities.runners.kubernetes_manifest import job_name
 from darl.workflows.contracts import KubernetesAgentSpec, RolloutSpec, RolloutTimeouts
 from tests.k8s_schema import validate
@@ -150,3 +151,33 @@ async def test_the_rate_limit_holds_the_next_creation():
     await limiter.acquire()
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(limiter.acquire(), timeout=0.5)
+
+
+# The kubelet's eviction messages (pkg/kubelet/eviction/helpers.go), as a Pod's status has them.
+OWN_STORAGE = [
+    'Usage of EmptyDir volume "darl-tmp" exceeds the limit "1Gi". ',
+    'Container darl-tests exceeded its local ephemeral storage limit "1024Mi". ',
+    "Pod ephemeral local storage usage exceeds the total limit of containers 1Gi. ",
+]
+NODE_PRESSURE = (
+    "The node was low on resource: ephemeral-storage. Threshold quantity: 10Gi, available: 9Gi. "
+    "Container darl-tests was using 3Gi, which exceeds its request of 0. "
+)
+
+
+class _Pod:
+    def __init__(self, reason: str, message: str) -> None:
+        self.raw = {"status": {"phase": "Failed", "reason": reason, "message": message}}
+
+
+@pytest.mark.parametrize("message", OWN_STORAGE)
+def test_a_grading_pod_evicted_for_its_own_storage_is_its_tests_doing(message: str) -> None:
+    assert own_storage_eviction(_Pod("Evicted", message)) == message.strip()
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [("Evicted", NODE_PRESSURE), ("Evicted", ""), ("DeadlineExceeded", OWN_STORAGE[0])],
+)
+def test_an_eviction_for_the_nodes_sake_is_not(reason: str, message: str) -> None:
+    assert own_storage_eviction(_Pod(reason, message)) is None
