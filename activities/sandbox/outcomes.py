@@ -253,33 +253,47 @@ def declared_xfail(tree: Path, files: Iterable[str]) -> set[str]:
     for file in files:
         try:
             source = (tree / file).read_text(encoding="utf-8")
+            if "xfail" not in source:  # most files: nothing to parse
+                continue
             module = ast.parse(source)
         except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
             continue
+        lines = source.splitlines()
         marked = any(
-            _mentions_xfail(source, node)
+            _mentions_xfail(lines, node)
             for node in module.body
             if isinstance(node, ast.Assign | ast.AnnAssign)
-            and "pytestmark" in (ast.get_source_segment(source, node) or "")
+            and any(_is_pytestmark(target) for target in _targets(node))
         )
-        declared |= _declared_in(source, module.body, file, marked)
+        declared |= _declared_in(lines, module.body, file, marked)
     return declared
 
 
-def _declared_in(source: str, body: list[ast.stmt], prefix: str, marked: bool) -> set[str]:
+def _declared_in(lines: list[str], body: list[ast.stmt], prefix: str, marked: bool) -> set[str]:
     found: set[str] = set()
     for node in body:
         if isinstance(node, ast.ClassDef):
-            inner = marked or any(_mentions_xfail(source, d) for d in node.decorator_list)
-            found |= _declared_in(source, node.body, f"{prefix}::{node.name}", inner)
+            inner = marked or any(_mentions_xfail(lines, d) for d in node.decorator_list)
+            found |= _declared_in(lines, node.body, f"{prefix}::{node.name}", inner)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (
             marked
-            or _mentions_xfail(source, node)
-            or any(_mentions_xfail(source, d) for d in node.decorator_list)
+            or _mentions_xfail(lines, node)
+            or any(_mentions_xfail(lines, d) for d in node.decorator_list)
         ):
             found.add(f"{prefix}::{node.name}")
     return found
 
 
-def _mentions_xfail(source: str, node: ast.AST) -> bool:
-    return "xfail" in (ast.get_source_segment(source, node) or "")
+def _targets(node: ast.Assign | ast.AnnAssign) -> list[ast.expr]:
+    return node.targets if isinstance(node, ast.Assign) else [node.target]
+
+
+def _is_pytestmark(target: ast.expr) -> bool:
+    return isinstance(target, ast.Name) and target.id == "pytestmark"
+
+
+def _mentions_xfail(lines: list[str], node: ast.AST) -> bool:
+    """Whether the lines the node spans mention xfail (the lines, not the exact columns:
+    `ast.get_source_segment` splits the whole source again at each call)."""
+    first, last = getattr(node, "lineno", 0), getattr(node, "end_lineno", None) or 0
+    return any("xfail" in line for line in lines[first - 1 : last])
