@@ -25,7 +25,7 @@ import pytest
 
 from darl.activities.sandbox.workspace_copy import MAX_PATH_BYTES, remove_tree
 from darl.workflows.contracts import GraderSpec, SandboxLimits
-from tests.agents.swe_scripts import REBIND_RECORDER, XFAIL_PLUGIN
+from tests.agents.swe_scripts import FORK_IN_TESTS, REBIND_RECORDER, XFAIL_PLUGIN
 from tests.integration.test_grader import (
     CALC,
     FIXED,
@@ -383,16 +383,7 @@ async def test_hard_links_count_once(attempt) -> None:
 LIMIT_HITS = {
     "a fork bomb": (
         with_limits(processes=32),
-        """
-        import os, time
-        try:
-            while True:
-                if os.fork() == 0:
-                    time.sleep(30)
-                    os._exit(0)
-        except OSError:
-            pass
-        """,
+        FORK_IN_TESTS,
         "4 of 4 listed tests passed",
     ),
     "a memory hog": (
