@@ -15,16 +15,19 @@ Code branches on the class (`isinstance`), never on the code string.
         │   ├── PreviousResponseNotStoredError    previous_response_not_stored
         │   ├── InvalidResultError                invalid_result
         │   ├── InvalidEventError                 invalid_event
+        │   ├── TooManyReportsError               too_many_reports
         │   └── ContextLengthExceededError        context_length_exceeded
         ├── UnauthorizedError               401   invalid_token
         ├── ForbiddenError                  403   forbidden
         ├── UnknownRolloutError             404   unknown_rollout
         ├── RolloutFinishedError            409   rollout_finished      (no failed call)
         ├── BodyTooLargeError               413   body_too_large
+        │   └── ReportTooLargeError               report_too_large
         ├── GatewayPausedError              429   gateway_paused        (no failed call)
         │   └── PauseOutlastedError         503   gateway_paused
         ├── GatewayRestartingError          503   gateway_restarting
         ├── RolloutSpecUnreadableError      500   rollout_spec_unreadable
+        ├── TemporalRefusedError            500   temporal_refused
         ├── TemporalUnavailableError        503   temporal_unavailable
         └── UpstreamError                   502   upstream_error
             ├── UpstreamUnreachableError          upstream_unreachable
@@ -115,6 +118,12 @@ class InvalidEventError(BadRequestError):
     code = "invalid_event"
 
 
+class TooManyReportsError(BadRequestError):
+    """An attempt's report past the most it may send (REPORTS_PER_ATTEMPT)."""
+
+    code = "too_many_reports"
+
+
 class ContextLengthExceededError(BadRequestError):
     """The agent's prompt does not fit the policy's context (its policy server said so): the
     agent's own doing, so a failed call but no incident, said in the words each protocol's
@@ -157,6 +166,12 @@ class BodyTooLargeError(APIError):
     code = "body_too_large"
 
 
+class ReportTooLargeError(BodyTooLargeError):
+    """An agent's report over its budget (REPORT_MAX_BYTES)."""
+
+    code = "report_too_large"
+
+
 class GatewayPausedError(APIError):
     """Paused for a weight sync (flow control: the agent is told when to retry), so the
     refusal is no failed call."""
@@ -182,6 +197,13 @@ class RolloutSpecUnreadableError(APIError):
     """A rollout's workflow started with an input that does not read as this DARL's spec."""
 
     code = "rollout_spec_unreadable"
+
+
+class TemporalRefusedError(APIError):
+    """Temporal refused a request for what it holds (INVALID_ARGUMENT: a payload over its
+    limits): DARL's own failure, which no retry passes, never "Temporal is away"."""
+
+    code = "temporal_refused"
 
 
 class TemporalUnavailableError(APIError):

@@ -402,6 +402,16 @@ class RolloutSpec(Contract):
         return {k: v for k, v in self.task.items() if k not in grader.hidden_fields}
 
 
+# What an agent may report of one attempt. Each report is a signal to the rollout's workflow
+# and its fields reach the rollout's result: Temporal payloads, 2 MB at most, in a history of
+# 50 MB. So a report (its answer and metadata, as JSON) is at most REPORT_MAX_BYTES, an
+# attempt sends at most REPORTS_PER_ATTEMPT of them (a flood of signals would fill the history
+# until Temporal ended the rollout, a zero turned into an infra failure), and reports merged
+# stay within one report's budget (`rollout_outcomes.merged`).
+REPORT_MAX_BYTES = 64 * 1024
+REPORTS_PER_ATTEMPT = 32
+
+
 class AgentReport(Contract):
     """What an agent says about its own attempt (DARL_RESULT_URL, AGL reward event, HTTP reply)."""
 
@@ -409,6 +419,20 @@ class AgentReport(Contract):
     reward: float | None = None
     answer: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def size_bytes(self) -> int:
+        """The size its budget counts (REPORT_MAX_BYTES): its answer and metadata as JSON."""
+        return len(self.model_dump_json(include={"answer", "metadata"}).encode())
+
+    def over_budget(self) -> str | None:
+        """What is wrong with its size, or None within REPORT_MAX_BYTES."""
+        size = self.size_bytes()
+        if size <= REPORT_MAX_BYTES:
+            return None
+        return (
+            f"the report's answer and metadata are {size:,} bytes as JSON; a report holds at "
+            f"most {REPORT_MAX_BYTES:,}: report what the reward needs"
+        )
 
     @field_validator("reward")
     @classmethod

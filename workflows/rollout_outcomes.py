@@ -59,12 +59,15 @@ def merged(earlier: AgentReport | None, later: AgentReport) -> AgentReport: ...
 @overload
 def merged(earlier: AgentReport | None, later: AgentReport | None) -> AgentReport | None: ...
 def merged(earlier: AgentReport | None, later: AgentReport | None) -> AgentReport | None:
-    """A later report overrides the fields it sets and keeps those it leaves out."""
+    """A later report overrides the fields it sets and keeps those it leaves out, while the
+    two together fit one report's budget (REPORT_MAX_BYTES); past it the later one stands
+    alone, so reports with new metadata keys each cannot grow the rollout's result."""
     if earlier is None or later is None:
         return later or earlier
-    return AgentReport(
+    both = AgentReport(
         attempt=later.attempt or earlier.attempt,
         reward=later.reward if later.reward is not None else earlier.reward,
         answer=later.answer if later.answer is not None else earlier.answer,
         metadata={**earlier.metadata, **later.metadata},
     )
+    return later if both.over_budget() else both

@@ -492,8 +492,13 @@ class RolloutWorkflow:
     @workflow.signal(name=AGENT_RESULT_SIGNAL)
     def agent_result(self, report: AgentReport) -> None:
         """The agent's own report. A later report of the attempt overrides the fields it sets
-        (the last reward wins) and keeps those it leaves out."""
-        if report.attempt != self._attempt or not self._accepting_signals:
+        (the last reward wins) and keeps those it leaves out. One over a report's budget
+        (sent around the gateway, which refuses it) is counted with the stale ones, unused."""
+        if (
+            report.attempt != self._attempt
+            or not self._accepting_signals
+            or report.over_budget() is not None
+        ):
             self._stale_signals += 1
             return
         self._reports[report.attempt] = merged(self._reports.get(report.attempt), report)

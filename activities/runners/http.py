@@ -183,4 +183,7 @@ class HttpAgentRunner(AgentRunner):
             report = AgentReport.model_validate({k: reply[k] for k in REPORT_FIELDS if k in reply})
         except (ValueError, ValidationError) as err:
             return AgentExit(exit_code=1, log_tail=f"agent service reply is not a report: {err}")
+        too_large = report.over_budget()
+        if too_large is not None:
+            return AgentExit(exit_code=1, log_tail=f"agent service reply refused: {too_large}")
         return AgentExit(exit_code=0, report=report, log_tail=text)

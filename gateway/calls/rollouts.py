@@ -28,13 +28,17 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from darl.gateway.errors import (
     APIError,
+    ReportTooLargeError,
     RolloutFinishedError,
     RolloutSpecUnreadableError,
+    TemporalRefusedError,
     TemporalUnavailableError,
+    TooManyReportsError,
     UnknownRolloutError,
 )
 from darl.gateway.store.base import TrajectoryStore
 from darl.workflows.contracts import (
+    REPORTS_PER_ATTEMPT,
     AgentReport,
     ModelCallEvent,
     RolloutSpec,
@@ -110,6 +114,8 @@ class RolloutRegistry:
         self._closed_elsewhere: _Bounded = _Bounded(remembered)
         self._recheck = closed_recheck_seconds
         self._started: _Bounded = _Bounded(SPECS_REMEMBERED)
+        # Reports signalled per attempt ((rollout id, attempt) -> count).
+        self._reports_sent: _Bounded = _Bounded(remembered)
 
     async def check_open(self, rollout_id: str, attempt: int) -> None:
         """Raise 404/409 unless the rollout's workflow runs and this attempt has not ended."""
@@ -235,7 +241,27 @@ class RolloutRegistry:
         await self._signal(rollout_id, MODEL_CALLS_SIGNAL, events)
 
     async def signal_report(self, rollout_id: str, report: AgentReport) -> None:
-        await self._signal(rollout_id, AGENT_RESULT_SIGNAL, report)
+        """Signal an agent's report to its workflow: refused (413) over its budget, and (400)
+        past the attempt's REPORTS_PER_ATTEMPT, counted by this gateway (each replica counts
+        its own)."""
+        too_large = report.over_budget()
+        if too_large is not None:
+            raise ReportTooLargeError(too_large)
+        key = (rollout_id, report.attempt)
+        sent = self._reports_sent.get(key, 0)
+        if sent >= REPORTS_PER_ATTEMPT:
+            raise TooManyReportsError(
+                f"attempt {report.attempt} of rollout {rollout_id} has reported "
+                f"{REPORTS_PER_ATTEMPT} times, the most an attempt may; a later report "
+                "overrides the fields it sets, so send one when the attempt is done"
+            )
+        # Counted before the signal is awaited, so concurrent reports cannot all pass.
+        self._reports_sent.put(key, sent + 1)
+        try:
+            await self._signal(rollout_id, AGENT_RESULT_SIGNAL, report)
+        except APIError:
+            self._reports_sent.put(key, self._reports_sent.get(key, 1) - 1)
+            raise
 
     async def _signal(self, rollout_id: str, name: str, payload: object) -> None:
         handle = self._client.get_workflow_handle(rollout_workflow_id(rollout_id))
@@ -247,4 +273,10 @@ class RolloutRegistry:
                 self._closed.put(rollout_id, True)
                 raise rollout_closed(rollout_id) from err
             log.warning("signal %s to %s failed: %s", name, rollout_id, err)
+            if err.status == RPCStatusCode.INVALID_ARGUMENT:
+                # Refused for what it holds (a payload over Temporal's limits): DARL's to
+                # bound, and no retry would pass.
+                raise TemporalRefusedError(
+                    f"Temporal refused the {name} signal: {err.message}"
+                ) from err
             raise temporal_unavailable(err) from err

@@ -3,15 +3,25 @@ to the policy server, and loses nothing: the rollout it aimed at still completes
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from darl.workflows.contracts import LocalAgentSpec, RolloutSpec, rollout_workflow_id
+from darl.workflows.contracts import (
+    REPORT_MAX_BYTES,
+    REPORTS_PER_ATTEMPT,
+    AgentReport,
+    LocalAgentSpec,
+    RolloutSpec,
+    rollout_workflow_id,
+)
 from darl.workflows.names import ROLLOUT_WORKFLOW
 from darl.workflows.rollout_status import RolloutStatus
 from tests.integration.stack import ADMIN_KEY, Stack
@@ -271,6 +281,73 @@ class TestRefusedBeforeThePolicyServer:
         response = http.post("/admin/pause", json={"mode": "sideways"}, headers=bearer(ADMIN_KEY))
         assert response.status_code == 400
         assert "mode" in response.json()["error"]["message"]
+
+
+# An agent reporting too much: REPORTS_PER_ATTEMPT + 1 reports, each with a metadata key of
+# its own (together past a report's budget), then a report over the budget on each route.
+# Writes what each post was answered to the file named by its third argument.
+FLOODING_REPORTER = """
+import json, os, sys, urllib.error, urllib.request
+
+def post(url, body):
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                 "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return [response.status, ""]
+    except urllib.error.HTTPError as err:
+        return [err.code, json.loads(err.read())["error"]["code"]]
+
+count, size = int(sys.argv[1]), int(sys.argv[2])
+answers = [
+    post(os.environ["DARL_RESULT_URL"], {"reward": 0.5, "metadata": {f"k{i}": "x" * 3000}})
+    for i in range(count + 1)
+]
+answers.append(post(os.environ["DARL_RESULT_URL"], {"reward": 1.0, "answer": "y" * size}))
+reward_event = {"event_type": "reward", "data": {"value": 1.0, "note": "z" * size}}
+answers.append(post(os.environ["AGL_EVENT_URL"], reward_event))
+with open(sys.argv[3], "w") as out:
+    json.dump(answers, out)
+"""
+
+
+async def test_an_agent_cannot_report_past_its_budget(stack: Stack, tmp_path: Path) -> None:
+    """Every report is a signal into the rollout's history and its fields reach the result:
+    past REPORTS_PER_ATTEMPT the gateway refuses (400), a report over its budget is refused
+    (413) on DARL's route and Agent Lightning's, and the reports it took, merged, stay within
+    one report's budget. The refused ones change nothing: the reward is the last one taken."""
+    spec = RolloutSpec(
+        run_id="bad-input",
+        rollout_id=f"flood-{uuid.uuid4().hex[:8]}",
+        task={},
+        agent=LocalAgentSpec(
+            command=[
+                sys.executable,
+                "-c",
+                FLOODING_REPORTER,
+                str(REPORTS_PER_ATTEMPT),
+                str(REPORT_MAX_BYTES),
+                str(tmp_path / "answers.json"),
+            ]
+        ),
+    )
+    result = await asyncio.wait_for((await stack.start_rollout(spec)).result(), 120)
+    assert result.status == RolloutStatus.SUCCEEDED, result.error
+    answers = json.loads((tmp_path / "answers.json").read_text())
+    assert answers == [[200, ""]] * REPORTS_PER_ATTEMPT + [
+        [400, "too_many_reports"],
+        [413, "report_too_large"],
+        [413, "report_too_large"],
+    ]
+    assert result.reward == 0.5 and result.answer is None
+    kept = AgentReport(metadata=result.metadata)
+    assert kept.over_budget() is None and f"k{REPORTS_PER_ATTEMPT - 1}" in result.metadata
+    assert "k0" not in result.metadata  # merging went past the budget: the later report stood
+    assert await stack.store().incidents(spec.rollout_id, 1) == []
 
 
 async def test_the_live_rollout_still_completes(

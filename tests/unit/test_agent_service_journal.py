@@ -32,6 +32,7 @@ from darl.examples.agent_service import (
     service_app,
 )
 from darl.workflows.contracts import (
+    REPORT_MAX_BYTES,
     AgentHandle,
     AwaitRequest,
     HttpAgentSpec,
@@ -47,7 +48,8 @@ WAIT = 10.0
 class CountingService(AgentService):
     """Counts its runs and the requests it handled; a run waits for `release` (set unless
     `hold`). `task["fail"]` makes the run fail: "http" with an HTTPException(500), "crash"
-    with a plain exception. A reply names the run that made it."""
+    with a plain exception, "huge" with an answer over a report's budget. A reply names the
+    run that made it."""
 
     def __init__(self, state_dir: Path | None, hold: bool = False) -> None:
         super().__init__(state_dir=state_dir)
@@ -74,6 +76,8 @@ class CountingService(AgentService):
             raise HTTPException(500, "the model gave up")
         if fail == "crash":
             raise ValueError("boom")
+        if fail == "huge":
+            return {"answer": "x" * (REPORT_MAX_BYTES + 1), "reward": 1.0}
         return {"answer": f"{request.task['q']} by run {run}", "reward": 1.0}
 
 
@@ -247,14 +251,18 @@ ISSUER = ContractIssuer("http://gateway.test", b"secret")
 
 
 async def run_attempt(
-    url: str, rollout: str = "r1", attempt: int = 1, client: aiohttp.ClientSession | None = None
+    url: str,
+    rollout: str = "r1",
+    attempt: int = 1,
+    client: aiohttp.ClientSession | None = None,
+    task: dict[str, Any] | None = None,
 ) -> Any:
     """What the await_agent activity does with an http agent: POST the attempt and wait
     (through `client` when given, as a worker sharing its session does)."""
     spec = RolloutSpec(
         run_id="run1",
         rollout_id=rollout,
-        task={"q": "7*6"},
+        task=task or {"q": "7*6"},
         agent=HttpAgentSpec(url=f"{url}/rollouts"),
         timeouts=RolloutTimeouts(agent_seconds=30, heartbeat_seconds=3),
     )
@@ -281,6 +289,16 @@ async def test_the_runner_takes_a_200_as_the_agents_report(tmp_path: Path) -> No
     assert (request.rollout_id, request.attempt) == ("r1", 1)
     assert request.openai_base_url == "http://gateway.test/rollouts/r1/v1"
     assert request.api_key.startswith("darl")
+
+
+async def test_a_report_over_its_budget_is_the_agents_failure(tmp_path: Path) -> None:
+    """A reply whose answer is over a report's budget is refused as the agent's failure (it
+    would travel in Temporal payloads), with the reason in its log, nothing of it kept."""
+    service = CountingService(tmp_path / "state")
+    async with serving(service, tmp_path, "agent") as client:
+        done = await run_attempt(str(client.base_url), task={"q": "7*6", "fail": "huge"})
+    assert done.exit_code == 1 and done.report is None
+    assert "a report holds at most 65,536" in done.log_tail, done.log_tail[:300]
 
 
 async def test_an_agent_outlasting_the_clients_read_timeout_is_posted_once(
