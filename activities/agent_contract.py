@@ -27,8 +27,37 @@ SECRET_ENV_VARS = frozenset({"DARL_TOKEN_SECRET", "DARL_ADMIN_KEY"})
 TASK_ROOT = "input"
 
 
-class TaskPathError(ActivitiesError, LookupError):
+# Linux starts no program with an environment string (`NAME=value`) over 32 pages
+# (MAX_ARG_STRLEN): "Argument list too long". The task goes in DARL_TASK only while its JSON
+# is well within that (the environment and the arguments together have a limit too); it is
+# always in the file DARL_TASK_FILE names, for an agent DARL starts (local, sandboxed,
+# Kubernetes). An `env_map` value has no file, so one over the limit is refused.
+ENV_STRING_MAX_BYTES = 32 * 4096 - 1
+TASK_ENV_MAX_BYTES = 64 * 1024
+
+
+class TaskFieldError(ActivitiesError):
+    """A value of the task that an `env_map` (or a reward's answer key) cannot take."""
+
+
+class TaskPathError(TaskFieldError, LookupError):
     """An `env_map` path (or a reward's answer key) names a value the task does not have."""
+
+
+class TaskValueTooLargeError(TaskFieldError, ValueError):
+    """An `env_map` value too large for an environment variable (ENV_STRING_MAX_BYTES)."""
+
+
+def env_string_error(name: str, value: str, shown: str) -> TaskValueTooLargeError | None:
+    """The error for `NAME=value` over what Linux takes in an environment, if it is."""
+    size = len(name.encode()) + 1 + len(value.encode())
+    if size <= ENV_STRING_MAX_BYTES:
+        return None
+    return TaskValueTooLargeError(
+        f"env_map {name}: the task's {shown!r} is {size:,} bytes as an environment string, "
+        f"over the {ENV_STRING_MAX_BYTES + 1:,} Linux takes; read it from the task file "
+        "(DARL_TASK_FILE) instead"
+    )
 
 
 def task_field(task: Any, path: str, shown: str | None = None) -> Any:
@@ -63,8 +92,19 @@ def env_map_values(task: Any, env_map: Mapping[str, str]) -> dict[str, str]:
     for name, spec in env_map.items():
         path = task_path(spec)
         value = spec if path is None else task_field(task, path, shown=spec)
-        values[name] = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        too_large = env_string_error(name, text, spec)
+        if too_large is not None:
+            raise too_large
+        values[name] = text
     return values
+
+
+def task_env(task: Any) -> dict[str, str]:
+    """DARL_TASK, while the task's JSON fits TASK_ENV_MAX_BYTES (else nothing: the agent
+    reads DARL_TASK_FILE)."""
+    text = json.dumps(task)
+    return {"DARL_TASK": text} if len(text.encode()) <= TASK_ENV_MAX_BYTES else {}
 
 
 @dataclass(frozen=True)
@@ -146,7 +186,7 @@ class ContractIssuer:
             "DARL_ATTEMPT": str(attempt),
             "DARL_RUN_ID": spec.run_id,
             "DARL_GROUP_ID": spec.group_id,
-            "DARL_TASK": json.dumps(task),
+            **task_env(task),
             "DARL_MODE": spec.mode.value,
             "DARL_RESULT_URL": result_url,
             "AGL_OPENAI_BASE_URL": agl_base,

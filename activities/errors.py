@@ -1,8 +1,10 @@
 """Named failures of the activities. DARL's own code raises and catches `ActivitiesError`s:
 
     ActivitiesError
-    ├── TaskPathError          an env_map path or answer key the task lacks        LookupError
-    └── RewardFunctionError    no usable reward function, or no finite number      ValueError
+    ├── TaskFieldError              a task value an env_map or answer key cannot take
+    │   ├── TaskPathError           a path the task lacks                          LookupError
+    │   └── TaskValueTooLargeError  a value too large for an environment variable  ValueError
+    └── RewardFunctionError         no usable reward function, or no finite number ValueError
 
 What crosses to a workflow is a Temporal ApplicationError whose `type` the workflow reads
 (never the message), made by the functions below."""

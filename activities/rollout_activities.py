@@ -22,7 +22,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from darl.activities import rewards
-from darl.activities.agent_contract import AgentContract, ContractIssuer, TaskPathError
+from darl.activities.agent_contract import AgentContract, ContractIssuer, TaskFieldError
 from darl.activities.errors import agent_spec_error, reward_spec_error
 from darl.activities.gateway_notifier import CLOSE_GIVE_UP_SECONDS, GatewayNotifier
 from darl.activities.heartbeats import heartbeating
@@ -93,7 +93,7 @@ def _check_reward(spec: RolloutSpec) -> None:
         rewards.check(spec.reward, spec.task)
         if spec.reward.grader is not None:
             check_grader(spec)
-    except (rewards.RewardFunctionError, SandboxSpecError, TaskPathError) as err:
+    except (rewards.RewardFunctionError, SandboxSpecError, TaskFieldError) as err:
         raise reward_spec_error(f"the reward cannot work: {err}") from None
 
 
@@ -380,5 +380,5 @@ class RolloutActivities:
     ) -> AgentContract:
         try:
             return self._issuer.issue(spec, attempt, traceparent, spec.agent.env_map, replay_from)
-        except TaskPathError as err:
+        except TaskFieldError as err:
             raise agent_spec_error(str(err)) from err

@@ -20,7 +20,13 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from darl.activities import rewards
-from darl.activities.agent_contract import TaskPathError, task_field, task_path
+from darl.activities.agent_contract import (
+    TaskPathError,
+    TaskValueTooLargeError,
+    env_map_values,
+    task_field,
+    task_path,
+)
 from darl.activities.heartbeats import heartbeats_throughout
 from darl.activities.rollout_activities import earlier_executions
 from darl.gateway.store.base import TrajectoryStore
@@ -111,6 +117,24 @@ def rows_missing(
     return config_error(
         f"dataset {dataset}: {len(missing)} of {len(rows)} rows have no field {shown!r} "
         f"({what}); the first is row {missing[0]}"
+    )
+
+
+def rows_too_large(rows: list[Any], name: str, spec: str, dataset: str) -> ApplicationError | None:
+    """A config error naming the rows of `dataset` whose `env_map` value `name` (written
+    `spec`) is too large for an environment variable, if any."""
+    over: list[tuple[int, TaskValueTooLargeError]] = []
+    for index, row in enumerate(rows):
+        try:
+            env_map_values(row, {name: spec})
+        except TaskValueTooLargeError as err:
+            over.append((index, err))
+    if not over:
+        return None
+    first, refused = over[0]
+    return config_error(
+        f"dataset {dataset}: {len(over)} of {len(rows)} rows are too large for the agent's "
+        f"environment; the first is row {first}: {refused}"
     )
 
 
@@ -268,6 +292,9 @@ class TrainerActivities:
             missing = rows_missing(rows, path, f"env_map {name}", config.dataset.path, value)
             if missing is not None:
                 raise missing
+            too_large = rows_too_large(rows, name, value, config.dataset.path)
+            if too_large is not None:
+                raise too_large
 
     def _rows(self, dataset: DatasetSpec) -> list[Any]:
         try:

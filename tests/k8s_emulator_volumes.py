@@ -89,8 +89,13 @@ class Volumes:
             if secret is None:
                 raise VolumeNotReadyError(f'secret "{secret_name}" not found')
             folder.mkdir(parents=True, exist_ok=True)
-            for key, value in (secret.get("data") or {}).items():
-                (folder / key).write_bytes(base64.b64decode(value))
+            data = secret.get("data") or {}
+            # `items` projects the keys it names, each to its path; without it, every key.
+            items = volume["secret"].get("items") or [{"key": k, "path": k} for k in data]
+            for item in items:
+                if item.get("key") not in data:
+                    raise VolumeError(f'secret "{secret_name}" has no key {item.get("key")!r}')
+                (folder / item["path"]).write_bytes(base64.b64decode(data[item["key"]]))
             return folder
         kinds = sorted(set(volume) - {"name"})
         raise VolumeError(f"volume {name!r}: the emulator has no {', '.join(kinds)} volumes")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import deque
@@ -32,6 +33,8 @@ from darl.activities.runners.base import AgentRunner, agent_deadline, agent_hear
 from darl.activities.runners.kubernetes_grading import KubernetesGrading
 from darl.activities.runners.kubernetes_manifest import (
     MANAGED_BY,
+    TASK_KEY,
+    TASK_SECRET_MAX_BYTES,
     TOKEN_KEY,
     JobManifests,
     job_name,
@@ -143,10 +146,16 @@ class KubernetesJobRunner(AgentRunner):
             raise agent_stopped_error(f"attempt {request.attempt} of {spec.rollout_id} was stopped")
         if spec.reward.grader is not None:
             self._check_gradable(spec)
+        task = json.dumps(spec.agent_task())
+        if len(task.encode()) > TASK_SECRET_MAX_BYTES:
+            raise agent_spec_error(
+                f"the task is {len(task.encode()):,} bytes as JSON; a Kubernetes agent's task "
+                f"travels in its attempt's Secret, at most {TASK_SECRET_MAX_BYTES:,}"
+            )
         manifest = self.job_manifest(spec, request.attempt, contract)
         namespace = manifest["metadata"]["namespace"]
         job = await self.create_or_find_job(manifest, api)
-        await self._ensure_secret(job, contract, api)
+        await self._ensure_secret(job, contract, task, api)
         if spec.reward.grader is not None:
             await self._create(PersistentVolumeClaim, self._manifests.claim(job), api)
         return AgentHandle(
@@ -179,8 +188,9 @@ class KubernetesJobRunner(AgentRunner):
             return found
         return job
 
-    async def _ensure_secret(self, job: Any, contract: AgentContract, api: Any) -> None:
-        """The token's Secret, beside its Job (an owner must be in the same namespace)."""
+    async def _ensure_secret(self, job: Any, contract: AgentContract, task: str, api: Any) -> None:
+        """The Secret of the attempt's token and task, beside its Job (an owner must be in the
+        same namespace)."""
         name = job.metadata.name
         owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job.metadata.uid}
         await self.create_secret(
@@ -190,7 +200,7 @@ class KubernetesJobRunner(AgentRunner):
                 "labels": dict(MANAGED_BY),
                 "ownerReferences": [owner],
             },
-            {TOKEN_KEY: contract.token},
+            {TOKEN_KEY: contract.token, TASK_KEY: task},
             api,
         )
 

@@ -45,6 +45,12 @@ QUANTITY_SUFFIXES = {
 }
 QUANTITY = re.compile(r"(\d+(?:\.\d+)?)([A-Za-z]*)")
 TOKEN_KEY = "token"
+# The task reaches the agent as a file from the attempt's Secret (DARL_TASK only while it is
+# small: `agent_contract.task_env`), at most TASK_SECRET_MAX_BYTES (a Secret holds 1 MiB).
+TASK_KEY = "task.json"
+TASK_VOLUME = "darl-task"
+TASK_MOUNT = "/run/darl"
+TASK_SECRET_MAX_BYTES = 768 * 1024
 # Variables of the agent contract that carry the rollout token: from the Secret, not plain env.
 TOKEN_VARS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AGL_KEY")
 # What root keeps in a sandboxed Job (everything else is dropped): the file and identity
@@ -146,10 +152,22 @@ class JobManifests:
         containers = pod.get("containers") or []
         if not containers:
             raise agent_spec_error("the Job template has no containers")
-        env = self._contract_env(name, contract, {**agent.env, **contract.env})
+        task_file = {"DARL_TASK_FILE": f"{TASK_MOUNT}/{TASK_KEY}"}
+        env = self._contract_env(name, contract, {**agent.env, **contract.env, **task_file})
+        pod["volumes"] = [
+            *(pod.get("volumes") or []),
+            {
+                "name": TASK_VOLUME,
+                "secret": {"secretName": name, "items": [{"key": TASK_KEY, "path": TASK_KEY}]},
+            },
+        ]
         for container in containers:
             given = [e for e in container.get("env") or [] if e.get("name") not in env]
             container["env"] = [*given, *env.values()]
+            container["volumeMounts"] = [
+                *(container.get("volumeMounts") or []),
+                {"name": TASK_VOLUME, "mountPath": TASK_MOUNT, "readOnly": True},
+            ]
         return job
 
     def claim(self, job: Any) -> dict:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from darl.activities.agent_contract import AgentContract, TaskPathError, inherited_env
+from darl.activities.agent_contract import AgentContract, TaskFieldError, inherited_env
 from darl.activities.errors import agent_lost_error, agent_spec_error, agent_stopped_error
 from darl.activities.processes import NotARegularFileError, file_tail, read_file, wait_for_exit
 from darl.activities.runners.base import (
@@ -232,7 +232,7 @@ class LocalProcessRunner(AgentRunner):
                 task_file=task_file,
                 timeout=spec.timeouts.launch_seconds,
             )
-        except (SandboxSpecError, TaskPathError) as err:
+        except (SandboxSpecError, TaskFieldError) as err:
             raise agent_spec_error(str(err)) from err
 
     async def grade(self, request: AwaitRequest, heartbeat: Heartbeat) -> GradeReport:

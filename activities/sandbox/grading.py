@@ -126,7 +126,8 @@ def hidden_test_patch(task: Any) -> str:
 
 def check_grader(spec: RolloutSpec) -> None:
     """Refuse, before any agent runs, a grader that cannot work on this task here (rule 9):
-    raises SandboxSpecError (or TaskPathError for an `env_map` path the task lacks). A
+    raises SandboxSpecError (or TaskFieldError for an `env_map` value the task lacks or
+    holds too large). A
     Kubernetes agent's grading Job is the runner's to check."""
     grader = spec.reward.grader
     if grader is None:

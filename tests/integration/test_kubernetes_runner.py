@@ -95,6 +95,32 @@ async def test_an_agent_job_runs_to_its_exit_with_the_contract(emulator: Kuberne
     assert secret["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
 
 
+async def test_a_large_task_reaches_the_job_as_a_file_from_its_secret(
+    emulator: KubernetesEmulator,
+):
+    """A SWE-bench-sized task (over what Linux takes in one environment string) is in
+    DARL_TASK_FILE, projected from the attempt's Secret (no DARL_TASK); one over a Secret's
+    room is refused at launch, naming the task's size, before any Job is made."""
+    runner = runner_for(emulator)
+    tests = [f"tests/test_x.py::test_{i}" for i in range(8000)]
+    reads = (
+        "import json, os; t = json.load(open(os.environ['DARL_TASK_FILE']));"
+        " print('DARL_TASK' in os.environ, len(t['tests']), sorted(os.listdir('/run/darl')))"
+    )
+    spec = rollout("emulator/run", [sys.executable, "-c", reads]).model_copy(
+        update={"task": {"id": "t1", "tests": tests}}
+    )
+    agent_exit = await wait(runner, spec, await launch(runner, spec))
+    assert agent_exit.exit_code == 0, agent_exit.log_tail
+    assert "False 8000 ['task.json']" in agent_exit.log_tail  # the token is not in the file
+    huge = spec.model_copy(
+        update={"rollout_id": f"huge-{uuid.uuid4().hex[:8]}", "task": {"blob": "x" * 800_000}}
+    )
+    with pytest.raises(ApplicationError, match="travels in its attempt's Secret"):
+        await launch(runner, huge)
+    assert [j for j in emulator.objects("jobs", NAMESPACE) if "huge" in j["metadata"]["name"]] == []
+
+
 async def test_a_failing_agent_is_a_result_with_its_exit_code(emulator: KubernetesEmulator):
     runner = runner_for(emulator)
     spec = rollout("emulator/run", ["sh", "-c", "echo broken >&2; exit 3"])

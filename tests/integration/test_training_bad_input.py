@@ -8,6 +8,7 @@ the reason in one line."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import time
 import uuid
@@ -94,14 +95,35 @@ def rows_file(stack: Stack, name: str, text: str) -> str:
             {"rollout": {"agent": {"env_map": {"QUESTION": "input.question"}}}},
             "have no field 'input.question' (env_map QUESTION)",
         ),
+        (
+            "huge",
+            "1 of 1 rows are too large for the agent's environment; the first is row 0: "
+            "env_map STATEMENT: the task's 'input.statement' is 200,010 bytes",
+        ),
     ],
-    ids=["missing-dataset", "empty-dataset", "no-answer-key", "unknown-reward", "bad-env-map"],
+    ids=[
+        "missing-dataset",
+        "empty-dataset",
+        "no-answer-key",
+        "unknown-reward",
+        "bad-env-map",
+        "env-map-too-large",
+    ],
 )
 async def test_a_run_whose_data_or_reward_cannot_work_fails_at_once(
     stack: Stack, change: dict | str, says: str
 ) -> None:
     if change == "empty":
         change = {"dataset": {"path": rows_file(stack, "empty.jsonl", "")}}
+    elif change == "huge":
+        # A row whose field an env_map puts in an environment variable Linux would refuse.
+        dataset = broken(stack, {}).dataset.path
+        row = json.loads(Path(dataset).read_text().splitlines()[0])
+        row["statement"] = "x" * 200_000
+        change = {
+            "dataset": {"path": rows_file(stack, "huge.jsonl", json.dumps(row) + "\n")},
+            "rollout": {"agent": {"env_map": {"STATEMENT": "input.statement"}}},
+        }
     message = await failure_of(stack, broken(stack, change), FAILS_WITHIN["config"])
     assert says in message, message
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import psutil
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from darl.activities.agent_contract import ContractIssuer
+from darl.activities.agent_contract import ContractIssuer, TaskValueTooLargeError
 from darl.activities.runners import local
 from darl.activities.runners.local import (
     EXIT_FILE,
@@ -41,11 +43,13 @@ def no_agent_left_behind(tmp_path: Path) -> Iterator[None]:
     stop_leftover_agents(tmp_path, grace_seconds=1)
 
 
-def launch_request(command: list[str], rollout_id: str = "r1") -> LaunchRequest:
+def launch_request(
+    command: list[str], rollout_id: str = "r1", task: dict | None = None
+) -> LaunchRequest:
     spec = RolloutSpec(
         run_id="run",
         rollout_id=rollout_id,
-        task={"q": "2+2", "n": 3},
+        task=task or {"q": "2+2", "n": 3},
         agent=LocalAgentSpec(command=command, env_map={"N": "input.n"}),
         timeouts=RolloutTimeouts(agent_seconds=30, heartbeat_seconds=1),
     )
@@ -97,6 +101,42 @@ async def test_the_agent_gets_the_contract_and_no_secrets(
     assert env["N"] == "3"  # env_map, JSON-encoded when not a string
     assert "DARL_ADMIN_KEY" not in env and "DARL_TOKEN_SECRET" not in env
     assert "out" in log and "err" in log
+
+
+# A SWE-bench-sized row: over what Linux takes in one environment string (128 KiB).
+LARGE_TASK = {"q": "2+2", "n": 3, "tests": [f"tests/test_x.py::test_{i}" for i in range(8000)]}
+READS_ITS_TASK = """
+import json, os
+task = json.load(open(os.environ["DARL_TASK_FILE"]))
+print("DARL_TASK" in os.environ, len(task["tests"]), os.environ["N"])
+"""
+
+
+async def test_a_task_too_large_for_the_environment_is_in_the_task_file(
+    tmp_path: Path,
+) -> None:
+    """A task whose JSON is over TASK_ENV_MAX_BYTES starts its agent (in DARL_TASK it would
+    make the start fail with "Argument list too long"): the task is in DARL_TASK_FILE, whole,
+    and DARL_TASK is not set."""
+    assert len(json.dumps(LARGE_TASK)) > 128 * 1024
+    runner = LocalProcessRunner(tmp_path)
+    request = launch_request([sys.executable, "-c", READS_ITS_TASK], task=LARGE_TASK)
+    handle = await runner.launch(request, contract_for(request))
+    assert await run_to_end(runner, request, handle) == 0
+    log = (tmp_path / "r1" / "attempt-1" / "agent.log").read_text()
+    assert log.split() == ["False", "8000", "3"], log
+
+
+def test_an_env_map_value_too_large_for_the_environment_is_refused() -> None:
+    """An `env_map` value has no file to go to: one over what Linux takes is refused, naming
+    the variable and the field, before any agent starts."""
+    request = launch_request(["true"], task=LARGE_TASK)
+    big = {"TESTS": "input.tests"}
+    refused = re.escape("env_map TESTS: the task's 'input.tests' is")
+    with pytest.raises(TaskValueTooLargeError, match=refused):
+        ISSUER.issue(request.spec, 1, None, big)
+    small = ISSUER.issue(request.spec, 1, None, {"N": "input.n"})
+    assert "DARL_TASK" not in small.env and small.env["N"] == "3"
 
 
 async def test_a_second_launch_returns_the_first_agent(tmp_path: Path) -> None:
