@@ -21,6 +21,7 @@ Code branches on the class (`isinstance`), never on the code string.
         ├── ForbiddenError                  403   forbidden
         ├── UnknownRolloutError             404   unknown_rollout
         ├── RolloutFinishedError            409   rollout_finished      (no failed call)
+        ├── ClientDisconnectedError         499   client_disconnected   (nobody to answer)
         ├── BodyTooLargeError               413   body_too_large
         │   └── ReportTooLargeError               report_too_large
         ├── GatewayPausedError              429   gateway_paused        (no failed call)
@@ -158,6 +159,15 @@ class RolloutFinishedError(APIError):
     status = 409
     type = "invalid_request_error"
     code = "rollout_finished"
+
+
+class ClientDisconnectedError(APIError):
+    """The client went away while it sent its request (an agent killed mid-request): nothing
+    of the request was used, and the answer reaches nobody (499, as nginx logs it)."""
+
+    status = 499
+    type = "invalid_request_error"
+    code = "client_disconnected"
 
 
 class BodyTooLargeError(APIError):

@@ -6,11 +6,13 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from darl.gateway import json_codec
 from darl.gateway.errors import (
     BadRequestError,
     BodyTooLargeError,
+    ClientDisconnectedError,
     InvalidJSONError,
     describe_errors,
 )
@@ -28,11 +30,17 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise BodyTooLargeError(f"request body over {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLargeError(f"request body over {limit} bytes")
+    try:
+        async for chunk in request.stream():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLargeError(f"request body over {limit} bytes")
+    except ClientDisconnect as err:
+        # Not the server's error: it had been logged as one, with a traceback.
+        raise ClientDisconnectedError(
+            f"the client went away after sending {size} bytes of its request"
+        ) from err
     return b"".join(chunks)
 
 
@@ -53,10 +61,8 @@ Body = TypeVar("Body", bound=BaseModel)
 async def read_model(request: Request, model: type[Body], limit: int) -> Body:
     """An admin body: JSON whatever the Content-Type says (curl -d sends a form type); an
     empty body means the model's defaults."""
-    if not (await request.body()).strip():
-        data: dict[str, Any] = {}
-    else:
-        data = await read_json_object(request, limit)
+    sent = await read_body(request, limit)
+    data: dict[str, Any] = json_object(sent) if sent.strip() else {}
     try:
         return model.model_validate(data)
     except ValidationError as err:

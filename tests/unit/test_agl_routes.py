@@ -1,7 +1,8 @@
 """Agent Lightning v1.0's routes on the gateway, against a stand-in for Temporal that answers
 `describe` (the rollout runs) and records signals: the event route (a reward's other fields
 reach the rollout's report, other events are stored with the attempt), the `x-api-key` header,
-and the mode path segment that takes only `train` and `val`."""
+the mode path segment that takes only `train` and `val`, and a client that goes away while it
+sends its request."""
 
 from __future__ import annotations
 
@@ -173,3 +174,55 @@ async def test_train_and_val_reach_the_route(http: httpx.AsyncClient, mode: str)
     response = await http.get(url, headers={"Authorization": f"Bearer {token()}"})
     assert response.status_code == 200, response.text
     assert [m["id"] for m in response.json()["data"]] == ["policy"]
+
+
+async def test_a_client_gone_mid_request_is_no_server_error(
+    temporal: FakeTemporal, store: DirectoryTrajectoryStore
+) -> None:
+    """An agent killed while it sends its request: the route reads what came, then the
+    disconnect. It is answered 499 (to nobody) as the client's doing, never raised out of the
+    app as the server's error (which uvicorn logs as "Exception in ASGI application" with a
+    traceback), and nothing of it is signalled or stored."""
+    settings = GatewaySettings(
+        token_secret=SECRET,
+        admin_key="admin",
+        upstreams=("http://127.0.0.1:9",),
+        proxy=ProxySettings(model="policy"),
+    )
+    app = create_app(settings, store, temporal)  # type: ignore[arg-type]
+    arriving = [
+        {"type": "http.request", "body": b'{"event_type": "reward", "da', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> dict[str, Any]:
+        return arriving.pop(0) if arriving else {"type": "http.disconnect"}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": EVENTS,
+        "raw_path": EVENTS.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"gateway"),
+            (b"content-type", b"application/json"),
+            (b"content-length", b"4096"),
+            (b"authorization", f"Bearer {token()}".encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 80),
+    }
+    await app(scope, receive, send)
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
+    assert b"client_disconnected" in b"".join(m.get("body", b"") for m in sent[1:])
+    assert temporal.signals == [] and await store.events(ROLLOUT, 1) == []
