@@ -142,6 +142,9 @@ class RolloutWorkflow:
         self._accepting_signals = False
         self._calls: list[ModelCallEvent] = []
         self._seen_call_ids: set[str] = set()
+        # Calls that reproduce the prefix's (a branch's), directly or through an earlier
+        # attempt: what an attempt whose close never came counts as its prefix.
+        self._prefix_replays: set[str] = set()
         self._reports: dict[int, AgentReport] = {}
         self._duplicate_signals = 0
         self._stale_signals = 0
@@ -484,6 +487,8 @@ class RolloutWorkflow:
                 self._stale_signals += 1
                 continue
             self._calls.append(event)
+            if self._reproduces_the_prefix(event):
+                self._prefix_replays.add(event.call_id)
             last = self._last_call
             if last is None or (event.attempt, event.sequence) > (last.attempt, last.sequence):
                 self._last_call = event
@@ -653,11 +658,28 @@ class RolloutWorkflow:
             failed_call_errors=self._failed_calls[:FAILED_CALLS_SHOWN],
             replayed_calls=self._replayed_calls(),
             replay_diverged_at=self._replay.diverged_at if self._replay is not None else None,
-            prefix_calls=self._replay.prefix_calls if self._replay is not None else 0,
+            prefix_calls=self._prefix_calls(),
             prefix_diverged_at=self._prefix_diverged_at(),
             grade=self._grade,
             agent_claim=self._agent_claim,
         )
+
+    def _reproduces_the_prefix(self, event: ModelCallEvent) -> bool:
+        """Whether a call replays the prefix's (a branch's): one replayed from a call of
+        another rollout, or from a call of an earlier attempt of this one that did (a call
+        replayed from an earlier attempt's own is a resumption)."""
+        source = event.replayed_from
+        if self._spec.prefix is None or source is None:
+            return False
+        return source not in self._seen_call_ids or source in self._prefix_replays
+
+    def _prefix_calls(self) -> int:
+        """The final attempt's calls that reproduced the prefix, as its close said; for an
+        attempt whose close never came (cancelled at the run's end), its calls replayed from
+        the prefix, so that they are never counted as a resumption."""
+        if self._replay is not None:
+            return self._replay.prefix_calls
+        return sum(1 for c in self._calls if c.call_id in self._prefix_replays)
 
     def _prefix_diverged_at(self) -> int | None:
         """Where a rollout that starts from a prefix left it before its end, as the close of

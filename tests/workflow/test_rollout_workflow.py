@@ -34,6 +34,7 @@ from darl.workflows.contracts import (
     LaunchRequest,
     LocalAgentSpec,
     ModelCallEvent,
+    PrefixSpec,
     RewardSpec,
     RolloutProgress,
     RolloutResult,
@@ -506,6 +507,40 @@ async def test_cancelling_kills_the_agent_and_reports(
         reported = await asyncio.wait_for(collector.result(), TIMEOUT)
     assert [r.status for r in reported] == [RolloutStatus.CANCELLED]
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_a_branch_cancelled_mid_attempt_counts_its_prefix_as_the_prefix(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """A branch cancelled before its attempt's close (at the run's end): no close says how
+    many calls reproduced the prefix, so the workflow counts those replayed from another
+    rollout's calls. Its result must not read as a resumption (replayed, no prefix calls),
+    which the trainer counts in `rollouts_resumed` and `calls_replayed`."""
+    collector_id = f"collector-{uuid.uuid4().hex[:8]}"
+    async with real_worker(time_skipping_env, tmp_path) as queue:
+        collector = await time_skipping_env.client.start_workflow(
+            CollectorWorkflow.run, 1, id=collector_id, task_queue=queue + "-collector"
+        )
+        s = spec(
+            ["sleep", "60"],
+            report_to=collector_id,
+            prefix=PrefixSpec(rollout_id="the-seed", calls=2),
+        )
+        handle = await start(time_skipping_env, s, queue)
+        await wait_for_status(handle, RolloutStatus.RUNNING)
+        replayed = [
+            call_event(s, "a", 0).model_copy(update={"replayed_from": "seed-call-0"}),
+            call_event(s, "b", 1).model_copy(update={"replayed_from": "seed-call-1"}),
+            call_event(s, "c", 2),
+        ]
+        await handle.signal(RolloutWorkflow.model_calls, replayed)
+        await wait_for_status(handle, RolloutStatus.RUNNING, calls=3)
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), TIMEOUT)
+        (reported,) = await asyncio.wait_for(collector.result(), TIMEOUT)
+    assert reported.status == RolloutStatus.CANCELLED
+    assert (reported.replayed_calls, reported.prefix_calls) == (2, 2)
 
 
 async def test_the_web_ui_shows_the_task_status_and_reward(
