@@ -49,12 +49,13 @@ class TaskValueTooLargeError(TaskFieldError, ValueError):
 
 
 def env_string_error(name: str, value: str, shown: str) -> TaskValueTooLargeError | None:
-    """The error for `NAME=value` over what Linux takes in an environment, if it is."""
+    """The error for `NAME=value` over what Linux takes in an environment, if it is; `shown`
+    says what the value is (the task's field, as the `env_map` names it)."""
     size = len(name.encode()) + 1 + len(value.encode())
     if size <= ENV_STRING_MAX_BYTES:
         return None
     return TaskValueTooLargeError(
-        f"env_map {name}: the task's {shown!r} is {size:,} bytes as an environment string, "
+        f"env_map {name}: {shown} is {size:,} bytes as an environment string, "
         f"over the {ENV_STRING_MAX_BYTES + 1:,} Linux takes; read it from the task file "
         "(DARL_TASK_FILE) instead"
     )
@@ -93,7 +94,8 @@ def env_map_values(task: Any, env_map: Mapping[str, str]) -> dict[str, str]:
         path = task_path(spec)
         value = spec if path is None else task_field(task, path, shown=spec)
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        too_large = env_string_error(name, text, spec)
+        shown = "its literal value" if path is None else f"the task's {spec!r}"
+        too_large = env_string_error(name, text, shown)
         if too_large is not None:
             raise too_large
         values[name] = text

@@ -127,8 +127,7 @@ def hidden_test_patch(task: Any) -> str:
 def check_grader(spec: RolloutSpec) -> None:
     """Refuse, before any agent runs, a grader that cannot work on this task here (rule 9):
     raises SandboxSpecError (or TaskFieldError for an `env_map` value the task lacks or
-    holds too large). A
-    Kubernetes agent's grading Job is the runner's to check."""
+    holds too large). A Kubernetes agent's grading Job is the runner's to check."""
     grader = spec.reward.grader
     if grader is None:
         return
