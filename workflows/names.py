@@ -65,3 +65,5 @@ WRONG_WORKFLOW_ID_ERROR = "WrongWorkflowId"
 # A bad dataset or config, a step that does not follow the last one.
 TRAINING_CONFIG_ERROR = "TrainingConfigError"
 WEIGHT_SYNC_ERROR = "WeightSyncError"
+# The TrainingWorkflow's own: a branch point outside its seed's calls (DARL's fault).
+BRANCH_POINT_ERROR = "BranchPointError"

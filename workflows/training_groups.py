@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from temporalio.exceptions import ApplicationError
+
 from darl.workflows.contracts import (
     CURRENT_REVISION,
     PrefixSpec,
@@ -17,6 +19,7 @@ from darl.workflows.contracts import (
     RolloutSpec,
     Task,
 )
+from darl.workflows.names import BRANCH_POINT_ERROR
 from darl.workflows.rollout_status import RolloutStatus
 from darl.workflows.training_config import TrainingConfig, TrainingMode
 from darl.workflows.training_messages import (
@@ -305,9 +308,13 @@ class GroupBook:
             counters.seeds_not_branched += 1
         else:
             if not 1 <= at < len(seed.call_ids):
-                raise ValueError(
+                # DARL's own fault (the points it is given are checked): fail the run saying
+                # so, not a workflow task that fails again on every retry.
+                raise ApplicationError(
                     f"branch point {at} is outside calls 1..{len(seed.call_ids) - 1} of seed "
-                    f"{seed.rollout_id}"
+                    f"{seed.rollout_id}",
+                    type=BRANCH_POINT_ERROR,
+                    non_retryable=True,
                 )
             counters.groups_branched += 1
             group.branch_point, group.surprisal = at, list(surprisal)

@@ -107,6 +107,13 @@ SYNC_RETRY = RetryPolicy(
     maximum_attempts=25,
     non_retryable_error_types=[TRAINING_CONFIG_ERROR, WEIGHT_SYNC_ERROR],
 )
+# Choosing a branch point reads the seed's records from the store: a few tries, then the
+# group's members start whole (an outage or a malformed record must not hold the run).
+BRANCH_POINT_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=8),
+    maximum_attempts=5,
+)
 # Every trainer activity heartbeats (train_step at its own configured timeout): a trainer
 # worker that dies is noticed within this, and its activity moves to the next worker.
 HEARTBEAT = timedelta(seconds=10)
@@ -176,6 +183,9 @@ class TrainingWorkflow:
         self._publish()
         if not self._state.initialized:
             await self._initialize()
+        # Rollouts go from here on, in a run continued as new too (it is never mid-step).
+        self._phase = TrainingPhase.ROLLING_OUT
+        self._publish()
         self._feeder = asyncio.create_task(self._feed())
         if self._config.groups.mode == "branch":
             self._brancher = asyncio.create_task(self._branch())
@@ -492,16 +502,32 @@ class TrainingWorkflow:
             return None, []
         if groups.branch_at != "surprisal":
             return groups.branch_point(len(seed.call_ids), workflow.random()), []
-        point = await workflow.execute_activity(
-            CHOOSE_BRANCH_POINT,
-            BranchPointRequest(
-                rollout_id=seed.rollout_id, attempt=seed.attempts, call_ids=seed.call_ids
-            ),
-            result_type=BranchPoint,
-            start_to_close_timeout=START_TO_CLOSE[CHOOSE_BRANCH_POINT],
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=RETRY_WITHOUT_LIMIT,
-        )
+        try:
+            point = await workflow.execute_activity(
+                CHOOSE_BRANCH_POINT,
+                BranchPointRequest(
+                    rollout_id=seed.rollout_id, attempt=seed.attempts, call_ids=seed.call_ids
+                ),
+                result_type=BranchPoint,
+                start_to_close_timeout=START_TO_CLOSE[CHOOSE_BRANCH_POINT],
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=BRANCH_POINT_RETRY,
+            )
+        except ActivityError as err:
+            workflow.logger.warning(
+                "no branch point for seed %s, its group starts whole: %s",
+                seed.rollout_id,
+                err.cause,
+            )
+            return None, []
+        if not 1 <= point.at < len(seed.call_ids):
+            workflow.logger.warning(
+                "branch point %d is outside calls 1..%d of seed %s, its group starts whole",
+                point.at,
+                len(seed.call_ids) - 1,
+                seed.rollout_id,
+            )
+            return None, []
         return point.at, point.surprisal
 
     async def _guard_weights(self) -> None:

@@ -7,11 +7,13 @@ continue-as-new loses no group waiting for its branches."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+import pytest
 from temporalio import activity, workflow
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
@@ -199,6 +201,44 @@ async def test_a_seed_that_fails_makes_an_ordinary_group(time_skipping_env: Work
     assert all(m.masked_calls == 0 for g in request.groups for m in g.members)
     c = summary.counters
     assert c.seeds_not_branched >= 2 and c.groups_branched == 0 and c.rollouts_failed >= 2
+    assert_accounted(c)
+
+
+@dataclass
+class BrokenBranchPoints(BranchingTrainerActivities):
+    """`choose_branch_point` fails every try (`fails`: the store is away, a record will not
+    read) or answers a point outside the seed's calls."""
+
+    fails: bool = True
+
+    @activity.defn(name="choose_branch_point")
+    async def choose_branch_point(self, request: BranchPointRequest) -> BranchPoint:
+        self.asked.append(request)
+        if self.fails:
+            raise RuntimeError("the store is away")
+        return BranchPoint(at=len(request.call_ids) + 5, surprisal=[])
+
+
+@pytest.mark.parametrize("fails", [True, False], ids=["activity-fails", "point-outside"])
+async def test_a_branch_point_that_cannot_be_had_starts_the_group_whole(
+    time_skipping_env: WorkflowEnvironment, fails: bool
+):
+    """No branch point (the activity fails its few tries, or names a call the seed does not
+    have): the group's members start whole and the run goes on, where the run had waited
+    on the activity without end, or failed its workflow task on every retry."""
+    rows = tasks(10, rewards=[0.0, 1.0, 0.0, 1.0])
+    stubs = functools.partial(BrokenBranchPoints, fails=fails)
+    async with harness(time_skipping_env, rows, stubs, StubBranchingRollout) as h:  # type: ignore[arg-type]
+        config = branching(
+            h, total_steps=1, groups=GroupsSpec(mode="branch", branch_at="surprisal")
+        )
+        _, summary = await run(h, config)
+    assert summary.steps == 1
+    c = summary.counters
+    assert c.groups_branched == 0 and c.seeds_not_branched >= 1
+    # Every seed asked (a failing activity its five tries); no member started from a prefix.
+    assert len(h.stubs.asked) >= (5 if fails else 1) * c.seeds_not_branched
+    assert all(s.prefix is None for s in h.stubs.started)
     assert_accounted(c)
 
 

@@ -29,6 +29,7 @@ from darl.workflows.training_groups import GroupBook
 from darl.workflows.training_messages import (
     KnobUpdate,
     StopRequest,
+    TrainingPhase,
     TrainingProgress,
     TrainingSummary,
 )
@@ -324,6 +325,23 @@ async def test_continue_as_new_loses_no_rollout_across_runs(dev_env: WorkflowEnv
     assert c.duplicate_reports == 0 and c.unknown_reports == 0
     assert_accounted(summary.counters)
     assert status.history_length < 1000
+
+
+async def test_once_initialized_a_run_says_it_is_rolling_out(
+    time_skipping_env: WorkflowEnvironment,
+):
+    """Once the run is initialized its rollouts go, and its status says so before its first
+    step (it had said "starting" until then, and a run continued as new, which skips the
+    initialization, said "starting" until its own first step)."""
+    rows = [{"id": i, "duration": 3600} for i in range(8)]  # no report while the test looks
+    async with harness(time_skipping_env, rows) as h:
+        handle = await h.start(h.config(group_size=4, batch_size=2, total_steps=1))
+        async with asyncio.timeout(TIMEOUT):
+            while not h.stubs.started:
+                await asyncio.sleep(0.05)
+        status = await h.status(handle)
+        await handle.terminate("the test has seen what it needed")
+    assert status.phase == TrainingPhase.ROLLING_OUT, status.phase
 
 
 async def test_rollouts_whose_reports_are_lost_are_looked_up(
