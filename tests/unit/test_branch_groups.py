@@ -14,6 +14,7 @@ from typing import Any, cast
 import httpx
 import pytest
 from pydantic import ValidationError
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from darl.activities.training_activities import TrainerActivities
@@ -25,6 +26,7 @@ from darl.trainer.aggregation import (
     rollout_rows,
 )
 from darl.workflows.contracts import HttpAgentSpec, PrefixSpec, RolloutMode, RolloutResult
+from darl.workflows.names import BRANCH_POINT_ERROR
 from darl.workflows.rollout_status import RolloutStatus
 from darl.workflows.training_config import (
     BackendSpec,
@@ -208,11 +210,14 @@ def test_surprisal_picks_the_most_surprising_call_after_the_first_earliest_on_a_
 
 
 def test_a_branch_point_outside_the_seeds_calls_is_refused():
+    """DARL's own fault (the workflow checks the points it is given): a typed, non-retryable
+    failure of the run, not a plain exception that fails every workflow-task retry."""
     b = book()
     open_group(b)
     b.record(result(SEED, calls=3))
-    with pytest.raises(ValueError, match=r"outside calls 1\.\.2"):
+    with pytest.raises(ApplicationError, match=r"outside calls 1\.\.2") as refused:
         b.open_branches(GROUP_ID, 3, report_to="train/r")
+    assert refused.value.type == BRANCH_POINT_ERROR and refused.value.non_retryable
 
 
 async def test_the_surprisal_activity_reads_the_seed_from_the_store(tmp_path: Path):
