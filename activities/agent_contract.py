@@ -48,17 +48,16 @@ class TaskValueTooLargeError(TaskFieldError, ValueError):
     """An `env_map` value too large for an environment variable (ENV_STRING_MAX_BYTES)."""
 
 
-def env_string_error(name: str, value: str, shown: str) -> TaskValueTooLargeError | None:
-    """The error for `NAME=value` over what Linux takes in an environment, if it is; `shown`
-    says what the value is (the task's field, as the `env_map` names it)."""
+def check_env_string(name: str, value: str, shown: str) -> None:
+    """Refuse `NAME=value` over what Linux takes in an environment; `shown` says what the
+    value is (the task's field, as the `env_map` names it)."""
     size = len(name.encode()) + 1 + len(value.encode())
-    if size <= ENV_STRING_MAX_BYTES:
-        return None
-    return TaskValueTooLargeError(
-        f"env_map {name}: {shown} is {size:,} bytes as an environment string, "
-        f"over the {ENV_STRING_MAX_BYTES + 1:,} Linux takes; read it from the task file "
-        "(DARL_TASK_FILE) instead"
-    )
+    if size > ENV_STRING_MAX_BYTES:
+        raise TaskValueTooLargeError(
+            f"env_map {name}: {shown} is {size:,} bytes as an environment string, "
+            f"over the {ENV_STRING_MAX_BYTES + 1:,} Linux takes; read it from the task file "
+            "(DARL_TASK_FILE) instead"
+        )
 
 
 def task_field(task: Any, path: str, shown: str | None = None) -> Any:
@@ -95,9 +94,7 @@ def env_map_values(task: Any, env_map: Mapping[str, str]) -> dict[str, str]:
         value = spec if path is None else task_field(task, path, shown=spec)
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         shown = "its literal value" if path is None else f"the task's {spec!r}"
-        too_large = env_string_error(name, text, shown)
-        if too_large is not None:
-            raise too_large
+        check_env_string(name, text, shown)
         values[name] = text
     return values
 

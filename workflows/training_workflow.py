@@ -167,7 +167,10 @@ class TrainingWorkflow:
         self._config = config.model_copy(update={"carried_state": None})
         self._state = config.carried_state or TrainingState(knobs=config.knobs)
         self._book = GroupBook(config, self._state)
-        self._phase = TrainingPhase.STARTING
+        # Once initialized, rollouts go: a run continued as new (never mid-step) is rolling out.
+        self._phase = (
+            TrainingPhase.ROLLING_OUT if self._state.initialized else TrainingPhase.STARTING
+        )
         self._closing = False
         self._feeder: asyncio.Task[None] | None = None
         self._brancher: asyncio.Task[None] | None = None
@@ -183,9 +186,6 @@ class TrainingWorkflow:
         self._publish()
         if not self._state.initialized:
             await self._initialize()
-        # Rollouts go from here on, in a run continued as new too (it is never mid-step).
-        self._phase = TrainingPhase.ROLLING_OUT
-        self._publish()
         self._feeder = asyncio.create_task(self._feed())
         if self._config.groups.mode == "branch":
             self._brancher = asyncio.create_task(self._branch())
@@ -236,6 +236,7 @@ class TrainingWorkflow:
         self._state.step = self._state.policy_version = start.step
         self._state.policy_path = start.policy_path
         self._state.initialized = True
+        self._phase = TrainingPhase.ROLLING_OUT
         self._publish()
 
     async def _wait_for_work(self) -> Next:
