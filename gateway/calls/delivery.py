@@ -118,12 +118,14 @@ class EventDelivery:
 
     async def close_attempt(self, rollout_id: str, attempt: int, return_up_to: int = 0) -> Closed:
         """The attempt's agent has ended: refuse its further calls and hand over every event it
-        left. With `return_up_to` > 0, and no more calls recorded than that, the answer
-        carries all of the attempt's events, read from the store in full (another replica
-        may have recorded some), none is signalled and the delivered mark stays where it is,
-        so a retried close returns them again. Otherwise all of them are signalled, read
-        from the store (see `_signal_all`). Raises APIError 503 when
-        Temporal cannot be reached, so the caller retries."""
+        left. The store's closed mark is exclusive with its appends: a call is in what this
+        close reads, or refused (409), never recorded after it. With `return_up_to` > 0, and
+        no more calls recorded than that, the answer carries all of the attempt's events,
+        read from the store in full (another replica may have recorded some), none is
+        signalled and the delivered mark stays where it is, so a retried close returns them
+        again. Otherwise all of them are signalled, read from the store (see
+        `_signal_all`). Raises APIError 503 when Temporal cannot be reached, so the caller
+        retries."""
         self._registry.close_attempt(rollout_id, attempt)
         await self._store.mark_closed(rollout_id, attempt)
         key = (rollout_id, attempt)

@@ -32,7 +32,7 @@ from darl.gateway.calls.forwarding import Forwarder, UpstreamReply
 from darl.gateway.calls.model_call import ClientGone, ModelCall, unless_disconnected
 from darl.gateway.calls.replay import ReplayBook
 from darl.gateway.calls.replayer import Replayer
-from darl.gateway.calls.rollouts import RolloutRegistry, attempt_closed
+from darl.gateway.calls.rollouts import RolloutRegistry
 from darl.gateway.calls.traffic import PauseGate, UpstreamPool
 from darl.gateway.calls.upstream_models import UpstreamModels
 from darl.gateway.calls.versions import UpstreamVersions, version_in
@@ -492,13 +492,11 @@ class ModelCallProxy:
                 f"policy server answer cannot be captured ({err}); DARL needs a vLLM-compatible "
                 "server that honours return_token_ids"
             ) from err
-        if await self.registry.ended(claims.rollout_id, claims.attempt):
-            # The attempt ended while this call was at the policy server (closed through this
-            # replica or another): its agent is gone.
-            raise attempt_closed(claims.rollout_id, claims.attempt)
         started = time.monotonic()
         try:
-            stored = await self.store.append(
+            # Refused (409) if the attempt ended while this call was at the policy server,
+            # closed through this replica or another: its agent is gone.
+            stored = await self.registry.record_call(
                 call.record(response, prompt_ids, latency_ms, streamed)
             )
         except CaptureError as err:  # prompt ids kept as bytes, found malformed when read

@@ -18,7 +18,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from darl.gateway.calls.delivery import EventDelivery, event_of
 from darl.gateway.calls.replay import Match, ReplayBook
-from darl.gateway.calls.rollouts import RolloutRegistry, attempt_closed
+from darl.gateway.calls.rollouts import RolloutRegistry
 from darl.gateway.metrics import GatewayMetrics
 from darl.gateway.protocols.chat.capture import answer_chunks, usage_of, with_prompt_token_ids
 from darl.gateway.protocols.chat.protocol import Endpoint
@@ -88,7 +88,7 @@ class Replayer:
             raise
         # Once the append is under way the call counts as used, whatever happens: a record
         # that may exist is never offered a second time (the agent's retry goes live).
-        stored = await self._store.append(record)
+        stored = await self._registry.record_call(record)
         self._delivery.enqueue(event_of(stored, self._store.ref(stored)))
         self._metrics.replayed_calls.labels(str(match.normalized).lower()).inc()
         answered_as = str(stored.exchange.get("answered_as") or stored.call_id)
@@ -132,14 +132,12 @@ class Replayer:
         """The replayed call as the attempt's trajectory will hold it, recorded before the agent
         hears of it (rule 1). Under a normalizer the prompt is the one the agent sent now,
         tokenized by the rollout's policy server (no generation); the answer is the recorded
-        one. Raises 409 when the attempt has ended."""
+        one."""
         original = match.recorded.record
         response, prompt_ids = original.response, original.prompt_token_ids
         if match.normalized:
             prompt_ids = await self._tokenize(claims, endpoint, forwarded)
             response = _with_prompt(endpoint, response, prompt_ids)
-        if await self._registry.ended(claims.rollout_id, claims.attempt):
-            raise attempt_closed(claims.rollout_id, claims.attempt)
         exchange: dict[str, Any] = {}
         if translation is not None:
             # This request's own (what a later `previous_response_id` reads of it), and the

@@ -10,7 +10,8 @@ remembers for a gateway that starts later and for the other replicas sharing the
 signal that finds the workflow closed marks the rollout closed. So a closed rollout's calls
 are refused before any policy server is called, by whichever replica they reach: the store's
 closed mark is looked at again on every call (a stat on the directory store, ~7 us), or once
-per `closed_recheck_seconds` where looking costs a request.
+per `closed_recheck_seconds` where looking costs a request; a call that looked before a close
+and writes after it is refused by the store itself (`record_call`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from darl.gateway.errors import (
     TooManyReportsError,
     UnknownRolloutError,
 )
-from darl.gateway.store.base import TrajectoryStore
+from darl.gateway.store.base import AttemptClosedError, TrajectoryStore
+from darl.gateway.store.record import CallRecord
 from darl.workflows.contracts import (
     REPORTS_PER_ATTEMPT,
     AgentReport,
@@ -209,12 +211,31 @@ class RolloutRegistry:
         if looked is not None and time.monotonic() - looked < self._recheck:
             return False
         if await self._store.is_closed(rollout_id, attempt):
-            self._closed.put(key, True)
-            self._unmarked.pop(key, None)
-            self._closed_elsewhere.put(key, True)
+            self._found_closed(key)
             return True
         self._unmarked.put(key, time.monotonic())
         return False
+
+    def _found_closed(self, key: tuple[str, int]) -> None:
+        """The store says the attempt was closed, through another process."""
+        self._closed.put(key, True)
+        self._unmarked.pop(key, None)
+        self._closed_elsewhere.put(key, True)
+
+    async def record_call(self, record: CallRecord) -> CallRecord:
+        """Append a call of its attempt to the store, unless the attempt ended: 409 when this
+        gateway knows it, or when the store finds the close under the append's own lock (a
+        close that came while the call was on its way; `ended` alone cannot tell, as the
+        close may land between its look and the write)."""
+        key = (record.rollout_id, record.attempt)
+        if await self.ended(*key):
+            raise attempt_closed(*key)
+        try:
+            return await self._store.append(record)
+        except AttemptClosedError as err:
+            if key not in self._closed:
+                self._found_closed(key)
+            raise attempt_closed(*key) from err
 
     async def _handed_over(self, rollout_id: str, attempt: int) -> bool:
         """Whether another process closed the attempt: its close read the attempt's events

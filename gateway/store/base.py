@@ -23,10 +23,21 @@ class StoreUnavailableError(GatewayError, RuntimeError):
     """The store cannot be used at all (a bucket that does not exist, no credentials)."""
 
 
+class AppendRefusedError(GatewayError):
+    """The store refused a call for what the attempt already holds: decided under the
+    attempt's lock (directory) or by the conditional write of the call's sequence (S3), so
+    every replica sharing the store sees the same decision."""
+
+
+class AttemptClosedError(AppendRefusedError):
+    """The attempt was closed (`mark_closed`) before the call could be written."""
+
+
 class TrajectoryStore(Protocol):
     async def append(self, record: CallRecord) -> CallRecord:
         """Durably add a call; the store assigns `sequence`. Returns the record as stored.
-        Only then may the gateway signal the call and answer the agent."""
+        Only then may the gateway signal the call and answer the agent. Raises
+        `AttemptClosedError` once `mark_closed` ran for the attempt (nothing is written)."""
 
     async def read(
         self, rollout_id: str, attempt: int | None = None, call_ids: list[str] | None = None
@@ -90,7 +101,9 @@ class TrajectoryStore(Protocol):
 
     async def mark_closed(self, rollout_id: str, attempt: int) -> None:
         """Remember that the attempt's agent ended: its calls are refused from now on, also
-        by a gateway that starts later."""
+        by a gateway that starts later. Exclusive with `append`: once this returns, every
+        append to the attempt either is in what `read` returns or raises
+        `AttemptClosedError`. Idempotent."""
 
     async def is_closed(self, rollout_id: str, attempt: int) -> bool:
         """Whether `mark_closed` was called for the attempt."""

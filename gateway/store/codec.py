@@ -26,6 +26,7 @@ from darl.gateway.protocols.chat.capture import with_prompt_token_ids
 from darl.gateway.protocols.chat.prompt_ids import RawTokenIds, token_ids_list
 from darl.gateway.protocols.chat.protocol import CHAT, Endpoint
 from darl.gateway.protocols.chat.sent_messages import SentMessages
+from darl.gateway.store.base import AttemptClosedError
 from darl.gateway.store.record import CallRecord
 
 FORMAT_VERSION = 1
@@ -71,6 +72,8 @@ class Tail:
     messages: list[Any] = field(default_factory=list)
     sent_messages: SentMessages | None = None
     prompt_text: str = ""
+    # The attempt was closed: every later append is refused (see `check_append`).
+    closed: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def context(self, length: int) -> list[int]:
@@ -96,8 +99,14 @@ class Tail:
             return self.messages
         return self.sent_messages.read()
 
+    def close_here(self) -> None:
+        """The attempt's close took the next sequence (the S3 store's mark): nothing follows."""
+        self.closed = True
+        self.next_sequence += 1
+
     def reset(self) -> None:
         """Forget everything read: the next load starts at the attempt's first call."""
+        self.closed = False
         self.next_sequence = 0
         self.position = 0
         self.prompt_ids = []
@@ -145,6 +154,16 @@ class TailCache:
             if old != key and self._tails[old].users == 0:
                 del self._tails[old]
         return tail
+
+
+def check_append(tail: Tail, record: CallRecord) -> None:
+    """Raise what rules `record` out, given the attempt as `tail` has read it (under the
+    attempt's lock, or at the sequence the record is about to take): a close."""
+    if tail.closed:
+        raise AttemptClosedError(
+            f"attempt {record.attempt} of rollout {record.rollout_id} was closed; call "
+            f"{record.call_id} was not recorded"
+        )
 
 
 def prompt_delta(tail: Tail, prompt: Sequence[int]) -> tuple[int, list[int]]:

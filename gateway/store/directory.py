@@ -17,7 +17,14 @@ from typing import Any
 
 from darl.gateway import json_codec
 from darl.gateway.store.base import StoreUnavailableError
-from darl.gateway.store.codec import Tail, TailCache, decode_into, encode_line, select_calls
+from darl.gateway.store.codec import (
+    Tail,
+    TailCache,
+    check_append,
+    decode_into,
+    encode_line,
+    select_calls,
+)
 from darl.gateway.store.record import CallRecord, FailedCall
 
 log = logging.getLogger(__name__)
@@ -78,6 +85,12 @@ class DirectoryTrajectoryStore:
 
     def _append_locked(self, fd: int, path: str, tail: Tail, record: CallRecord) -> CallRecord:
         self._catch_up(fd, path, tail)
+        # Looked at under the lock `mark_closed` takes: a close either waits for this append
+        # (and reads its call) or has left its mark, and the call is refused.
+        if os.path.exists(self._file(record.rollout_id, record.attempt, "closed")):
+            tail.closed = True
+            _unlink_if_empty(fd, path)
+        check_append(tail, record)
         stored = replace(record, sequence=tail.next_sequence)
         line = encode_line(stored, tail)
         os.write(fd, line)
@@ -217,9 +230,16 @@ class DirectoryTrajectoryStore:
         return [FailedCall(**line) for line in lines]
 
     async def mark_closed(self, rollout_id: str, attempt: int) -> None:
-        path = self.root / rollout_id / f"attempt-{attempt}.closed"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
+        # Under the attempt file's lock, which every append holds from its look at the mark
+        # to its write: no call is written after the mark, none slips between a close's mark
+        # and its read of the calls.
+        calls = self._file(rollout_id, attempt, "jsonl")
+        with _open_for_append(calls) as fd:
+            await _lock(fd)
+            closed = self._file(rollout_id, attempt, "closed")
+            mark = os.open(closed, os.O_WRONLY | os.O_CREAT, 0o644)
+            os.close(mark)
+            _unlink_if_empty(fd, calls)
 
     async def is_closed(self, rollout_id: str, attempt: int) -> bool:
         # One stat (a few microseconds): cheaper than the hop to a thread that would hide it.
@@ -254,6 +274,20 @@ def _open_for_append(path: str | Path) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
+
+
+def _unlink_if_empty(fd: int, path: str) -> None:
+    """Remove the attempt's file of calls, locked through `fd`, if it holds none: made only to
+    take its lock (a close, or an append refused), it is no attempt with calls. A process
+    that opened it meanwhile finds the closed mark once it has the lock, and writes nothing."""
+    held = os.fstat(fd)
+    if held.st_size:
+        return
+    try:
+        if os.stat(path).st_ino == held.st_ino:
+            os.unlink(path)
+    except FileNotFoundError:  # another refused append removed it first
+        return
 
 
 async def _lock(fd: int) -> None:

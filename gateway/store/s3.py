@@ -3,7 +3,8 @@ replicas: one object per call under a per-sequence key written with `If-None-Mat
 replicas can never take the same sequence, and one object per side entry.
 
 Keys, under `<prefix>`:
-    <rollout>/calls/attempt-<n>/<sequence, 10 digits>.json      a call (its stored form)
+    <rollout>/calls/attempt-<n>/<sequence, 10 digits>.json      a call (its stored form), or
+                                                                 empty: the attempt's close
     <rollout>/attempt-<n>/<incidents|events|failed>/<ns>-<id>.json   one side entry each
     <rollout>/attempt-<n>/delivered/<9999999999 - sequence>      the first key is the mark
     <rollout>/attempt-<n>/closed
@@ -25,7 +26,14 @@ from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 from obstore.store import S3Store
 
 from darl.gateway.store.base import StoreUnavailableError
-from darl.gateway.store.codec import Tail, TailCache, decode_into, encode_line, select_calls
+from darl.gateway.store.codec import (
+    Tail,
+    TailCache,
+    check_append,
+    decode_into,
+    encode_line,
+    select_calls,
+)
 from darl.gateway.store.record import CallRecord, FailedCall
 
 MAX_SEQUENCE = 9_999_999_999
@@ -143,6 +151,9 @@ class S3TrajectoryStore:
                 await self._load(tail, record.rollout_id, record.attempt)
             backoff = CONFLICT_BACKOFF_SECONDS
             while True:
+                # The tail has read every sequence below the one this PUT takes, so what it
+                # says (a close among them) holds for the record written there.
+                check_append(tail, record)
                 stored = replace(record, sequence=tail.next_sequence)
                 key = self._call_key(record.rollout_id, record.attempt, stored.sequence)
                 try:
@@ -167,11 +178,11 @@ class S3TrajectoryStore:
         tail.reset()
         keys = await self._keys(self._calls_prefix(rollout_id, attempt))
         for data in await self._get_many(keys):
-            decode_into(tail, json.loads(data))
+            _read_into(tail, data)
         tail.loaded = True
 
     async def _catch_up(
-        self, tail: Tail, rollout_id: str, attempt: int, record: CallRecord
+        self, tail: Tail, rollout_id: str, attempt: int, record: CallRecord | None
     ) -> CallRecord | None:
         """Read the calls other replicas wrote past the tail, one key at a time. Returns the
         stored form of `record` when one of them is it (a PUT that succeeded but whose answer
@@ -180,19 +191,24 @@ class S3TrajectoryStore:
             data = await self._get(self._call_key(rollout_id, attempt, tail.next_sequence))
             if data is None:
                 return None
-            found = decode_into(tail, json.loads(data))
-            if found.call_id == record.call_id:
+            found = _read_into(tail, data)
+            if found is None:  # the close: nothing follows it
+                return None
+            if record is not None and found.call_id == record.call_id:
                 return found
 
     async def read(
         self, rollout_id: str, attempt: int | None = None, call_ids: list[str] | None = None
     ) -> list[CallRecord]:
-        attempts = await self.attempts(rollout_id) if attempt is None else [attempt]
+        attempts = await self._listed_attempts(rollout_id) if attempt is None else [attempt]
         records: list[CallRecord] = []
         for number in attempts:
             keys = await self._keys(self._calls_prefix(rollout_id, number))
             tail = Tail()
-            records += [decode_into(tail, json.loads(d)) for d in await self._get_many(keys)]
+            for data in await self._get_many(keys):
+                found = _read_into(tail, data)
+                if found is not None:
+                    records.append(found)
         return select_calls(records, rollout_id, call_ids)
 
     def read_sync(
@@ -208,6 +224,15 @@ class S3TrajectoryStore:
             return pool.submit(asyncio.run, self.read(rollout_id, attempt, call_ids)).result()
 
     async def attempts(self, rollout_id: str) -> list[int]:
+        listed = await self._listed_attempts(rollout_id)
+        # An attempt closed before any call holds only the close, an empty first object.
+        sizes = await asyncio.gather(
+            *(self._size(self._call_key(rollout_id, n, 0)) for n in listed)
+        )
+        return [n for n, size in zip(listed, sizes, strict=True) if size]
+
+    async def _listed_attempts(self, rollout_id: str) -> list[int]:
+        """The attempts with objects under `calls/`, a close's alone among them."""
         prefix = f"{rollout_id}/calls/"
         listed = await obstore.list_with_delimiter_async(self._s3, prefix)
         numbers = []
@@ -216,6 +241,14 @@ class S3TrajectoryStore:
             if suffix.isdigit():
                 numbers.append(int(suffix))
         return sorted(numbers)
+
+    async def _size(self, key: str) -> int:
+        """The object's size in bytes; 0 for none."""
+        try:
+            meta = await obstore.head_async(self._s3, key)
+        except FileNotFoundError:
+            return 0
+        return int(meta["size"])
 
     def forget(self, rollout_id: str, attempt: int) -> None:
         """Drop the cached tail of a finished attempt (the objects stay)."""
@@ -236,6 +269,26 @@ class S3TrajectoryStore:
         await self._put(f"{self._attempt_prefix(rollout_id, attempt)}delivered/{name}", b"")
 
     async def mark_closed(self, rollout_id: str, attempt: int) -> None:
+        """The close takes the attempt's next sequence, as a call does (If-None-Match: *),
+        with an empty object: an append either took a sequence below it, and is in what a
+        read after this returns, or meets it where it would write, and is refused. Then the
+        `closed` object, which `is_closed` looks at with one HEAD."""
+        async with self._tails.hold(rollout_id, attempt) as tail:
+            if not tail.loaded:
+                await self._load(tail, rollout_id, attempt)
+            backoff = CONFLICT_BACKOFF_SECONDS
+            while not tail.closed:
+                key = self._call_key(rollout_id, attempt, tail.next_sequence)
+                try:
+                    await obstore.put_async(self._s3, key, b"", mode="create")
+                except (AlreadyExistsError, PreconditionError):
+                    before = tail.next_sequence
+                    await self._catch_up(tail, rollout_id, attempt, None)
+                    if tail.next_sequence == before:  # its write is not readable yet
+                        await asyncio.sleep(backoff)
+                        backoff *= 2
+                    continue
+                tail.close_here()
         await self._put(self._attempt_prefix(rollout_id, attempt) + "closed", b"")
 
     async def is_closed(self, rollout_id: str, attempt: int) -> bool:
@@ -279,3 +332,12 @@ class S3TrajectoryStore:
     async def failed_calls(self, rollout_id: str, attempt: int) -> list[FailedCall]:
         entries = await self._entries(rollout_id, attempt, "failed")
         return [FailedCall(**entry) for entry in entries]
+
+
+def _read_into(tail: Tail, data: bytes) -> CallRecord | None:
+    """Advance `tail` past one object of the attempt's sequences: a call (returned), or the
+    empty object of its close (None)."""
+    if not data:
+        tail.close_here()
+        return None
+    return decode_into(tail, json.loads(data))
