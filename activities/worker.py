@@ -11,7 +11,8 @@ from pathlib import Path
 
 import aiohttp
 from temporalio.client import Client
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from darl.activities.agent_contract import ContractIssuer
 from darl.activities.gateway_notifier import GatewayNotifier
@@ -49,6 +50,19 @@ class RolloutWorkerSettings:
     # Its activities' spans follow the installed provider instead (`drops_spans`): the two
     # differ only under OTEL_SDK_DISABLED=true, where every span is a no-op anyway.
     traced: bool = True
+    # RolloutWorkflow in Temporal's sandbox, which refuses a non-deterministic call. Off: the
+    # sandbox cost this worker 4.3-5.0 ms of CPU a rollout, its workflow side 1.7x
+    # (`make bench-worker`, docs/limitations.md). A canary worker can run with it on.
+    sandboxed: bool = False
+
+
+def rollout_workflow_runner(sandboxed: bool) -> WorkflowRunner:
+    """The runner the rollout worker runs RolloutWorkflow under: Temporal's sandbox (the
+    standard library, temporalio and pydantic passed through, as the SDK does by default; the
+    contracts by the workflow module's own `imports_passed_through`), or none."""
+    if sandboxed:
+        return SandboxedWorkflowRunner()
+    return UnsandboxedWorkflowRunner()
 
 
 @contextlib.asynccontextmanager
@@ -95,11 +109,10 @@ async def build_worker(
             workflows=[RolloutWorkflow],
             activities=[*activities.activities(), reports.report_rollout],
             max_concurrent_activities=settings.max_concurrent_agents,
-            # Out of the sandbox: re-importing the workflow's module into a fresh sandbox for
-            # every rollout was half this worker's CPU per rollout (`make bench-training`). The
-            # module imports only temporalio and the contracts (docs/architecture.md), and the
-            # workflow tests run it in the sandbox, which would catch a non-deterministic call.
-            workflow_runner=UnsandboxedWorkflowRunner(),
+            # Out of the sandbox unless asked (`sandboxed`): the workflow's module imports only
+            # temporalio and the contracts (docs/architecture.md), and the workflow tests run
+            # it in the sandbox, which would catch a non-deterministic call.
+            workflow_runner=rollout_workflow_runner(settings.sandboxed),
             # Agents outlive a worker that stops: the next worker re-attaches to them.
             graceful_shutdown_timeout=timedelta(seconds=0),
         )

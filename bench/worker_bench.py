@@ -1,6 +1,6 @@
 """The rollout worker's own share of a rollout, against the Python SDK's floor, in one run: one
-process runs three workers on one dev server, and the same number of workflows goes to each in
-turn, the order alternating, while the process's CPU is read:
+process runs up to four workers (`--workers`) on one dev server, and the same number of
+workflows goes to each in turn, the order alternating, while the process's CPU is read:
 
 - `floor`: the bare workflow in the rollout's shape (`bench.bare_workflow`: an activity, then a
   local activity), the SDK's default data converter, no tracing, no DARL code;
@@ -9,7 +9,9 @@ turn, the order alternating, while the process's CPU is read:
   on, as a rollout the trainer started does);
 - `spans`: the same, its workflows making their spans as this worker's did before
   `WorkflowContext` (sampled off, as the provider `darl worker` installs where nothing exports
-  samples them; the activities run in the context they are sent either way).
+  samples them; the activities run in the context they are sent either way);
+- `sandboxed`: `context` in Temporal's sandbox (`rollout_workflow_runner(sandboxed=True)`),
+  which gives each workflow a fresh import of its module and checks its calls.
 
 The rollout's activities are stand-ins that return at once (no agent, no gateway): what is
 measured is the workflow side, DARL's and the SDK's. The workflows are started from a process
@@ -17,18 +19,22 @@ of their own, whose CPU is not counted, as the trainer starts rollouts (a trace 
 the search attributes set, a trainer to report to). Nothing exports: the bench unsets the
 OTEL_ variables.
 
-    python -m bench.worker_bench [--workflows 300] [--rounds 6]
+    python -m bench.worker_bench [--workflows 300] [--rounds 6] [--workers context sandboxed]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import importlib.util
+import inspect
 import os
 import statistics
 import sys
 import uuid
 from collections import Counter
+from pathlib import Path
 from unittest import mock
 
 import uvloop
@@ -39,6 +45,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from bench.bare_workflow import BareWorkflow, nothing
 from bench.load import cpu_seconds, start_dev_server
 from darl.activities.rollout_activities import current_traceparent
+from darl.activities.worker import rollout_workflow_runner
 from darl.deploy import telemetry, temporal_tracing
 from darl.deploy.temporal_connection import TemporalSettings, connect
 from darl.workflows import search_attributes as sa
@@ -56,7 +63,8 @@ from darl.workflows.names import AWAIT_AGENT, REPORT_ROLLOUT
 from darl.workflows.rollout_status import RolloutStatus
 from darl.workflows.rollout_workflow import RolloutWorkflow
 
-FLOOR, CONTEXT, SPANS = "floor", "context", "spans"
+FLOOR, CONTEXT, SPANS, SANDBOXED = "floor", "context", "spans", "sandboxed"
+WORKERS = (FLOOR, CONTEXT, SPANS, SANDBOXED)
 STARTS_AT_ONCE = 64
 # Per task queue: the stand-in agents that ran in a trace context (as an agent gets its
 # TRACEPARENT), and all of them.
@@ -117,8 +125,8 @@ async def start(target: str, queue: str, count: int, tag: str) -> None:
             await asyncio.sleep(0.2)
 
 
-async def measure(count: int, rounds: int) -> dict[str, list[float]]:
-    """ms of this process's CPU a workflow, per worker and round."""
+async def measure(count: int, rounds: int, names: list[str]) -> dict[str, list[float]]:
+    """ms of this process's CPU a workflow, per worker (of `names`) and round."""
     # The provider `darl worker` installs where nothing exports: spans are made, not sampled.
     telemetry.configure_tracing("darl-worker-bench")
     env = await start_dev_server()
@@ -126,27 +134,31 @@ async def measure(count: int, rounds: int) -> dict[str, list[float]]:
     try:
         darl_client = await connect(TemporalSettings(address=target))
         workers: dict[str, Worker] = {}
-        for name, drops in ((SPANS, False), (CONTEXT, True)):
+        for name in names:
+            if name == FLOOR:
+                workers[name] = Worker(
+                    await Client.connect(target),
+                    task_queue=FLOOR,
+                    workflows=[BareWorkflow],
+                    activities=[nothing],
+                    workflow_runner=UnsandboxedWorkflowRunner(),
+                )
+                continue
             # The workflow interceptor is chosen when the worker is built, by whether the
             # process drops its spans; it does here, and the `spans` worker is told otherwise.
-            with mock.patch.object(temporal_tracing, "drops_spans", return_value=drops):
+            with mock.patch.object(temporal_tracing, "drops_spans", return_value=name != SPANS):
                 workers[name] = Worker(
                     darl_client,
                     task_queue=name,
                     workflows=[RolloutWorkflow],
                     activities=[stand_in_agent, stand_in_report],
-                    workflow_runner=UnsandboxedWorkflowRunner(),
+                    workflow_runner=rollout_workflow_runner(sandboxed=name == SANDBOXED),
                 )
-        workers[FLOOR] = Worker(
-            await Client.connect(target),
-            task_queue=FLOOR,
-            workflows=[BareWorkflow],
-            activities=[nothing],
-            workflow_runner=UnsandboxedWorkflowRunner(),
-        )
-        used: dict[str, list[float]] = {name: [] for name in (FLOOR, CONTEXT, SPANS)}
+        used: dict[str, list[float]] = {name: [] for name in names}
         me = {"worker": os.getpid()}
-        async with workers[FLOOR], workers[CONTEXT], workers[SPANS]:
+        async with contextlib.AsyncExitStack() as running:
+            for worker in workers.values():
+                await running.enter_async_context(worker)
             for round_ in range(rounds):
                 order = list(used) if round_ % 2 == 0 else list(reversed(used))
                 for name in order:
@@ -172,24 +184,54 @@ async def measure(count: int, rounds: int) -> dict[str, list[float]]:
 def report(used: dict[str, list[float]], count: int) -> None:
     print(f"Worker CPU a workflow, ms ({count} workflows a round; the first round not counted):")
     # The first round warms imports and caches up.
-    medians = {name: statistics.median(rounds[1:]) for name, rounds in used.items()}
+    counted = {name: rounds[1:] for name, rounds in used.items()}
+    medians = {name: statistics.median(rounds) for name, rounds in counted.items()}
     for name, rounds in used.items():
         shown = " ".join(f"{ms:.2f}" for ms in rounds)
-        print(f"  {name:<8} median {medians[name]:5.2f}   rounds: {shown}")
-    floor = medians[FLOOR]
-    for name in (CONTEXT, SPANS):
+        spread = statistics.stdev(counted[name]) if len(counted[name]) > 1 else 0.0
+        print(
+            f"  {name:<9} median {medians[name]:5.2f}   mean {statistics.mean(counted[name]):5.2f}"
+            f" ± {spread:4.2f}   rounds: {shown}"
+        )
+    for name in [name for name in (CONTEXT, SPANS, SANDBOXED) if name in used]:
         print(f"  {name}: {in_a_trace[name]} of {agents[name]} stand-in agents got a trace context")
-    print(
-        f"RolloutWorkflow over the SDK's floor of its shape: {medians[CONTEXT] - floor:.2f} ms "
-        f"handing the trace header on, {medians[SPANS] - floor:.2f} ms making spans; "
-        f"context / spans = {medians[CONTEXT] / medians[SPANS]:.2f}"
-    )
+    if FLOOR in used and CONTEXT in used and SPANS in used:
+        floor = medians[FLOOR]
+        print(
+            f"RolloutWorkflow over the SDK's floor of its shape: {medians[CONTEXT] - floor:.2f} ms "
+            f"handing the trace header on, {medians[SPANS] - floor:.2f} ms making spans; "
+            f"context / spans = {medians[CONTEXT] / medians[SPANS]:.2f}"
+        )
+    if CONTEXT in used and SANDBOXED in used:
+        # Each round's sandboxed workflows beside the unsandboxed ones of the same round.
+        pairs = list(zip(counted[SANDBOXED], counted[CONTEXT], strict=True))
+        more = [s - c for s, c in pairs]
+        ratios = [s / c for s, c in pairs]
+        print(
+            f"Temporal's sandbox, by round: {statistics.mean(more):+.2f} ± "
+            f"{statistics.stdev(more) if len(more) > 1 else 0.0:.2f} ms a rollout, "
+            f"sandboxed / unsandboxed {statistics.mean(ratios):.2f} "
+            f"(from {min(ratios):.2f} to {max(ratios):.2f}); {bytecode_note()}"
+        )
+
+
+def bytecode_note() -> str:
+    """Whether RolloutWorkflow's module has bytecode to load: the sandbox imports the module
+    afresh for every workflow, and without bytecode (PYTHONDONTWRITEBYTECODE in a checkout)
+    compiles its source each time. An installed DARL has it (pip compiles on install)."""
+    source = Path(inspect.getfile(RolloutWorkflow))
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    fresh = cached.exists() and cached.stat().st_mtime >= source.stat().st_mtime
+    return f"the workflow's module {'has' if fresh else 'lacks'} bytecode ({cached})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workflows", type=int, default=300, help="workflows a worker a round")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--workers", nargs="+", choices=WORKERS, default=list(WORKERS), help="which to run"
+    )
     parser.add_argument("--start", nargs=4, metavar=("TARGET", "QUEUE", "COUNT", "TAG"))
     args = parser.parse_args()
     if args.start:
@@ -202,7 +244,8 @@ def main() -> None:
             parser.error("--rounds must be at least 2 (the first is not counted)")
         # On uvloop, as DARL's workers run (darl.deploy.cli.support).
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            report(runner.run(measure(args.workflows, args.rounds)), args.workflows)
+            used = runner.run(measure(args.workflows, args.rounds, args.workers))
+            report(used, args.workflows)
     # The Temporal SDK's runtime can crash at interpreter exit (sdk-python #300): leave now.
     sys.stdout.flush()
     os._exit(0)
