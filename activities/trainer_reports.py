@@ -17,20 +17,20 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from darl.workflows.contracts import RolloutReport, RolloutResult
+from darl.workflows.contracts import RolloutOutcome, RolloutReport
 from darl.workflows.names import REPORT_ROLLOUT, ROLLOUTS_FINISHED_SIGNAL
 
 log = logging.getLogger(__name__)
 
-# A batch stays far below Temporal's 2 MB payload limit (a result carries its call ids and, for
-# a failed agent, its log tail) and its 256 KB warning.
+# A batch stays far below Temporal's 2 MB payload limit and its 256 KB warning (an outcome is a
+# few hundred bytes; its error is cut at OUTCOME_ERROR_CHARS).
 MAX_BATCH_RESULTS = 64
 MAX_BATCH_BYTES = 200_000
 
 
 @dataclass
 class _Pending:
-    result: RolloutResult
+    result: RolloutOutcome
     size: int
     # True once the trainer took it; False when the trainer's workflow is not running.
     delivered: asyncio.Future[bool] = field(
@@ -54,7 +54,7 @@ class TrainerReports:
         self._senders: dict[str, asyncio.Task[None]] = {}
         self.signals_sent = 0
 
-    async def report(self, report_to: str, result: RolloutResult) -> bool:
+    async def report(self, report_to: str, result: RolloutOutcome) -> bool:
         """Deliver `result` to the workflow `report_to`. Returns False when that workflow is
         not running (a trainer that is gone does not undo the rollout); raises the signal's
         RPCError when the server could not be told (the caller retries)."""

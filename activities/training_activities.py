@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import statistics
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +46,14 @@ from darl.trainer.policy_control import (
     sync_weights,
 )
 from darl.workflows import search_attributes as sa
-from darl.workflows.contracts import HttpAgentSpec, RolloutResult, rollout_workflow_id
+from darl.workflows.contracts import (
+    HttpAgentSpec,
+    RolloutMode,
+    RolloutResult,
+    RolloutSpec,
+    rollout_workflow_id,
+    task_over_budget,
+)
 from darl.workflows.names import (
     CANCEL_ROLLOUTS,
     CHECK_ROLLOUTS,
@@ -73,14 +82,15 @@ from darl.workflows.training_messages import (
     RecordStepRequest,
     RestoreResult,
     RolloutLookup,
+    RolloutStart,
     StartRolloutsRequest,
     SyncRequest,
     SyncResult,
     TaskBatch,
-    TaskRow,
     TrainStepRequest,
     TrainStepResult,
 )
+from darl.workflows.training_state import TaskRow
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +99,10 @@ START_CONCURRENCY = 32
 # A trainer activity heartbeats at least this often, and well inside its heartbeat timeout,
 # whatever the config made it.
 HEARTBEAT_SECONDS = 5.0
+
+
+# A trajectory a step must train is not in the store as its rollout committed it.
+TRAJECTORY_LOST = "TrajectoryLost"
 
 
 def config_error(message: str) -> ApplicationError:
@@ -138,6 +152,66 @@ def rows_too_large(rows: list[Any], name: str, spec: str, dataset: str) -> Appli
     )
 
 
+def rows_over_budget(rows: list[Any], dataset: str) -> ApplicationError | None:
+    """A config error naming the rows of `dataset` over a task's budget (TASK_MAX_BYTES),
+    the first with its largest field, if any."""
+    over = [(i, why) for i, row in enumerate(rows) if (why := task_over_budget(row)) is not None]
+    if not over:
+        return None
+    first, why = over[0]
+    return config_error(
+        f"dataset {dataset}: {len(over)} of {len(rows)} rows are too large to be a task; the "
+        f"first is row {first}: {why}"
+    )
+
+
+def committed_calls(
+    records: list[CallRecord], rollout_id: str, calls: int, digest: str
+) -> list[CallRecord]:
+    """The calls a rollout's final attempt committed, from all its attempt's `records`: the
+    first `calls` by sequence (a call recorded after the attempt's close comes after them),
+    checked against `digest`, the SHA-256 of their ids (`RolloutOutcome.events_digest`).
+    KeyError when the store's record is not what the rollout committed."""
+    taken = sorted(records, key=lambda r: r.sequence)[:calls]
+    found = hashlib.sha256("\n".join(r.call_id for r in taken).encode()).hexdigest()
+    if len(taken) < calls or found != digest:
+        raise KeyError(
+            f"the store's record of {rollout_id} ({len(records)} calls) is not the {calls} "
+            "calls its final attempt committed"
+        )
+    return taken
+
+
+def rollout_specs(
+    request: StartRolloutsRequest, task_of: Callable[[RolloutStart], Any]
+) -> list[RolloutSpec]:
+    """The specs of the rollouts `request` starts: the run's rollout settings, each rollout's
+    ids, mode and prefix, and its task as `task_of` reads it from its row."""
+    settings = request.settings
+    if settings is None:
+        if request.rollouts:
+            raise config_error("start_rollouts: rollouts to start without their settings")
+        return []
+    return [
+        RolloutSpec(
+            run_id=request.run_id,
+            rollout_id=start.rollout_id,
+            group_id=start.group_id,
+            task=task_of(start),
+            mode=start.mode,
+            agent=settings.agent,
+            reward=settings.reward,
+            timeouts=settings.timeouts,
+            policy_version=request.policy_version,
+            max_attempts=settings.max_attempts,
+            report_to=request.report_to,
+            revision=request.revision,
+            prefix=start.prefix,
+        )
+        for start in request.rollouts
+    ]
+
+
 def surprisal(record: CallRecord) -> float:
     """The mean -logprob of a call's sampled tokens (an entropy proxy); 0.0 for a call that
     sampled none or came back without logprobs."""
@@ -164,7 +238,8 @@ async def lookup_rollouts(client: Client, rollout_ids: list[str]) -> list[Rollou
         if status == WorkflowExecutionStatus.RUNNING:
             found.append(RolloutLookup(rollout_id=rollout_id, running=True))
         elif status == WorkflowExecutionStatus.COMPLETED:
-            found.append(RolloutLookup(rollout_id=rollout_id, result=await handle.result()))
+            result = await handle.result()
+            found.append(RolloutLookup(rollout_id=rollout_id, result=result.outcome()))
         else:
             name = status.name.lower() if status is not None else "unknown"
             found.append(RolloutLookup(rollout_id=rollout_id, closed_as=name))
@@ -268,8 +343,9 @@ class TrainerActivities:
 
     def _check_data(self, config: TrainingConfig) -> None:
         rows = self._rows(config.dataset)
+        val_rows: list[Any] = []
         if config.validation.every_steps and config.validation.path:
-            self._rows(DatasetSpec(path=config.validation.path))
+            val_rows = self._rows(DatasetSpec(path=config.validation.path))
         reward = config.rollout.reward
         if reward.function is not None:
             try:
@@ -295,6 +371,10 @@ class TrainerActivities:
             too_large = rows_too_large(rows, name, value, config.dataset.path)
             if too_large is not None:
                 raise too_large
+        for path, table in ((config.dataset.path, rows), (config.validation.path, val_rows)):
+            over = rows_over_budget(table, path or "")
+            if over is not None:
+                raise over
 
     def _rows(self, dataset: DatasetSpec) -> list[Any]:
         try:
@@ -374,6 +454,11 @@ class TrainerActivities:
         except (ValueError, TrainerBackendError) as err:
             # A batch no step can use, a step out of order: retrying cannot fix either.
             raise config_error(f"step {request.step}: {err}") from err
+        except KeyError as err:
+            # A member's calls are not in the store as its rollout committed them: lost.
+            raise ApplicationError(
+                f"step {request.step}: {err.args[0]}", type=TRAJECTORY_LOST, non_retryable=True
+            ) from err
 
     def _samples(self, request: TrainStepRequest) -> list[RolloutSample]:
         samples = []
@@ -382,6 +467,10 @@ class TrainerActivities:
                 records = self._store.read_sync(
                     member.rollout_id, attempt=member.attempt, call_ids=member.call_ids
                 )
+                if member.call_ids is None:
+                    records = committed_calls(
+                        records, member.rollout_id, member.calls, member.digest
+                    )
                 samples.append(
                     RolloutSample(
                         rollout_id=member.rollout_id,
@@ -446,7 +535,9 @@ class TrainerActivities:
         order = table.order(epoch, dataset.seed, dataset.shuffle)
         while len(rows) < request.count and epoch < request.epochs:
             index = int(order[cursor])
-            rows.append(TaskRow(epoch=epoch, position=cursor, task=table.rows[index]))
+            rows.append(
+                TaskRow(epoch=epoch, position=cursor, index=index, digest=table.digest(index))
+            )
             cursor += 1
             if cursor == len(table.rows):
                 epoch, cursor = epoch + 1, 0
@@ -465,16 +556,17 @@ class TrainerActivities:
         except DatasetError as err:
             raise config_error(str(err)) from err
         count = min(request.validation.tasks, len(table.rows))
-        return [TaskRow(epoch=0, position=i, task=table.rows[i]) for i in range(count)]
+        return [TaskRow(epoch=0, position=i, index=i, digest=table.digest(i)) for i in range(count)]
 
     @activity.defn(name=START_ROLLOUTS)
     @heartbeats_throughout(HEARTBEAT_SECONDS)
     async def start_rollouts(self, request: StartRolloutsRequest) -> None:
         """Idempotent by workflow id: a rollout already started (or already finished) is
-        left alone, never started twice (rule 2)."""
+        left alone, never started twice (rule 2). Each task is read from its dataset here."""
         limit = asyncio.Semaphore(START_CONCURRENCY)
+        specs = [*request.specs, *await asyncio.to_thread(self._specs, request)]
 
-        async def start(spec) -> None:
+        async def start(spec: RolloutSpec) -> None:
             async with limit:
                 with contextlib.suppress(WorkflowAlreadyStartedError):
                     await self._client.start_workflow(
@@ -489,7 +581,32 @@ class TrainerActivities:
                         static_summary=sa.rollout_summary(spec),
                     )
 
-        await asyncio.gather(*(start(s) for s in request.specs))
+        await asyncio.gather(*(start(s) for s in specs))
+
+    def _specs(self, request: StartRolloutsRequest) -> list[RolloutSpec]:
+        def task_of(start: RolloutStart) -> Any:
+            path = request.val_dataset if start.mode == RolloutMode.VAL else request.dataset
+            return self._task(start.row, path)
+
+        return rollout_specs(request, task_of)
+
+    def _task(self, row: TaskRow, path: str | None) -> Any:
+        """The task a row names, read from the dataset at `path` and checked against its
+        digest."""
+        if row.index is None:
+            return row.task
+        if path is None:
+            raise config_error("start_rollouts: rows by reference without their dataset")
+        try:
+            table = self._tables.get(path)
+        except DatasetError as err:
+            raise config_error(str(err)) from err
+        if row.index >= len(table.rows) or table.digest(row.index) != row.digest:
+            raise config_error(
+                f"dataset {path} changed under the run: its row {row.index} is not the task "
+                "the run read there; a run's dataset must not change while it runs"
+            )
+        return table.rows[row.index]
 
     @activity.defn(name=CANCEL_ROLLOUTS)
     @heartbeats_throughout(HEARTBEAT_SECONDS)
@@ -521,6 +638,10 @@ class TrainerActivities:
             records = await self._store.read(
                 request.rollout_id, attempt=request.attempt, call_ids=request.call_ids
             )
+            if request.call_ids is None:
+                records = committed_calls(
+                    records, request.rollout_id, request.calls, request.digest
+                )
         except KeyError as err:
             log.warning("seed %s cannot branch: %s", request.rollout_id, err)
             return BranchPoint(at=None, surprisal=[])

@@ -4,8 +4,9 @@ TrainingWorkflow's cursor walks."""
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,16 @@ class DatasetError(TrainerError, ValueError):
 class TaskTable:
     # Each a task: any JSON value other than null (an object for a Parquet row).
     rows: list[Any]
+    _digests: dict[int, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def digest(self, index: int) -> str:
+        """A short SHA-256 of row `index`'s JSON: what a reference to the row is checked
+        against where the task is read (`TaskRow.digest`)."""
+        found = self._digests.get(index)
+        if found is None:
+            text = json.dumps(self.rows[index], sort_keys=True, separators=(",", ":"))
+            found = self._digests[index] = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return found
 
     def order(self, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
         """The row order of an epoch: the same for the same (seed, epoch), so a cursor into it

@@ -20,9 +20,14 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def write_step(run_dir: Path, record: dict[str, Any]) -> None:
-    """Idempotent by step: the file is rewritten whole (atomically) with this step's line."""
+    """Idempotent by step: the file is rewritten whole (atomically) with this step's line.
+    A record without the trainer's figures (a step's validation result, on a record the run's
+    state keeps without them) keeps the ones the line has."""
     run_dir.mkdir(parents=True, exist_ok=True)
     by_step = {r["step"]: r for r in read_metrics(run_dir)}
+    written = by_step.get(record["step"], {})
+    if not record.get("trainer") and written.get("trainer"):
+        record = {**record, "trainer": written["trainer"]}
     by_step[record["step"]] = record
     tmp = run_dir / f".{METRICS_FILE}.tmp"
     tmp.write_text("".join(json.dumps(by_step[s]) + "\n" for s in sorted(by_step)))

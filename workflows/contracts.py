@@ -6,6 +6,7 @@ JSON-friendly pydantic models (sent through Temporal with `temporalio.contrib.py
 
 from __future__ import annotations
 
+import json
 import math
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -45,6 +46,36 @@ Task = Annotated[JsonValue, AfterValidator(_present)]
 
 class Contract(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# A task travels whole only to its own rollout: in its workflow's start and in each attempt's
+# launch (Temporal payloads of 2 MB at most), to a Kubernetes agent in a Secret (1 MiB). The
+# trainer's workflow holds tasks by reference (`TaskRow`), never the rows themselves.
+TASK_MAX_BYTES = 768 * 1024
+# A whole rollout spec: its task and what the run sets (an agent, a reward; a training config
+# holds at most 128 KiB): the largest input of a rollout's workflow and its activities.
+SPEC_MAX_BYTES = 1024 * 1024
+
+
+def task_size(task: JsonValue) -> int:
+    """A task's size as its budget counts it (TASK_MAX_BYTES): its JSON, in bytes."""
+    return len(json.dumps(task, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def task_over_budget(task: JsonValue) -> str | None:
+    """What is wrong with a task's size, naming its largest field, or None within
+    TASK_MAX_BYTES."""
+    size = task_size(task)
+    if size <= TASK_MAX_BYTES:
+        return None
+    largest = ""
+    if isinstance(task, dict) and task:
+        name = max(task, key=lambda k: task_size(task[k]))
+        largest = f" (the largest field, {name!r}, is {task_size(task[name]):,})"
+    return (
+        f"the task is {size:,} bytes as JSON{largest}; a task holds at most "
+        f"{TASK_MAX_BYTES:,}: keep large files out of the row (a path or URL the agent reads)"
+    )
 
 
 class RolloutMode(StrEnum):
@@ -366,6 +397,24 @@ class RolloutSpec(Contract):
     # replays it, `resume: restart` included.
     prefix: PrefixSpec | None = None
 
+    @field_validator("task")
+    @classmethod
+    def _task_within_budget(cls, task: JsonValue) -> JsonValue:
+        over = task_over_budget(task)
+        if over is not None:
+            raise ValueError(over)
+        return task
+
+    @model_validator(mode="after")
+    def _within_budget(self) -> RolloutSpec:
+        size = len(self.model_dump_json().encode())
+        if size > SPEC_MAX_BYTES:
+            raise ValueError(
+                f"the rollout spec is {size:,} bytes as JSON; a spec holds at most "
+                f"{SPEC_MAX_BYTES:,} (its task at most {TASK_MAX_BYTES:,})"
+            )
+        return self
+
     @model_validator(mode="after")
     def _prefix_is_another_rollouts(self) -> RolloutSpec:
         if self.prefix is not None and self.prefix.rollout_id == self.rollout_id:
@@ -567,13 +616,59 @@ class RolloutResult(Contract):
     # `metadata` are then empty.
     agent_claim: AgentReport | None = None
 
+    def outcome(self) -> RolloutOutcome:
+        """What its trainer decides with: this result without what is only shown."""
+        return RolloutOutcome.model_validate(self.model_dump())
+
+
+# The most of a rollout's error its outcome carries (the full error is in its result).
+OUTCOME_ERROR_CHARS = 1000
+
+
+class RolloutOutcome(Contract):
+    """A finished rollout as its trainer sees it: what the TrainingWorkflow counts, groups
+    and trains with, a few hundred bytes whatever the rollout did. The answer, metadata,
+    grade, agent claim and call ids stay in the rollout's own result (its workflow's result:
+    `temporal workflow result`, the viewer) and the store; the trainer reads the calls from
+    the store, checked against `calls` and `events_digest`. A full `RolloutResult` reads as
+    its outcome (unknown fields are dropped), so reports of earlier releases still count."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    run_id: str
+    rollout_id: str
+    group_id: str
+    mode: RolloutMode
+    status: RolloutStatus
+    reward: float | None = None
+    attempts: int
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    # The SHA-256 of the final attempt's committed call ids, in order, one per line.
+    events_digest: str = ""
+    error: str | None = None
+    duration_seconds: float = 0.0
+    failed_calls: int = 0
+    replayed_calls: int = 0
+    replay_diverged_at: int | None = None
+    prefix_calls: int = 0
+    prefix_diverged_at: int | None = None
+
+    @field_validator("error", mode="before")
+    @classmethod
+    def _error_cut(cls, error: Any) -> Any:
+        if isinstance(error, str) and len(error) > OUTCOME_ERROR_CHARS:
+            return error[:OUTCOME_ERROR_CHARS] + " [...]"
+        return error
+
 
 class RolloutReport(Contract):
-    """The `report_rollout` local activity's input: a finished rollout's result for the
+    """The `report_rollout` local activity's input: a finished rollout's outcome for the
     workflow `report_to` (its trainer)."""
 
     report_to: str
-    result: RolloutResult
+    result: RolloutOutcome
 
 
 class RolloutProgress(Contract):

@@ -448,21 +448,23 @@ class RolloutWorkflow:
         signal, and one wait for the trainer's lock, per batch rather than per rollout), in
         this last workflow task: no signal-external, no signalled event, no workflow task
         after it. A workflow task that is retried reports the same result again, which the
-        trainer counts as a duplicate. Otherwise it awaits a signal-external."""
+        trainer counts as a duplicate. Otherwise it awaits a signal-external. Either way the
+        trainer is told the result's outcome, the few hundred bytes it decides with."""
         report_to = self._spec.report_to
         if not report_to:
             return
+        outcome = result.outcome()
         try:
             if self._local_report:
                 await workflow.execute_local_activity(
                     REPORT_ROLLOUT,
-                    RolloutReport(report_to=report_to, result=result),
+                    RolloutReport(report_to=report_to, result=outcome),
                     start_to_close_timeout=REPORT_TRY_TIMEOUT,
                     retry_policy=REPORT_RETRIES,
                 )
             else:
                 handle = workflow.get_external_workflow_handle(report_to)
-                await handle.signal(ROLLOUT_FINISHED_SIGNAL, result)
+                await handle.signal(ROLLOUT_FINISHED_SIGNAL, outcome)
         except FailureError as err:
             workflow.logger.warning("could not report to %s: %s", report_to, err)
 

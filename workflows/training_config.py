@@ -20,11 +20,17 @@ from darl.workflows.contracts import (
     check_grader_agent,
 )
 from darl.workflows.names import ROLLOUT_TASK_QUEUE
-from darl.workflows.training_state import Knobs, TrainingState
+from darl.workflows.training_state import MAX_HELD, MAX_VALIDATION_TASKS, Knobs, TrainingState
 
 # The longest a run's own timers wait (a week): a timer past what a timedelta holds would
 # fail every workflow task of the run instead of being refused when it is asked for.
 MAX_WAIT_SECONDS = 7 * 24 * 3600.0
+# A file path (Linux's PATH_MAX), and a config without its carried state, at most: the
+# config travels with every continue-as-new and in its activities' inputs.
+PATH_MAX_CHARS = 4096
+CONFIG_MAX_BYTES = 128 * 1024
+# A run id is at most this long: its rollouts' ids, which extend it, stay short and bounded.
+RUN_ID_MAX_CHARS = 64
 
 
 def training_workflow_id(run_id: str) -> str:
@@ -52,7 +58,7 @@ class TrainingMode(StrEnum):
 class DatasetSpec(Contract):
     """Rows of tasks: a Parquet file or JSON lines, shuffled per epoch by `seed`."""
 
-    path: str
+    path: str = Field(min_length=1, max_length=PATH_MAX_CHARS)
     shuffle: bool = True
     seed: int = 0
 
@@ -77,8 +83,8 @@ class ValidationSpec(Contract):
     off. `path` None takes the first `tasks` rows of the training dataset, unshuffled."""
 
     every_steps: int = Field(default=0, ge=0)
-    path: str | None = None
-    tasks: int = Field(default=32, ge=1, le=10_000)
+    path: str | None = Field(default=None, min_length=1, max_length=PATH_MAX_CHARS)
+    tasks: int = Field(default=32, ge=1, le=MAX_VALIDATION_TASKS)
 
 
 class PolicyServerSpec(Contract):
@@ -253,7 +259,8 @@ class BackendSpec(Contract):
 
 
 class TrainingConfig(Contract):
-    run_id: str = Field(pattern=ROLLOUT_ID_PATTERN)
+    # The rollouts' ids extend it (`<run_id>.e<epoch>.t<position>.<k>`).
+    run_id: str = Field(pattern=ROLLOUT_ID_PATTERN, max_length=RUN_ID_MAX_CHARS)
     dataset: DatasetSpec
     rollout: RolloutSettings
     backend: BackendSpec
@@ -317,11 +324,28 @@ class TrainingConfig(Contract):
         return {**data, "backend": {**backend, "settings": settings}}
 
     @model_validator(mode="after")
+    def _within_budget(self) -> TrainingConfig:
+        size = len(self.model_dump_json(exclude={"carried_state"}).encode())
+        if size > CONFIG_MAX_BYTES:
+            raise ValueError(
+                f"the config is {size:,} bytes as JSON; a training config holds at most "
+                f"{CONFIG_MAX_BYTES:,} (it travels with every continue-as-new): keep large "
+                "values in files it names"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _consistent(self) -> TrainingConfig:
         if self.min_group_size is not None and self.min_group_size > self.group_size:
             raise ValueError("min_group_size cannot exceed group_size")
         if self.mode == TrainingMode.ASYNC and self.knobs.max_inflight < self.group_size:
             raise ValueError("knobs.max_inflight must hold at least one group")
+        if (self.batch_size + 1) * self.group_size > MAX_HELD:
+            raise ValueError(
+                f"a step of batch_size {self.batch_size} groups of {self.group_size}, and a "
+                f"group beyond it, must fit the {MAX_HELD:,} rollouts a run's state holds "
+                "(a payload Temporal carries across continue-as-new): make them smaller"
+            )
         if self.groups.mode == "branch" and self.group_size < 2:
             raise ValueError(
                 f"groups.mode 'branch' needs group_size 2 or more (a seed and its branches), "

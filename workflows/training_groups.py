@@ -5,31 +5,35 @@ the TrainingWorkflow's state lives in one object that survives continue-as-new a
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from temporalio.exceptions import ApplicationError
 
 from darl.workflows.contracts import (
-    CURRENT_REVISION,
     PrefixSpec,
     RolloutMode,
-    RolloutResult,
-    RolloutSpec,
-    Task,
+    RolloutOutcome,
 )
 from darl.workflows.names import BRANCH_POINT_ERROR
 from darl.workflows.rollout_status import RolloutStatus
 from darl.workflows.training_config import TrainingConfig, TrainingMode
 from darl.workflows.training_messages import (
+    RolloutStart,
     SyncResult,
-    TaskRow,
     TrainGroup,
     TrainMember,
     TrainStepResult,
 )
-from darl.workflows.training_state import GroupState, StepRecord, TrainingState
+from darl.workflows.training_state import (
+    MAX_HELD,
+    GroupState,
+    Member,
+    StepRecord,
+    TaskRow,
+    TrainingState,
+    ValTally,
+)
 
 
 @dataclass(frozen=True)
@@ -61,17 +65,17 @@ RATE_WINDOW_STEPS = 3
 POSITION_MARK = ".t"
 
 
-def _trainable(result: RolloutResult) -> bool:
+def _trainable(result: RolloutOutcome | Member) -> bool:
     """Only rollouts that ended with a reward are trained: a crashed or timed-out agent is a
     result to count, never a reward of 0 to learn from."""
     return result.status == RolloutStatus.SUCCEEDED and result.reward is not None
 
 
-def can_branch(seed: RolloutResult) -> bool:
+def can_branch(seed: Member) -> bool:
     """A seed's branches start from its prefix only if it has one to give: a trained
     trajectory (a failed seed's calls are no state worth comparing continuations of) with
     a call after the prefix's first."""
-    return _trainable(seed) and len(seed.call_ids) >= 2
+    return _trainable(seed) and seed.calls >= 2
 
 
 class GroupBook:
@@ -95,70 +99,75 @@ class GroupBook:
             return 0
         if total is not None and state.step >= total:
             return 0
+        # The state's budget: a step always fits ((batch_size + 1) x group_size <= MAX_HELD,
+        # TrainingConfig), so what is held drains into steps and room comes back.
+        within_budget = (MAX_HELD - self.held()) // config.group_size
         if config.mode == TrainingMode.SYNC:
             # On-policy: one batch at a time, rolled out by the policy it will train.
             if busy or self.validating():
                 return 0
-            return config.batch_size - self.inflight_groups() - len(state.ready)
-        return (state.knobs.max_inflight - self._reserved()) // config.group_size
+            room = config.batch_size - self.inflight_groups() - len(state.ready)
+        else:
+            room = (state.knobs.max_inflight - self._reserved()) // config.group_size
+        return max(0, min(room, within_budget))
 
     def open_groups(
-        self, rows: list[TaskRow], mode: RolloutMode, size: int, report_to: str, now: float
-    ) -> list[RolloutSpec]:
-        """Book a group per task row and return the specs of its rollouts. Ids are unique in
-        the run: a task's place in its epoch, or the step it validates. A branching train
-        group starts its seed (`<group>.0`) only; its other members wait for the seed's
-        result (`open_branches`)."""
+        self, rows: list[TaskRow], mode: RolloutMode, size: int, now: float
+    ) -> list[RolloutStart]:
+        """Book a group per task row and return its rollouts to start. Ids are unique in the
+        run: a task's place in its epoch, or the step it validates. A branching train group
+        starts its seed (`<group>.0`) only; its other members wait for the seed's result
+        (`open_branches`). A step's validation rollouts are one book group with a tally."""
         config, state = self.config, self.state
-        branching = config.groups.mode == "branch" and mode == RolloutMode.TRAIN and size > 1
-        specs: list[RolloutSpec] = []
+        if mode == RolloutMode.VAL:
+            return self._open_validation(rows, size, now)
+        branching = config.groups.mode == "branch" and size > 1
+        starts: list[RolloutStart] = []
         for row in rows:
-            where = f"v{state.step}" if mode == RolloutMode.VAL else f"e{row.epoch}"
-            group_id = f"{config.run_id}.{where}{POSITION_MARK}{row.position}"
+            group_id = f"{config.run_id}.e{row.epoch}{POSITION_MARK}{row.position}"
             rollout_ids = [f"{group_id}.{k}" for k in range(size)]
             group = GroupState(
                 group_id=group_id,
-                mode=mode,
-                step=state.step,
                 policy_version=state.policy_version,
                 pending=rollout_ids,
                 started_at=now,
             )
             if branching:
                 group.pending, group.unopened = rollout_ids[:1], rollout_ids[1:]
-                group.seed, group.task = rollout_ids[0], row.task
+                group.seed, group.row = rollout_ids[0], row
             self.add_group(group)
-            specs += [
-                self._spec(group_id, rollout_id, row.task, mode, report_to)
+            starts += [
+                RolloutStart(rollout_id=rollout_id, group_id=group_id, mode=mode, row=row)
                 for rollout_id in group.pending
             ]
-        return specs
+        return starts
 
-    def _spec(
-        self,
-        group_id: str,
-        rollout_id: str,
-        task: Task,
-        mode: RolloutMode,
-        report_to: str,
-        prefix: PrefixSpec | None = None,
-    ) -> RolloutSpec:
-        config, rollout = self.config, self.config.rollout
-        return RolloutSpec(
-            run_id=config.run_id,
-            rollout_id=rollout_id,
-            group_id=group_id,
-            task=task,
-            mode=mode,
-            agent=rollout.agent,
-            reward=rollout.reward,
-            timeouts=rollout.timeouts,
-            policy_version=self.state.policy_version,
-            max_attempts=rollout.max_attempts,
-            report_to=report_to,
-            revision=CURRENT_REVISION,
-            prefix=prefix,
-        )
+    def _open_validation(self, rows: list[TaskRow], size: int, now: float) -> list[RolloutStart]:
+        state = self.state
+        validation_id = f"{self.config.run_id}.v{state.step}"
+        starts = [
+            RolloutStart(
+                rollout_id=f"{validation_id}{POSITION_MARK}{row.position}.{k}",
+                group_id=f"{validation_id}{POSITION_MARK}{row.position}",
+                mode=RolloutMode.VAL,
+                row=row,
+            )
+            for row in rows
+            for k in range(size)
+        ]
+        if starts:
+            self.add_group(
+                GroupState(
+                    group_id=validation_id,
+                    mode=RolloutMode.VAL,
+                    step=state.step,
+                    policy_version=state.policy_version,
+                    pending=[s.rollout_id for s in starts],
+                    started_at=now,
+                    tally=ValTally(),
+                )
+            )
+        return starts
 
     def add_group(self, group: GroupState) -> None:
         self.state.groups[group.group_id] = group
@@ -188,7 +197,17 @@ class GroupBook:
             if g.mode == RolloutMode.TRAIN
         )
 
-    def record(self, result: RolloutResult) -> None:
+    def held(self) -> int:
+        """Train rollouts the state holds: out, booked, or back and waiting for their group's
+        step (at most MAX_HELD, whatever the knobs say: `room`; a validation holds its own,
+        at most `validation.tasks`)."""
+        return sum(
+            len(g.pending) + len(g.unopened) + len(g.results)
+            for g in self.state.groups.values()
+            if g.mode == RolloutMode.TRAIN
+        )
+
+    def record(self, result: RolloutOutcome) -> None:
         """A rollout's report. Duplicates (a report sent again: a rollout's last workflow task
         retried after its report went out) and strangers are counted."""
         counters = self.state.counters
@@ -201,7 +220,10 @@ class GroupBook:
             return
         group = self.state.groups[group_id]
         group.pending.remove(result.rollout_id)
-        group.results.append(result)
+        if group.tally is not None:
+            self._tally(group.tally, result)
+        else:
+            group.results.append(Member.model_validate(result.model_dump()))
         # A branch's prefix is replayed too, but that is no resumption: counted apart.
         resumed = result.replayed_calls - result.prefix_calls
         if resumed > 0:
@@ -224,19 +246,19 @@ class GroupBook:
         if not group.pending and not group.unopened:
             self._complete(group)
 
-    def _dropped_broken(self, result: RolloutResult) -> bool:
+    def _dropped_broken(self, result: RolloutOutcome | Member) -> bool:
         """A branch whose prefix could not be replayed, which `broken_branches: drop` leaves
         out of its group (the agent did not rebuild the state the group compares)."""
         return (
             result.prefix_diverged_at is not None and self.config.groups.broken_branches == "drop"
         )
 
-    def _members(self, group: GroupState) -> list[RolloutResult]:
+    def _members(self, group: GroupState) -> list[Member]:
         """The group's results that train: a reward, and a branch whose prefix held (or is
         kept anyway)."""
         return [r for r in group.results if _trainable(r) and not self._dropped_broken(r)]
 
-    def _reported_before(self, result: RolloutResult) -> bool:
+    def _reported_before(self, result: RolloutOutcome) -> bool:
         group = self.state.groups.get(result.group_id)
         if group is None:
             return self._closed_earlier(result.group_id)
@@ -265,7 +287,7 @@ class GroupBook:
             return
         group = self.state.groups[group_id]
         self.record(
-            RolloutResult(
+            RolloutOutcome(
                 run_id=self.config.run_id,
                 rollout_id=rollout_id,
                 group_id=group_id,
@@ -286,13 +308,11 @@ class GroupBook:
     def awaiting_branches(self) -> bool:
         return any(g.unopened for g in self.state.groups.values())
 
-    def seed_result(self, group_id: str) -> RolloutResult:
+    def seed_result(self, group_id: str) -> Member:
         group = self.state.groups[group_id]
         return next(r for r in group.results if r.rollout_id == group.seed)
 
-    def open_branches(
-        self, group_id: str, at: int | None, report_to: str, surprisal: Sequence[float] = ()
-    ) -> list[RolloutSpec]:
+    def open_branches(self, group_id: str, at: int | None) -> list[RolloutStart]:
         """Start a seeded group's other members: branches of the seed's first `at` calls, or,
         with `at` None (the seed could not branch), ordinary rollouts. A group that went stale
         while its seed ran is dropped instead (its branches would be dropped with it)."""
@@ -307,29 +327,34 @@ class GroupBook:
         if at is None:
             counters.seeds_not_branched += 1
         else:
-            if not 1 <= at < len(seed.call_ids):
+            if not 1 <= at < seed.calls:
                 # DARL's own fault (the points it is given are checked): fail the run saying
                 # so, not a workflow task that fails again on every retry.
                 raise ApplicationError(
-                    f"branch point {at} is outside calls 1..{len(seed.call_ids) - 1} of seed "
+                    f"branch point {at} is outside calls 1..{seed.calls - 1} of seed "
                     f"{seed.rollout_id}",
                     type=BRANCH_POINT_ERROR,
                     non_retryable=True,
                 )
             counters.groups_branched += 1
-            group.branch_point, group.surprisal = at, list(surprisal)
+            group.branch_point = at
             prefix = PrefixSpec(rollout_id=seed.rollout_id, attempt=seed.attempts, calls=at)
         rollout_ids, group.unopened = group.unopened, []
         group.pending = rollout_ids
         for rollout_id in rollout_ids:
             self._owner[rollout_id] = group_id
         counters.rollouts_started += len(rollout_ids)
+        row = group.row
+        if row is None:  # state carried by a release before task references
+            row = TaskRow(epoch=0, position=0, task=group.task)
         return [
-            self._spec(group_id, rollout_id, group.task, group.mode, report_to, prefix)
+            RolloutStart(
+                rollout_id=rollout_id, group_id=group_id, mode=group.mode, row=row, prefix=prefix
+            )
             for rollout_id in rollout_ids
         ]
 
-    def _masked_calls(self, group: GroupState, result: RolloutResult) -> int:
+    def _masked_calls(self, group: GroupState, result: Member) -> int:
         """A member's first calls that are context only: a branch's replayed prefix, and the
         seed's own prefix unless `train_seed_prefix`."""
         if result.rollout_id != group.seed:
@@ -338,11 +363,19 @@ class GroupBook:
             return 0
         return group.branch_point
 
+    def _tally(self, tally: ValTally, result: RolloutOutcome | Member) -> None:
+        tally.results += 1
+        if _trainable(result):
+            reward = float(result.reward or 0.0)
+            tally.rewarded += 1
+            tally.reward_sum += reward
+            tally.successes += reward >= self.config.success_threshold
+
     def _complete(self, group: GroupState) -> None:
         counters = self.state.counters
         good = self._members(group)
         if group.mode == RolloutMode.VAL:
-            counters.rollouts_validated += len(good)
+            counters.rollouts_validated += len(good) + (group.tally.rewarded if group.tally else 0)
             self._note_val(group.step)
             return
         rewards = {r.reward for r in good}
@@ -395,17 +428,26 @@ class GroupBook:
         ]
         if any(g.pending for g in groups):
             return
-        results = [r for g in groups for r in g.results]
+        tally = ValTally()
         for group in groups:
+            for member in group.results:  # groups of state carried by earlier releases
+                self._tally(tally, member)
+            if group.tally is not None:
+                tally.results += group.tally.results
+                tally.rewarded += group.tally.rewarded
+                tally.reward_sum += group.tally.reward_sum
+                tally.successes += group.tally.successes
             del self.state.groups[group.group_id]
-        rewards = [float(r.reward or 0.0) for r in results if _trainable(r)]
-        successes = sum(1 for x in rewards if x >= self.config.success_threshold)
         for i, record in enumerate(self.state.recent_steps):
             if record.step == step:
                 updated = record.model_copy(
                     update={
-                        "val_reward_mean": statistics.fmean(rewards) if rewards else 0.0,
-                        "val_success_rate": successes / len(results) if results else 0.0,
+                        "val_reward_mean": (
+                            tally.reward_sum / tally.rewarded if tally.rewarded else 0.0
+                        ),
+                        "val_success_rate": (
+                            tally.successes / tally.results if tally.results else 0.0
+                        ),
                     }
                 )
                 self.state.recent_steps[i] = updated
@@ -469,7 +511,7 @@ class GroupBook:
         taken = [self.state.groups.pop(g) for g in self.state.ready[: self.config.batch_size]]
         del self.state.ready[: self.config.batch_size]
         groups: list[TrainGroup] = []
-        results: list[RolloutResult] = []
+        results: list[Member] = []
         for group in taken:
             good = self._members(group)
             results += good
@@ -480,7 +522,8 @@ class GroupBook:
                         TrainMember(
                             rollout_id=r.rollout_id,
                             attempt=r.attempts,
-                            call_ids=r.call_ids,
+                            calls=r.calls,
+                            digest=r.events_digest,
                             reward=float(r.reward or 0.0),
                             masked_calls=self._masked_calls(group, r),
                         )

@@ -8,21 +8,24 @@ from enum import StrEnum
 from pydantic import Field
 
 from darl.workflows.contracts import (
+    CURRENT_REVISION,
     Contract,
-    RolloutResult,
+    PrefixSpec,
+    RolloutMode,
+    RolloutOutcome,
     RolloutSpec,
-    Task,
 )
 from darl.workflows.training_config import (
     MAX_WAIT_SECONDS,
     AggregationSpec,
     BackendSpec,
     DatasetSpec,
+    RolloutSettings,
     TrainingConfig,
     ValidationSpec,
     WeightSyncSettings,
 )
-from darl.workflows.training_state import Counters, Knobs, StepRecord
+from darl.workflows.training_state import MAX_INFLIGHT, Counters, Knobs, StepRecord, TaskRow
 
 # --- signals, updates, queries ---------------------------------------------------------------
 
@@ -40,7 +43,7 @@ class StopRequest(Contract):
 
 class KnobUpdate(Contract):
     learning_rate: float | None = Field(default=None, gt=0, le=1)
-    max_inflight: int | None = Field(default=None, ge=1, le=100_000)
+    max_inflight: int | None = Field(default=None, ge=1, le=MAX_INFLIGHT)
     max_staleness: int | None = Field(default=None, ge=0, le=1000)
 
 
@@ -92,12 +95,6 @@ class TrainingSummary(Contract):
 # --- activity inputs and outputs -------------------------------------------------------------
 
 
-class TaskRow(Contract):
-    epoch: int
-    position: int
-    task: Task
-
-
 class ReadTasksRequest(Contract):
     dataset: DatasetSpec
     epoch: int
@@ -118,15 +115,44 @@ class ReadValTasksRequest(Contract):
     validation: ValidationSpec
 
 
+class RolloutStart(Contract):
+    """One rollout to start: its ids, its task row, and the prefix it branches from."""
+
+    rollout_id: str
+    group_id: str
+    mode: RolloutMode
+    row: TaskRow
+    prefix: PrefixSpec | None = None
+
+
 class StartRolloutsRequest(Contract):
+    """Rollouts to start, each a `RolloutSpec` the activity builds from what they share (the
+    run's rollout settings) and what each is (`RolloutStart`), with its task read from the
+    dataset. `specs`: rollouts whole, as releases before task references sent them."""
+
     task_queue: str
-    specs: list[RolloutSpec]
+    run_id: str = ""
+    settings: RolloutSettings | None = None
+    # The files the rows index: train groups', and validation groups'.
+    dataset: str | None = None
+    val_dataset: str | None = None
+    policy_version: int = 0
+    report_to: str | None = None
+    revision: int = CURRENT_REVISION
+    rollouts: list[RolloutStart] = Field(default_factory=list)
+    specs: list[RolloutSpec] = Field(default_factory=list)
 
 
 class TrainMember(Contract):
+    """A member of a group to train: its final attempt's committed calls, read from the store
+    as the first `calls` of the attempt, checked against their `digest` (the rollout's
+    `events_digest`). `call_ids`: the calls named, as releases before this sent them."""
+
     rollout_id: str
     attempt: int
-    call_ids: list[str]
+    calls: int = Field(default=0, ge=0)
+    digest: str = ""
+    call_ids: list[str] | None = None
     reward: float
     # How many of its first calls are context only, never trained (a branch's replayed
     # prefix, and the seed's unless `groups.train_seed_prefix`).
@@ -139,11 +165,13 @@ class TrainGroup(Contract):
 
 
 class BranchPointRequest(Contract):
-    """A seed rollout's final attempt and its committed calls, in order."""
+    """A seed rollout's final attempt and its committed calls (read as `TrainMember`'s are)."""
 
     rollout_id: str
     attempt: int
-    call_ids: list[str]
+    calls: int = Field(default=0, ge=0)
+    digest: str = ""
+    call_ids: list[str] | None = None
 
 
 class BranchPoint(Contract):
@@ -205,7 +233,7 @@ class RolloutLookup(Contract):
     """What `check_rollouts` finds of a rollout the trainer has not heard from."""
 
     rollout_id: str
-    result: RolloutResult | None = None
+    result: RolloutOutcome | None = None
     running: bool = False
     # How it closed when it left no result (terminated, failed, timed_out, not found).
     closed_as: str | None = None

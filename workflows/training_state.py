@@ -3,31 +3,97 @@ and knobs, as data (the GroupBook in training_groups.py works on it)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
-from darl.workflows.contracts import (
-    Contract,
-    RolloutMode,
-    RolloutResult,
-    Task,
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
 )
+
+from darl.workflows.contracts import Contract, RolloutMode, Task
+from darl.workflows.rollout_status import RolloutStatus
+
+# The most rollouts a run's state holds at once: running, booked (a branching group's
+# branches) or back and waiting for their group's step. Each is a few hundred bytes of the
+# state carried across continue-as-new, one Temporal payload of at most 2 MB (the budgets:
+# docs/architecture.md; tests/unit/test_payload_budgets.py builds the worst case).
+MAX_HELD = 2048
+MAX_INFLIGHT = MAX_HELD
+# The most rollouts a step's validation starts (a pending id each in the state, their
+# rewards tallied: `ValTally`).
+MAX_VALIDATION_TASKS = 1536
 
 
 class Knobs(Contract):
     """What a running training can change through the `update_knobs` update."""
 
     learning_rate: float | None = Field(default=None, gt=0, le=1)
-    max_inflight: int = Field(default=64, ge=1, le=100_000)
+    max_inflight: int = Field(default=64, ge=1, le=MAX_INFLIGHT)
     max_staleness: int = Field(default=1, ge=0, le=1000)
 
 
 # --- state carried across continue-as-new ---------------------------------------------------
 
 
+class TaskRow(Contract):
+    """A row the trainer starts a group for, at `position` of its epoch's order. The task goes
+    by reference, row `index` of the run's dataset (its validation dataset for a validation
+    group), so that no task enters the trainer's history (a row can be hundreds of KB, a step
+    hundreds of rows): the rollouts' start reads it and checks its `digest` (a file rewritten
+    under a run is refused, never read as other tasks). Rows read by releases before
+    references carry the `task` itself."""
+
+    epoch: int
+    position: int
+    index: int | None = Field(default=None, ge=0)
+    digest: str | None = None
+    task: Task | None = None
+
+    @model_validator(mode="after")
+    def _one_task(self) -> TaskRow:
+        by_reference = self.index is not None and self.digest is not None
+        if by_reference == (self.task is not None):
+            raise ValueError("a task row holds a task, or its index and digest")
+        return self
+
+
+class Member(Contract):
+    """A group member that reported, as the run's state keeps it: what its group's
+    completion, its batch and its step's figures need (its outcome as it came is told once,
+    `TrainingWorkflow.rollouts_finished`). A whole result, as state carried by releases
+    before outcomes held it, reads as its member."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    rollout_id: str
+    status: RolloutStatus
+    reward: float | None = None
+    attempts: int
+    calls: int = 0
+    completion_tokens: int = 0
+    events_digest: str = ""
+    prefix_calls: int = 0
+    prefix_diverged_at: int | None = None
+
+
 class State(BaseModel):
     """Workflow state: mutable, but as strict about its fields as a contract."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ValTally(State):
+    """A step's validation rollouts that reported, as the figures its record gets: how many,
+    how many with a reward, their sum, and how many reached `success_threshold`."""
+
+    results: int = 0
+    rewarded: int = 0
+    reward_sum: float = 0.0
+    successes: int = 0
 
 
 class GroupState(State):
@@ -38,18 +104,36 @@ class GroupState(State):
     step: int = 0  # for validation groups: the step they validate
     policy_version: int
     pending: list[str]
-    results: list[RolloutResult] = Field(default_factory=list)
+    results: list[Member] = Field(default_factory=list)
     started_at: float
     # A branching group (`groups.mode: branch`): its seed rollout, the members booked to
-    # start once the seed has reported (not yet started, so not `pending`), the task they
-    # run, and the call they branch at (the prefix length k: None until the seed reported,
-    # and for good when it could not branch, its members then starting whole) with the
-    # per-call figures `surprisal` chose it from.
+    # start once the seed has reported (not yet started, so not `pending`), the row of the
+    # task they run, and the call they branch at (the prefix length k: None until the seed
+    # reported, and for good when it could not branch, its members then starting whole).
     seed: str | None = None
     unopened: list[str] = Field(default_factory=list)
-    task: Task | None = None
+    row: TaskRow | None = None
     branch_point: int | None = None
+    # Read from state that releases before task references carried: the task itself, and
+    # the per-call figures a branch point was chosen from. Never written now.
+    task: Task | None = None
     surprisal: list[float] = Field(default_factory=list)
+    # A step's validation (`mode` val): one book group for all its rollouts, each a group of
+    # its own for its workflow (`<run>.v<step>.t<position>`), which report into this tally
+    # rather than as members (only what the step's record says of them is kept).
+    tally: ValTally | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_empty_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """What is unset stays out of the JSON (a group is one of thousands in the state)."""
+        data: dict[str, Any] = handler(self)
+        return {k: v for k, v in data.items() if k not in _OMITTED_WHEN_EMPTY or v}
+
+
+# GroupState's optional fields, left out of its JSON when unset or empty.
+_OMITTED_WHEN_EMPTY = frozenset(
+    {"seed", "unopened", "row", "branch_point", "task", "surprisal", "tally"}
+)
 
 
 class Counters(State):

@@ -11,6 +11,8 @@ table above CURRENT_REVISION in contracts.py):
 
     "a-cancelling-stop-cuts-the-grace"   a stop that cancels rollouts ends the wait of an
                                          earlier stop's grace (`_wait_for_rollouts_to_finish`)
+    "rollouts-in-batches"                more than BATCH rollouts are started, or looked up,
+                                         by several activities of BATCH each (`_batches`)
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import contextlib
 from collections.abc import Callable
 from datetime import timedelta
 from enum import StrEnum
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -30,7 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from darl.workflows import search_attributes as sa
-    from darl.workflows.contracts import RolloutMode, RolloutResult, RolloutSpec
+    from darl.workflows.contracts import CURRENT_REVISION, RolloutMode, RolloutOutcome
     from darl.workflows.errors import one_line
     from darl.workflows.names import (
         CANCEL_ROLLOUTS,
@@ -69,19 +71,19 @@ with workflow.unsafe.imports_passed_through():
         RecordStepRequest,
         RestoreResult,
         RolloutLookup,
+        RolloutStart,
         StartRolloutsRequest,
         StopRequest,
         SyncRequest,
         SyncResult,
         TaskBatch,
-        TaskRow,
         TrainingPhase,
         TrainingProgress,
         TrainingSummary,
         TrainStepRequest,
         TrainStepResult,
     )
-    from darl.workflows.training_state import Knobs, StepRecord, TrainingState
+    from darl.workflows.training_state import Knobs, StepRecord, TaskRow, TrainingState
 
 
 # Retries without limit, at most 30 s apart: what the run cannot go on without (a step, the
@@ -134,8 +136,13 @@ START_TO_CLOSE = {
     CHOOSE_BRANCH_POINT: timedelta(minutes=5),
 }
 RECENT_STEPS = 50
+# The most rollouts one start_rollouts or check_rollouts activity takes, and the most tasks
+# one read_tasks reads: their inputs and results stay far below Temporal's 2 MB
+# (docs/architecture.md, the budgets).
+BATCH = 256
 # A knob update refused (by its fields' rules or the run's): sending it again cannot help.
 KNOB_UPDATE_ERROR = "KnobUpdateError"
+_Item = TypeVar("_Item")
 
 
 class Move(StrEnum):
@@ -427,7 +434,7 @@ class TrainingWorkflow:
                     dataset=self._config.dataset,
                     epoch=self._state.epoch,
                     cursor=self._state.cursor,
-                    count=self._room(),
+                    count=min(self._room(), BATCH),
                     epochs=self._config.epochs,
                 ),
                 result_type=TaskBatch,
@@ -448,16 +455,26 @@ class TrainingWorkflow:
     async def _start_groups(self, rows: list[TaskRow], mode: RolloutMode, size: int) -> None:
         """Book the groups first, then start their rollouts (idempotent by workflow id), so a
         report can never arrive for a rollout the book does not know."""
-        specs = self._book.open_groups(
-            rows, mode, size, report_to=workflow.info().workflow_id, now=workflow.time()
-        )
-        await self._start_rollouts(specs)
+        await self._start_rollouts(self._book.open_groups(rows, mode, size, now=workflow.time()))
 
-    async def _start_rollouts(self, specs: list[RolloutSpec]) -> None:
-        if specs:
+    async def _start_rollouts(self, starts: list[RolloutStart]) -> None:
+        """Start rollouts booked at the current policy version, in batches (each a few
+        hundred bytes: the tasks go by reference)."""
+        settings, version = self._config.rollout, self._state.policy_version
+        for batch in _batches(starts):
             await workflow.execute_activity(
                 START_ROLLOUTS,
-                StartRolloutsRequest(task_queue=self._config.rollout.task_queue, specs=specs),
+                StartRolloutsRequest(
+                    task_queue=settings.task_queue,
+                    run_id=self._config.run_id,
+                    settings=settings,
+                    dataset=self._config.dataset.path,
+                    val_dataset=self._config.validation.path or self._config.dataset.path,
+                    policy_version=version,
+                    report_to=workflow.info().workflow_id,
+                    revision=CURRENT_REVISION,
+                    rollouts=batch,
+                ),
                 start_to_close_timeout=START_TO_CLOSE[START_ROLLOUTS],
                 heartbeat_timeout=HEARTBEAT,
                 retry_policy=RETRY_WITHOUT_LIMIT,
@@ -489,25 +506,27 @@ class TrainingWorkflow:
             if self._closing:
                 return
             group_id = book.to_branch()[0]
-            at, surprisal = await self._branch_point(group_id)
-            report_to = workflow.info().workflow_id
-            await self._start_rollouts(book.open_branches(group_id, at, report_to, surprisal))
+            at = await self._branch_point(group_id)
+            await self._start_rollouts(book.open_branches(group_id, at))
 
-    async def _branch_point(self, group_id: str) -> tuple[int | None, list[float]]:
-        """The prefix length the group's branches start from, by the config's rule, and the
-        per-call figures `surprisal` chose it from; None when the seed cannot branch (it
-        failed, or made fewer than two calls): its members then start whole."""
+    async def _branch_point(self, group_id: str) -> int | None:
+        """The prefix length the group's branches start from, by the config's rule; None when
+        the seed cannot branch (it failed, made fewer than two calls, or the store does not
+        hold them as it committed them): its members then start whole."""
         seed = self._book.seed_result(group_id)
         groups = self._config.groups
         if not can_branch(seed):
-            return None, []
+            return None
         if groups.branch_at != "surprisal":
-            return groups.branch_point(len(seed.call_ids), workflow.random()), []
+            return groups.branch_point(seed.calls, workflow.random())
         try:
-            point = await workflow.execute_activity(
+            point: BranchPoint = await workflow.execute_activity(
                 CHOOSE_BRANCH_POINT,
                 BranchPointRequest(
-                    rollout_id=seed.rollout_id, attempt=seed.attempts, call_ids=seed.call_ids
+                    rollout_id=seed.rollout_id,
+                    attempt=seed.attempts,
+                    calls=seed.calls,
+                    digest=seed.events_digest,
                 ),
                 result_type=BranchPoint,
                 start_to_close_timeout=START_TO_CLOSE[CHOOSE_BRANCH_POINT],
@@ -520,16 +539,18 @@ class TrainingWorkflow:
                 seed.rollout_id,
                 err.cause,
             )
-            return None, []
-        if not 1 <= point.at < len(seed.call_ids):
+            return None
+        if point.at is None:
+            return None
+        if not 1 <= point.at < seed.calls:
             workflow.logger.warning(
                 "branch point %d is outside calls 1..%d of seed %s, its group starts whole",
                 point.at,
-                len(seed.call_ids) - 1,
+                seed.calls - 1,
                 seed.rollout_id,
             )
-            return None, []
-        return point.at, point.surprisal
+            return None
+        return point.at
 
     async def _guard_weights(self) -> None:
         """Between syncs, every `check_every_seconds`: a policy server that lost the run's
@@ -593,7 +614,10 @@ class TrainingWorkflow:
 
     async def _record(self, record: StepRecord) -> None:
         state = self._state
-        state.recent_steps = [*state.recent_steps, record][-RECENT_STEPS:]
+        # The trainer's own figures only in the last record the state keeps (every record
+        # has them in metrics.jsonl): the state stays within its budget.
+        kept = [r.model_copy(update={"trainer": {}}) for r in state.recent_steps]
+        state.recent_steps = [*kept, record][-RECENT_STEPS:]
         state.unwritten_records.append(record)
         await self._flush_records()
         self._publish()
@@ -621,14 +645,16 @@ class TrainingWorkflow:
         pending = self._book.pending_rollouts()
         if not pending:
             return
-        found = await workflow.execute_activity(
-            CHECK_ROLLOUTS,
-            pending,
-            result_type=list[RolloutLookup],
-            start_to_close_timeout=START_TO_CLOSE[CHECK_ROLLOUTS],
-            heartbeat_timeout=HEARTBEAT,
-            retry_policy=RETRY_WITHOUT_LIMIT,
-        )
+        found: list[RolloutLookup] = []
+        for batch in _batches(pending):
+            found += await workflow.execute_activity(
+                CHECK_ROLLOUTS,
+                batch,
+                result_type=list[RolloutLookup],
+                start_to_close_timeout=START_TO_CLOSE[CHECK_ROLLOUTS],
+                heartbeat_timeout=HEARTBEAT,
+                retry_policy=RETRY_WITHOUT_LIMIT,
+            )
         for lookup in found:
             if lookup.result is not None:
                 self._state.counters.reconciled_rollouts += 1
@@ -654,12 +680,12 @@ class TrainingWorkflow:
     # --- signals, updates, queries -----------------------------------------------------
 
     @workflow.signal(name=ROLLOUT_FINISHED_SIGNAL)
-    def rollout_finished(self, result: RolloutResult) -> None:
+    def rollout_finished(self, result: RolloutOutcome) -> None:
         """One rollout's report (rollouts of revisions before 3)."""
         self._book.record(result)
 
     @workflow.signal(name=ROLLOUTS_FINISHED_SIGNAL)
-    def rollouts_finished(self, results: list[RolloutResult]) -> None:
+    def rollouts_finished(self, results: list[RolloutOutcome]) -> None:
         """Reports a rollout worker batched (rollouts of revision 3)."""
         for result in results:
             self._book.record(result)
@@ -732,6 +758,14 @@ def _knob_update(update: KnobUpdate | dict[str, Any]) -> KnobUpdate:
         return KnobUpdate.model_validate(update)
     except ValidationError as err:
         _refuse(f"invalid knob update: {one_line(err.errors())}")
+
+
+def _batches(items: list[_Item]) -> list[list[_Item]]:
+    """`items` in batches of BATCH (one batch, whatever its size, in a history from before the
+    "rollouts-in-batches" marker)."""
+    if len(items) <= BATCH or not workflow.patched("rollouts-in-batches"):
+        return [items] if items else []
+    return [items[i : i + BATCH] for i in range(0, len(items), BATCH)]
 
 
 def _refuse(why: str) -> NoReturn:

@@ -6,6 +6,7 @@ tested on their own (tests/chaos/test_checks.py) to find what they must find."""
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,6 +120,37 @@ def _generated_as(record: CallRecord, records: dict[str, CallRecord]) -> str:
     return record.call_id
 
 
+# What a member's calls are named when the store does not hold what its rollout committed.
+NOT_AS_COMMITTED = "(not as its rollout committed)"
+
+
+def name_trained_calls(
+    steps: dict[int, TrainStepRequest], records: list[CallRecord]
+) -> dict[int, TrainStepRequest]:
+    """The steps with each member's call ids, as the trainer read them: the first `calls` of
+    its attempt in the store, if their digest is the one its rollout committed (else a name
+    no record has, which every check below counts)."""
+    stored: dict[tuple[str, int], list[str]] = collections.defaultdict(list)
+    for record in sorted(records, key=lambda r: r.sequence):
+        stored[(record.rollout_id, record.attempt)].append(record.call_id)
+    named = {}
+    for number, request in steps.items():
+        groups = []
+        for group in request.groups:
+            members = []
+            for member in group.members:
+                if member.call_ids is None:
+                    ids = stored.get((member.rollout_id, member.attempt), [])[: member.calls]
+                    digest = hashlib.sha256("\n".join(ids).encode()).hexdigest()
+                    if len(ids) < member.calls or digest != member.digest:
+                        ids = [NOT_AS_COMMITTED]
+                    member = member.model_copy(update={"call_ids": ids})
+                members.append(member)
+            groups.append(group.model_copy(update={"members": members}))
+        named[number] = request.model_copy(update={"groups": groups})
+    return named
+
+
 def check_replays(
     report: ChaosReport,
     records: dict[str, CallRecord],
@@ -145,7 +177,7 @@ def check_replays(
     for request in steps.values():
         for group in request.groups:
             for member in group.members:
-                calls = [records.get(call_id) for call_id in member.call_ids]
+                calls = [records.get(call_id) for call_id in member.call_ids or []]
                 if not _one_episode(calls, records):
                     report.inconsistent_trajectories += 1
 
@@ -183,7 +215,7 @@ def check_staleness(
     for step, request in steps.items():
         for group in request.groups:
             for member in group.members:
-                for call_id in member.call_ids:
+                for call_id in member.call_ids or []:
                     record = records.get(call_id)
                     if record is None or (step - 1) - record.policy_version > max_staleness:
                         report.stale_trained_calls += 1

@@ -61,6 +61,7 @@ from tests.chaos.checks import (
     check_staleness,
     check_trajectories,
     check_versions,
+    name_trained_calls,
 )
 from tests.chaos.sync_delay import SyncDelay
 from tests.integration.dev_server import DevServer
@@ -449,7 +450,7 @@ class ChaosRun:
         stored = self._stored()
         records = {record.call_id: record for record in stored}
         check_versions(report, records, self.stack.policy_responses())
-        steps = await self._train_steps()
+        steps = name_trained_calls(await self._train_steps(), stored)
         check_staleness(report, records, steps, config.knobs.max_staleness)
         check_agents(report, self.run_id, records, steps, self._agent_log())
         check_trajectories(report, stored, steps)

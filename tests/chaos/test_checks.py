@@ -6,6 +6,7 @@ counts it, and counts nothing in the clean case."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 
 from darl.gateway.store.record import CallRecord
@@ -17,6 +18,7 @@ from tests.chaos.checks import (
     check_staleness,
     check_trajectories,
     check_versions,
+    name_trained_calls,
 )
 
 RUN = "chaos-test"
@@ -131,6 +133,33 @@ def test_a_trained_attempt_must_be_its_records_in_the_store_once_each() -> None:
         found = report()  # a call lost, recorded twice, recorded after the close
         check_trajectories(found, defect, steps)
         assert found.trajectories_not_stored == 1, defect
+
+
+def test_a_member_named_by_count_and_digest_is_checked_as_one_named_by_its_calls() -> None:
+    """Train steps name a member's calls by count and digest: the checks read them from the
+    store, and a store that holds other calls (or too few) fails every check that reads them."""
+    a, b = record("a", 0, [5], attempt=2), replace(record("b", 0, [6], attempt=2), sequence=1)
+    named = step(1, ["a", "b"], attempt=2)
+    member = named.groups[0].members[0]
+    counted = TrainMember(
+        rollout_id=member.rollout_id,
+        attempt=2,
+        calls=2,
+        digest=hashlib.sha256(b"a\nb").hexdigest(),
+        reward=1.0,
+    )
+    steps = {1: named.model_copy(update={"groups": [TrainGroup(group_id="g", members=[counted])]})}
+    clean = report()
+    check_trajectories(clean, [a, b], name_trained_calls(steps, [a, b]))
+    assert clean.trajectories_not_stored == 0
+    for defect in ([a], [replace(b, sequence=0), replace(a, sequence=1)]):
+        found = report()  # a call lost; the calls in another order than committed
+        check_trajectories(found, defect, name_trained_calls(steps, defect))
+        assert found.trajectories_not_stored == 1, defect
+    late = [a, b, replace(b, call_id="late", sequence=2)]
+    found = report()  # recorded after the close: the member trains the first two only
+    check_trajectories(found, late, name_trained_calls(steps, late))
+    assert found.trajectories_not_stored == 1
 
 
 def turn(call_id: str, prompt: list[int], answer: list[int], **fields: object) -> CallRecord:

@@ -7,6 +7,7 @@ token."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 from pathlib import Path
 from typing import Any, cast
@@ -25,7 +26,13 @@ from darl.trainer.aggregation import (
     RolloutSample,
     rollout_rows,
 )
-from darl.workflows.contracts import HttpAgentSpec, PrefixSpec, RolloutMode, RolloutResult
+from darl.workflows.contracts import (
+    HttpAgentSpec,
+    PrefixSpec,
+    RolloutMode,
+    RolloutOutcome,
+    RolloutResult,
+)
 from darl.workflows.names import BRANCH_POINT_ERROR
 from darl.workflows.rollout_status import RolloutStatus
 from darl.workflows.training_config import (
@@ -38,8 +45,8 @@ from darl.workflows.training_config import (
     WeightSyncSettings,
 )
 from darl.workflows.training_groups import GroupBook, can_branch
-from darl.workflows.training_messages import BranchPointRequest, TaskRow
-from darl.workflows.training_state import Counters, Knobs, TrainingState
+from darl.workflows.training_messages import BranchPointRequest
+from darl.workflows.training_state import Counters, Knobs, TaskRow, TrainingState
 from tests.unit.test_aggregation import conversation, tokens_of
 
 GROUP = 4
@@ -76,7 +83,6 @@ def open_group(b: GroupBook, position: int = 0) -> list[str]:
         [TaskRow(epoch=0, position=position, task={"q": position})],
         RolloutMode.TRAIN,
         GROUP,
-        report_to="train/r",
         now=0.0,
     )
     return [s.rollout_id for s in specs]
@@ -90,7 +96,7 @@ def result(
     prefix_calls: int = 0,
     diverged_at: int | None = None,
     attempts: int = 1,
-) -> RolloutResult:
+) -> RolloutOutcome:
     return RolloutResult(
         run_id="r",
         rollout_id=rollout_id,
@@ -104,7 +110,7 @@ def result(
         call_ids=[f"{rollout_id}-c{i}" for i in range(calls)],
         prefix_calls=prefix_calls,
         prefix_diverged_at=diverged_at,
-    )
+    ).outcome()
 
 
 def assert_accounted(c: Counters, inflight: int = 0) -> None:
@@ -114,7 +120,7 @@ def assert_accounted(c: Counters, inflight: int = 0) -> None:
 def branch(b: GroupBook, at: int | None) -> list[str]:
     """As the workflow's brancher does once the seed has reported."""
     assert b.to_branch() == [GROUP_ID]
-    specs = b.open_branches(GROUP_ID, at, report_to="train/r")
+    specs = b.open_branches(GROUP_ID, at)
     return [s.rollout_id for s in specs]
 
 
@@ -129,11 +135,11 @@ def test_a_group_opens_its_seed_then_its_branches_from_the_seeds_prefix():
     assert b.to_branch() == [] and b.awaiting_branches()
     b.record(result(SEED, 1.0, calls=5, attempts=2))
     assert b.inflight() == 0 and b.state.ready == [] and b.to_branch() == [GROUP_ID]
-    specs = b.open_branches(GROUP_ID, 2, report_to="train/r")
+    specs = b.open_branches(GROUP_ID, 2)
     assert [s.rollout_id for s in specs] == BRANCHES
     for spec in specs:
         assert spec.prefix == PrefixSpec(rollout_id=SEED, attempt=2, calls=2)
-        assert spec.task == {"q": 0} and spec.group_id == GROUP_ID
+        assert spec.row.task == {"q": 0} and spec.group_id == GROUP_ID
     assert b.state.groups[GROUP_ID].branch_point == 2
     assert counters.rollouts_started == GROUP and counters.groups_branched == 1
     assert b.to_branch() == [] and not b.awaiting_branches()
@@ -169,9 +175,7 @@ def test_independent_groups_are_as_before():
 
 def test_validation_groups_never_branch():
     b = book(groups=GroupsSpec(mode="branch"))
-    specs = b.open_groups(
-        [TaskRow(epoch=0, position=0, task={})], RolloutMode.VAL, 2, report_to="train/r", now=0
-    )
+    specs = b.open_groups([TaskRow(epoch=0, position=0, task={})], RolloutMode.VAL, 2, now=0)
     assert [s.rollout_id for s in specs] == ["r.v0.t0.0", "r.v0.t0.1"]
     assert not b.awaiting_branches()
 
@@ -216,7 +220,7 @@ def test_a_branch_point_outside_the_seeds_calls_is_refused():
     open_group(b)
     b.record(result(SEED, calls=3))
     with pytest.raises(ApplicationError, match=r"outside calls 1\.\.2") as refused:
-        b.open_branches(GROUP_ID, 3, report_to="train/r")
+        b.open_branches(GROUP_ID, 3)
     assert refused.value.type == BRANCH_POINT_ERROR and refused.value.non_retryable
 
 
@@ -230,15 +234,30 @@ async def test_the_surprisal_activity_reads_the_seed_from_the_store(tmp_path: Pa
     async with httpx.AsyncClient() as http:
         # The activity reads the store only; it never reaches Temporal.
         activities = TrainerActivities(cast(Any, None), store, tmp_path, "key", http)
-        request = BranchPointRequest(
-            rollout_id="r1", attempt=1, call_ids=[r.call_id for r in records]
-        )
+        ids = [r.call_id for r in records]
+        request = BranchPointRequest(rollout_id="r1", attempt=1, calls=3, digest=digest(ids))
         point = await ActivityEnvironment().run(activities.choose_branch_point, request)
         assert point.at == 2
         assert point.surprisal == pytest.approx([0.0015, 0.101, 0.201])
-        missing = request.model_copy(update={"call_ids": [*request.call_ids, "r1-c9"]})
-        lacking = await ActivityEnvironment().run(activities.choose_branch_point, missing)
-        assert lacking.at is None and lacking.surprisal == []
+        # The seed's first two calls only (a later call, recorded after its close, is not
+        # part of it); then records that are not what the seed committed: no branch point.
+        first_two = request.model_copy(update={"calls": 2, "digest": digest(ids[:2])})
+        point = await ActivityEnvironment().run(activities.choose_branch_point, first_two)
+        assert point.at == 1 and len(point.surprisal) == 2
+        for lost in (
+            request.model_copy(update={"calls": 4, "digest": digest([*ids, "r1-c9"])}),
+            request.model_copy(update={"digest": digest([ids[1], ids[0], ids[2]])}),
+        ):
+            lacking = await ActivityEnvironment().run(activities.choose_branch_point, lost)
+            assert lacking.at is None and lacking.surprisal == []
+        # A request of an earlier release names the calls.
+        named = BranchPointRequest(rollout_id="r1", attempt=1, call_ids=ids)
+        point = await ActivityEnvironment().run(activities.choose_branch_point, named)
+        assert point.at == 2
+
+
+def digest(call_ids: list[str]) -> str:
+    return hashlib.sha256("\n".join(call_ids).encode()).hexdigest()
 
 
 # --- broken branches, seeds that cannot branch, the group's rules ------------------------
@@ -286,14 +305,14 @@ def test_dropped_broken_branches_can_make_a_group_too_small():
     ],
     ids=["one call", "failed"],
 )
-def test_a_seed_that_cannot_branch_makes_an_ordinary_group(seed: RolloutResult):
+def test_a_seed_that_cannot_branch_makes_an_ordinary_group(seed: RolloutOutcome):
     """The workflow passes no branch point for such a seed (`can_branch`): its members start
     whole, and the group trains as an independent one."""
     b = book(min_group_size=3)
     open_group(b)
     b.record(seed)
     assert not can_branch(seed)
-    specs = b.open_branches(GROUP_ID, None, report_to="train/r")
+    specs = b.open_branches(GROUP_ID, None)
     assert [s.prefix for s in specs] == [None] * 3
     for spec, reward in zip(specs, [0.0, 1.0, 1.0], strict=True):
         b.record(result(spec.rollout_id, reward))
@@ -311,7 +330,7 @@ def test_a_group_that_went_stale_while_its_seed_ran_is_dropped_unbranched():
     open_group(b)
     b.record(result(SEED, 1.0))
     b.state.policy_version = 2
-    assert b.open_branches(GROUP_ID, 2, report_to="train/r") == []
+    assert b.open_branches(GROUP_ID, 2) == []
     counters = b.state.counters
     assert counters.groups_dropped_stale == 1 and counters.rollouts_in_dropped_groups == 1
     assert b.state.groups == {} and not b.awaiting_branches()
@@ -326,7 +345,7 @@ def test_a_branching_group_holds_room_for_its_branches_from_its_start():
     b.record(result(SEED, 1.0))
     assert b.inflight() == 0 and b.room(busy=False) == 1
     branch(b, 1)
-    assert b.room(busy=False) == (9 - 3) // GROUP
+    assert b.room(busy=False) == (9 - 4) // GROUP  # 3 branches out, the seed back
     s = book(mode=TrainingMode.SYNC, batch_size=2)
     open_group(s)
     s.record(result(SEED, 1.0))
@@ -351,13 +370,13 @@ def test_the_book_survives_continue_as_new_as_data():
     open_group(b, position=1)
     b.record(result(SEED, 1.0, calls=6))
     b.record(result("r.e0.t1.0", 1.0, calls=4))
-    specs = b.open_branches("r.e0.t1", 3, report_to="train/r", surprisal=[0.1, 0.2, 0.9, 0.3])
+    specs = b.open_branches("r.e0.t1", 3)
     carried = TrainingState.model_validate_json(b.state.model_dump_json())
     again = GroupBook(b.config, carried)
     assert again.to_branch() == [GROUP_ID]
     assert sorted(again.pending_rollouts()) == sorted(s.rollout_id for s in specs)
-    assert carried.groups["r.e0.t1"].surprisal == [0.1, 0.2, 0.9, 0.3]
-    assert [s.prefix for s in again.open_branches(GROUP_ID, 4, report_to="train/r")] == [
+    assert carried.groups["r.e0.t1"].branch_point == 3
+    assert [s.prefix for s in again.open_branches(GROUP_ID, 4)] == [
         PrefixSpec(rollout_id=SEED, attempt=1, calls=4)
     ] * 3
     for rollout_id in again.pending_rollouts():

@@ -7,8 +7,10 @@ rule directly."""
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from darl.workflows.contracts import HttpAgentSpec, RolloutMode, RolloutResult
+from darl.workflows import training_groups
+from darl.workflows.contracts import HttpAgentSpec, RolloutMode, RolloutOutcome, RolloutResult
 from darl.workflows.rollout_status import RolloutStatus
 from darl.workflows.training_config import (
     BackendSpec,
@@ -19,13 +21,12 @@ from darl.workflows.training_config import (
     WeightSyncSettings,
 )
 from darl.workflows.training_groups import GroupBook
-from darl.workflows.training_messages import TaskRow
-from darl.workflows.training_state import Counters, Knobs, TrainingState
+from darl.workflows.training_state import Counters, Knobs, TaskRow, TrainingState
 
 GROUP = 4
 
 
-def book(**overrides: object) -> GroupBook:
+def config(**overrides: object) -> TrainingConfig:
     values: dict[str, object] = {
         "run_id": "r",
         "dataset": DatasetSpec(path="tasks.jsonl"),
@@ -39,9 +40,13 @@ def book(**overrides: object) -> GroupBook:
         "mode": TrainingMode.ASYNC,
     }
     values.update(overrides)
-    config = TrainingConfig(**values)  # type: ignore[arg-type]
+    return TrainingConfig(**values)  # type: ignore[arg-type]
+
+
+def book(**overrides: object) -> GroupBook:
+    c = config(**overrides)
     # As the workflow starts a run: the knobs begin as the config's.
-    return GroupBook(config, TrainingState(knobs=config.knobs))
+    return GroupBook(c, TrainingState(knobs=c.knobs))
 
 
 def open_train_group(b: GroupBook, position: int = 0) -> list[str]:
@@ -49,7 +54,6 @@ def open_train_group(b: GroupBook, position: int = 0) -> list[str]:
         [TaskRow(epoch=0, position=position, task={"q": position})],
         RolloutMode.TRAIN,
         GROUP,
-        report_to="train/r",
         now=0.0,
     )
     return [s.rollout_id for s in specs]
@@ -60,7 +64,7 @@ def result(
     reward: float | None = 1.0,
     status: RolloutStatus = RolloutStatus.SUCCEEDED,
     mode: RolloutMode = RolloutMode.TRAIN,
-) -> RolloutResult:
+) -> RolloutOutcome:
     return RolloutResult(
         run_id="r",
         rollout_id=rollout_id,
@@ -70,7 +74,7 @@ def result(
         reward=reward,
         attempts=1,
         completion_tokens=3,
-    )
+    ).outcome()
 
 
 def assert_accounted(c: Counters, inflight: int = 0) -> None:
@@ -226,9 +230,7 @@ def test_cancelled_rollouts_and_left_over_groups_are_accounted():
 
 def test_validation_groups_count_as_validated_and_join_their_steps_record():
     b = book()
-    specs = b.open_groups(
-        [TaskRow(epoch=0, position=0, task={})], RolloutMode.VAL, 2, report_to="train/r", now=0
-    )
+    specs = b.open_groups([TaskRow(epoch=0, position=0, task={})], RolloutMode.VAL, 2, now=0)
     assert [s.rollout_id for s in specs] == ["r.v0.t0.0", "r.v0.t0.1"]
     for spec in specs:
         b.record(result(spec.rollout_id, 1.0, mode=RolloutMode.VAL))
@@ -250,6 +252,36 @@ def test_room_follows_the_knobs_the_mode_and_pause():
     done = book(total_steps=3)
     done.state.step = 3
     assert done.room(busy=False) == 0
+
+
+def test_the_state_holds_at_most_max_held_rollouts_whatever_the_knobs(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Rollouts out, and rollouts back waiting for their group's step, all count against the
+    state's budget (MAX_HELD): past it no group starts, until a step takes its batch."""
+    monkeypatch.setattr(training_groups, "MAX_HELD", 3 * GROUP)
+    b = book(knobs=Knobs(max_inflight=100 * GROUP), batch_size=2)
+    ids = open_train_group(b)
+    for rollout_id in ids:
+        b.record(result(rollout_id, float(rollout_id.endswith(".1"))))
+    assert b.state.ready == ["r.e0.t0"] and b.inflight() == 0
+    assert b.room(busy=False) == 2
+    open_train_group(b, position=1)
+    open_train_group(b, position=2)
+    assert b.room(busy=False) == 0
+    for rollout_id in b.pending_rollouts():
+        b.record(result(rollout_id, float(rollout_id.endswith(".1"))))
+    assert b.room(busy=False) == 0 and b.batch_ready()
+    b.take_batch()
+    assert b.room(busy=False) == 2
+
+
+def test_a_step_must_fit_the_states_budget():
+    with pytest.raises(ValidationError, match="must fit the 2,048 rollouts"):
+        config(batch_size=256, group_size=8)
+    config(batch_size=255, group_size=8)
+    with pytest.raises(ValidationError, match="at most 64 characters"):
+        config(run_id="r" * 65)
 
 
 def test_failures_in_a_row_trip_the_breaker_and_a_success_resets_them():

@@ -89,6 +89,18 @@ def test_a_step_written_again_replaces_its_line_and_the_plot_is_drawn(tmp_path: 
     assert plot_rewards(tmp_path / "nothing-yet") is None
 
 
+def test_a_validation_result_keeps_the_trainer_figures_its_line_has(tmp_path: Path):
+    """The run's state keeps the trainer's figures in its last step record only: a later
+    validation result on an earlier record comes without them, and the line keeps its own."""
+    record = {"step": 1, "reward_mean": 0.1, "trainer": {"actor/pg_loss": 0.5}}
+    write_step(tmp_path, record)
+    write_step(tmp_path, {**record, "trainer": {}, "val_reward_mean": 0.3})
+    [line] = read_metrics(tmp_path)
+    assert line["trainer"] == {"actor/pg_loss": 0.5} and line["val_reward_mean"] == 0.3
+    write_step(tmp_path, {**record, "trainer": {"actor/pg_loss": 0.7}})
+    assert read_metrics(tmp_path)[0]["trainer"] == {"actor/pg_loss": 0.7}
+
+
 def test_the_demo_config_loads_with_absolute_paths(tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = load_config(DEMO_CONFIG, run_id="mine")

@@ -77,7 +77,8 @@ class StubBranchingRollout:
         prefix_calls: int,
         diverged_at: int | None,
     ) -> RolloutResult:
-        """As the real rollout reports (also when cancelled)."""
+        """As the real rollout reports (also when cancelled), but its whole result, as
+        releases before outcomes did: the trainer reads it as its outcome."""
         result = RolloutResult(
             run_id=spec.run_id,
             rollout_id=spec.rollout_id,
@@ -112,7 +113,7 @@ class BranchingTrainerActivities(StubTrainerActivities):
     @activity.defn
     async def choose_branch_point(self, request: BranchPointRequest) -> BranchPoint:
         self.asked.append(request)
-        figures = [1.0 if i == SURPRISING_CALL else 0.1 for i in range(len(request.call_ids))]
+        figures = [1.0 if i == SURPRISING_CALL else 0.1 for i in range(request.calls)]
         return BranchPoint(at=GroupsSpec.highest_surprisal(figures), surprisal=figures)
 
 
@@ -180,7 +181,7 @@ async def test_surprisal_asks_the_store_and_broken_branches_are_dropped(
             groups=GroupsSpec(mode="branch", branch_at="surprisal"),
         )
         _, summary = await run(h, config)
-    assert h.stubs.asked and all(len(a.call_ids) == 4 for a in h.stubs.asked)
+    assert h.stubs.asked and all(a.calls == 4 for a in h.stubs.asked)
     branches = [s for s in h.stubs.started if s.prefix is not None]
     assert branches and {s.prefix.calls for s in branches if s.prefix} == {SURPRISING_CALL}
     (request,) = h.stubs.steps
@@ -216,7 +217,7 @@ class BrokenBranchPoints(BranchingTrainerActivities):
         self.asked.append(request)
         if self.fails:
             raise RuntimeError("the store is away")
-        return BranchPoint(at=len(request.call_ids) + 5, surprisal=[])
+        return BranchPoint(at=request.calls + 5, surprisal=[])
 
 
 @pytest.mark.parametrize("fails", [True, False], ids=["activity-fails", "point-outside"])

@@ -276,7 +276,7 @@ async def test_the_report_to_the_trainer_rides_in_the_last_workflow_task(
         reported = await asyncio.wait_for(trainer.result(), TIMEOUT)
         history = await handle.fetch_history()
     assert result.status == RolloutStatus.SUCCEEDED and result.call_ids == ["c0"]
-    assert reported == [result]
+    assert reported == [result.outcome()]
     types = event_types(history)
     assert "EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED" not in types
     assert types.count("EVENT_TYPE_MARKER_RECORDED") == 1

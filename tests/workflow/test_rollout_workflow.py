@@ -322,7 +322,7 @@ async def test_a_finished_rollout_reports_to_its_trainer(
         results = [await asyncio.wait_for(h.result(), TIMEOUT) for h in handles]
         reported = await asyncio.wait_for(collector.result(), TIMEOUT)
     assert sorted(r.rollout_id for r in reported) == sorted(s.rollout_id for s in specs)
-    assert {r.rollout_id: r for r in reported} == {r.rollout_id: r for r in results}
+    assert {r.rollout_id: r for r in reported} == {r.rollout_id: r.outcome() for r in results}
 
 
 async def test_cancelling_while_launching_stops_what_the_launch_starts(

@@ -13,14 +13,14 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from darl.activities.trainer_reports import TrainerReports
-from darl.workflows.contracts import RolloutMode, RolloutResult
+from darl.workflows.contracts import RolloutMode, RolloutOutcome, RolloutResult
 from darl.workflows.rollout_status import RolloutStatus
 from tests.workflow.collector import CollectorWorkflow
 
 TIMEOUT = 60
 
 
-def result(i: int, error: str | None = None) -> RolloutResult:
+def result(i: int, error: str | None = None) -> RolloutOutcome:
     return RolloutResult(
         run_id="run",
         rollout_id=f"g{i // 4}.{i % 4}",
@@ -31,7 +31,7 @@ def result(i: int, error: str | None = None) -> RolloutResult:
         attempts=1,
         call_ids=[f"c{i}"],
         error=error,
-    )
+    ).outcome()
 
 
 @asynccontextmanager
@@ -59,8 +59,9 @@ async def test_reports_that_wait_together_go_in_one_signal(time_skipping_env: Wo
 
 
 async def test_a_batch_stays_under_its_byte_limit(time_skipping_env: WorkflowEnvironment):
-    """Results carrying long errors (an agent's log tail) split into more signals."""
+    """Outcomes carrying long errors (an agent's log tail, cut) split into more signals."""
     sent = [result(i, error="x" * 3_000) for i in range(10)]
+    assert all(r.error is not None and len(r.error) < 1_010 for r in sent)
     size = len(sent[0].model_dump_json())
     reports = TrainerReports(time_skipping_env.client, max_bytes=3 * size)
     async with trainer(time_skipping_env, len(sent)) as handle:

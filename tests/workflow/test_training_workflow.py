@@ -386,6 +386,6 @@ def test_group_book_accounts_a_report_for_an_unknown_rollout():
             status=RolloutStatus.SUCCEEDED,
             reward=1.0,
             attempts=1,
-        )
+        ).outcome()
     )
     assert book.state.counters.unknown_reports == 1

@@ -10,6 +10,7 @@ exactly as the real RolloutWorkflow does (`rollout_finished`, also when cancelle
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -21,7 +22,7 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from darl.workflows.names import ROLLOUT_FINISHED_SIGNAL, ROLLOUT_WORKFLOW
 
 with workflow.unsafe.imports_passed_through():
-    from darl.activities.training_activities import lookup_rollouts
+    from darl.activities.training_activities import lookup_rollouts, rollout_specs
     from darl.workflows.contracts import RolloutResult, RolloutSpec, rollout_workflow_id
     from darl.workflows.rollout_status import RolloutStatus
     from darl.workflows.training_config import TrainingConfig
@@ -78,12 +79,13 @@ class StubRolloutWorkflow:
             attempts=1,
             calls=1,
             completion_tokens=3,
-            call_ids=[f"{spec.rollout_id}-c0"],
+            call_ids=[call_id := f"{spec.rollout_id}-c0"],
+            events_digest=hashlib.sha256(call_id.encode()).hexdigest(),
             policy_versions=[spec.policy_version],
         )
         if spec.report_to and not spec.task.get("silent"):
             await workflow.get_external_workflow_handle(spec.report_to).signal(
-                ROLLOUT_FINISHED_SIGNAL, result
+                ROLLOUT_FINISHED_SIGNAL, result.outcome()
             )
         return result
 
@@ -153,7 +155,7 @@ class StubTrainerActivities:
 
     @activity.defn
     async def start_rollouts(self, request: StartRolloutsRequest) -> None:
-        for spec in request.specs:
+        for spec in [*request.specs, *rollout_specs(request, lambda start: start.row.task)]:
             try:
                 await self.client.start_workflow(
                     ROLLOUT_WORKFLOW,
