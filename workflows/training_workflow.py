@@ -13,6 +13,8 @@ table above CURRENT_REVISION in contracts.py):
                                          earlier stop's grace (`_wait_for_rollouts_to_finish`)
     "rollouts-in-batches"                more than BATCH rollouts are started, or looked up,
                                          by several activities of BATCH each (`_batches`)
+    "branch-groups-independently"        each branching group's branch point and branches
+                                         on their own (`_branch`), not one group at a time
 """
 
 from __future__ import annotations
@@ -495,9 +497,41 @@ class TrainingWorkflow:
     # --- the brancher: a branching group's members start once its seed has reported ----
 
     async def _branch(self) -> None:
-        """Start the branches of each group whose seed has reported (none while paused).
-        A group is booked before its branches start, as in `_start_groups`; one whose
-        branches are still to start at a continue-as-new is carried in the state."""
+        """Start the branches of each group whose seed has reported (none while paused),
+        each group on its own: one whose branch point takes its time (the store slow, its
+        retries) holds no other. A group is booked before its branches start, as in
+        `_start_groups`; one whose branches are still to start at a continue-as-new is
+        carried in the state. A failure to start them is the brancher's, and so the run's."""
+        if not workflow.patched("branch-groups-independently"):
+            return await self._branch_one_at_a_time()
+        book, opening = self._book, dict[str, asyncio.Task[None]]()
+
+        def more() -> bool:
+            waiting = not self._state.paused and any(g not in opening for g in book.to_branch())
+            return self._closing or waiting or any(t.done() for t in opening.values())
+
+        while True:
+            await workflow.wait_condition(more)
+            for group_id, opened in list(opening.items()):
+                if opened.done():
+                    del opening[group_id]
+                    opened.result()
+            if self._closing:
+                break
+            if self._state.paused:
+                continue
+            for group_id in book.to_branch():
+                if group_id not in opening:
+                    opening[group_id] = asyncio.create_task(self._open_branches(group_id))
+        for opened in opening.values():
+            await opened
+
+    async def _open_branches(self, group_id: str) -> None:
+        at = await self._branch_point(group_id)
+        await self._start_rollouts(self._book.open_branches(group_id, at))
+
+    async def _branch_one_at_a_time(self) -> None:
+        """`_branch` in a history from before the "branch-groups-independently" marker."""
         book = self._book
         while True:
             await workflow.wait_condition(

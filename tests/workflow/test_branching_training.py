@@ -243,6 +243,49 @@ async def test_a_branch_point_that_cannot_be_had_starts_the_group_whole(
     assert_accounted(c)
 
 
+@dataclass
+class SlowFirstBranchPoint(BranchingTrainerActivities):
+    """`choose_branch_point` holds the first seed's answer until `release` is set."""
+
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @activity.defn(name="choose_branch_point")
+    async def choose_branch_point(self, request: BranchPointRequest) -> BranchPoint:
+        if request.rollout_id.endswith(".t0.0"):
+            await self.release.wait()
+        return await super().choose_branch_point(request)
+
+
+async def test_a_group_whose_branch_point_is_slow_holds_no_other(
+    time_skipping_env: WorkflowEnvironment,
+):
+    """Each group branches on its own: while the first seed's branch point is still being
+    chosen, the other groups' branches start (one group at a time, they waited for it)."""
+    rows = tasks(4, rewards=[0.0, 1.0, 0.0, 1.0])
+    async with harness(time_skipping_env, rows, SlowFirstBranchPoint, StubBranchingRollout) as h:  # type: ignore[arg-type]
+        config = branching(
+            h,
+            total_steps=1,
+            batch_size=4,
+            groups=GroupsSpec(mode="branch", branch_at="surprisal"),
+        )
+        handle = await h.start(config)
+
+        def others_branched() -> bool:
+            return any(s.prefix is not None and ".t0." not in s.rollout_id for s in h.stubs.started)
+
+        async def until_others_branched() -> None:
+            while not others_branched():
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(until_others_branched(), TIMEOUT)
+        assert not any(s.rollout_id.startswith(f"{config.run_id}.e0.t0.1") for s in h.stubs.started)
+        h.stubs.release.set()
+        summary = await asyncio.wait_for(handle.result(), TIMEOUT)
+    assert summary.steps == 1 and summary.counters.groups_branched == 4
+    assert_accounted(summary.counters)
+
+
 async def test_branching_groups_cross_continue_as_new(dev_env: WorkflowEnvironment):
     """Seeds report while runs hand over; a group waiting for its branches is carried as
     data and branched by the next run. Every rollout is accounted for."""
