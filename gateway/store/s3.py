@@ -272,24 +272,35 @@ class S3TrajectoryStore:
         """The close takes the attempt's next sequence, as a call does (If-None-Match: *),
         with an empty object: an append either took a sequence below it, and is in what a
         read after this returns, or meets it where it would write, and is refused. Then the
-        `closed` object, which `is_closed` looks at with one HEAD."""
-        async with self._tails.hold(rollout_id, attempt) as tail:
-            if not tail.loaded:
-                await self._load(tail, rollout_id, attempt)
-            backoff = CONFLICT_BACKOFF_SECONDS
-            while not tail.closed:
-                key = self._call_key(rollout_id, attempt, tail.next_sequence)
-                try:
-                    await obstore.put_async(self._s3, key, b"", mode="create")
-                except (AlreadyExistsError, PreconditionError):
-                    before = tail.next_sequence
-                    await self._catch_up(tail, rollout_id, attempt, None)
-                    if tail.next_sequence == before:  # its write is not readable yet
-                        await asyncio.sleep(backoff)
-                        backoff *= 2
-                    continue
-                tail.close_here()
+        `closed` object, which `is_closed` looks at with one HEAD. The calls are listed, not
+        read: the close's read of them follows."""
+        listed = await obstore.list(
+            self._s3, self._calls_prefix(rollout_id, attempt), chunk_size=1000
+        ).collect_async()
+        if not any(item["size"] == 0 for item in listed):
+            names = (item["path"].rsplit("/", 1)[1] for item in listed)
+            last = max((int(name.removesuffix(".json")) for name in names), default=-1)
+            await self._close_at(rollout_id, attempt, last + 1)
         await self._put(self._attempt_prefix(rollout_id, attempt) + "closed", b"")
+
+    async def _close_at(self, rollout_id: str, attempt: int, sequence: int) -> None:
+        """Write the close's empty object at `sequence`, or past the calls written there
+        since; done when a close (another replica's) is found first."""
+        backoff = CONFLICT_BACKOFF_SECONDS
+        while True:
+            key = self._call_key(rollout_id, attempt, sequence)
+            try:
+                await obstore.put_async(self._s3, key, b"", mode="create")
+                return
+            except (AlreadyExistsError, PreconditionError):
+                found = await self._get(key)
+            if found is None:  # its write is not readable yet
+                await asyncio.sleep(backoff)
+                backoff *= 2
+            elif not found:
+                return
+            else:
+                sequence += 1
 
     async def is_closed(self, rollout_id: str, attempt: int) -> bool:
         try:
