@@ -207,28 +207,33 @@ async def test_a_seed_that_fails_makes_an_ordinary_group(time_skipping_env: Work
 
 @dataclass
 class BrokenBranchPoints(BranchingTrainerActivities):
-    """`choose_branch_point` fails every try (`fails`: the store is away, a record will not
-    read) or answers a point outside the seed's calls."""
+    """`choose_branch_point` fails every try (`answer` "fails": the store is away, a record
+    will not read), answers a point outside the seed's calls ("outside"), or finds none
+    ("none": the store does not hold the seed's calls as it committed them)."""
 
-    fails: bool = True
+    answer: str = "fails"
 
     @activity.defn(name="choose_branch_point")
     async def choose_branch_point(self, request: BranchPointRequest) -> BranchPoint:
         self.asked.append(request)
-        if self.fails:
+        if self.answer == "fails":
             raise RuntimeError("the store is away")
-        return BranchPoint(at=request.calls + 5, surprisal=[])
+        at = request.calls + 5 if self.answer == "outside" else None
+        return BranchPoint(at=at, surprisal=[])
 
 
-@pytest.mark.parametrize("fails", [True, False], ids=["activity-fails", "point-outside"])
+@pytest.mark.parametrize(
+    "answer", ["fails", "outside", "none"], ids=["activity-fails", "point-outside", "no-point"]
+)
 async def test_a_branch_point_that_cannot_be_had_starts_the_group_whole(
-    time_skipping_env: WorkflowEnvironment, fails: bool
+    time_skipping_env: WorkflowEnvironment, answer: str
 ):
-    """No branch point (the activity fails its few tries, or names a call the seed does not
-    have): the group's members start whole and the run goes on, where the run had waited
-    on the activity without end, or failed its workflow task on every retry."""
+    """No branch point (the activity fails its few tries, names a call the seed does not
+    have, or finds none): the group's members start whole and the run goes on, where the run
+    had waited on the activity without end, or failed its workflow task on every retry."""
+    fails = answer == "fails"
     rows = tasks(10, rewards=[0.0, 1.0, 0.0, 1.0])
-    stubs = functools.partial(BrokenBranchPoints, fails=fails)
+    stubs = functools.partial(BrokenBranchPoints, answer=answer)
     async with harness(time_skipping_env, rows, stubs, StubBranchingRollout) as h:  # type: ignore[arg-type]
         config = branching(
             h, total_steps=1, groups=GroupsSpec(mode="branch", branch_at="surprisal")
