@@ -249,6 +249,14 @@ def worker(
             help="The attempts' volumes' StorageClass (default: the cluster's).",
         ),
     ] = None,
+    workflow_sandbox: Annotated[
+        bool,
+        typer.Option(
+            envvar="DARL_WORKFLOW_SANDBOX",
+            help="Run RolloutWorkflow in Temporal's sandbox (its determinism checks, at "
+            "about 5 ms of CPU a rollout): a canary worker, say.",
+        ),
+    ] = False,
     temporal_address: TemporalAddress = DEFAULT_ADDRESS,
     namespace: Namespace = DEFAULT_NAMESPACE,
     home: Home = Path(".darl"),
@@ -286,6 +294,7 @@ def worker(
         max_concurrent_agents=max_concurrent_agents,
         kubernetes=kubernetes,
         traced=exports_traces(),
+        sandboxed=workflow_sandbox,
     )
     configure_tracing("darl-rollout-worker")
 
