@@ -100,6 +100,10 @@ def rows_file(stack: Stack, name: str, text: str) -> str:
             "1 of 1 rows are too large for the agent's environment; the first is row 0: "
             "env_map STATEMENT: the task's 'input.statement' is 200,010 bytes",
         ),
+        (
+            "too-large",
+            "1 of 1 rows are too large to be a task; the first is row 0: the task is 900,0",
+        ),
     ],
     ids=[
         "missing-dataset",
@@ -108,6 +112,7 @@ def rows_file(stack: Stack, name: str, text: str) -> str:
         "unknown-reward",
         "bad-env-map",
         "env-map-too-large",
+        "task-too-large",
     ],
 )
 async def test_a_run_whose_data_or_reward_cannot_work_fails_at_once(
@@ -124,8 +129,16 @@ async def test_a_run_whose_data_or_reward_cannot_work_fails_at_once(
             "dataset": {"path": rows_file(stack, "huge.jsonl", json.dumps(row) + "\n")},
             "rollout": {"agent": {"env_map": {"STATEMENT": "input.statement"}}},
         }
+    elif change == "too-large":
+        # A row over a task's budget (TASK_MAX_BYTES): named with its largest field.
+        dataset = broken(stack, {}).dataset.path
+        row = json.loads(Path(dataset).read_text().splitlines()[0])
+        row["repository_snapshot"] = "x" * 900_000
+        change = {"dataset": {"path": rows_file(stack, "large.jsonl", json.dumps(row) + "\n")}}
     message = await failure_of(stack, broken(stack, change), FAILS_WITHIN["config"])
     assert says in message, message
+    if change and "large.jsonl" in json.dumps(change):
+        assert "the largest field, 'repository_snapshot', is 900,002" in message, message
 
 
 @pytest.mark.parametrize("what", ["agent service", "policy server"])
