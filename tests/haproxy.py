@@ -119,6 +119,32 @@ class HAProxy:
             time.sleep(0.05)
         raise ProcessFailedError(f"haproxy not serving within {timeout:g}s")
 
+    def servers_up(self) -> dict[str, bool]:
+        """Whether HAProxy counts each replica up, from its stats socket (`show stat`)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stats:
+            stats.settimeout(5)
+            stats.connect(str(self.root / "haproxy.sock"))
+            stats.sendall(b"show stat\n")
+            data = b""
+            while chunk := stats.recv(65536):
+                data += chunk
+        lines = data.decode().splitlines()
+        columns = lines[0].removeprefix("# ").split(",")
+        up = {}
+        for line in lines[1:]:
+            row = dict(zip(columns, line.split(","), strict=False))
+            if row.get("pxname") == "gateways" and row["svname"] not in ("FRONTEND", "BACKEND"):
+                up[row["svname"]] = row["status"].startswith("UP")
+        return up
+
+    def wait_all_up(self, timeout: float = 30.0) -> None:
+        """Until every replica is in the rotation again (one restarted, say)."""
+        deadline = time.monotonic() + timeout
+        while not all(self.servers_up().values()):
+            if time.monotonic() > deadline:
+                raise ProcessFailedError(f"replicas not all up within {timeout:g}s")
+            time.sleep(0.1)
+
     @property
     def pid(self) -> int:
         if self.process is None:

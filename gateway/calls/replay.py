@@ -13,9 +13,17 @@ what the recorded run never did: nothing more is replayed.
 The record offered is the lineage the workflow names (`ReplayClaim.sources`): the calls of
 the last attempt of which the workflow knew a call, and, when that attempt was lost before its
 own replay was over (it has no live call), the calls it had yet to reproduce of the attempt it
-replayed, and so on. A `ReplaySession` is rebuilt from the store on its first use by a process (this
-attempt's records say which offered calls are used and whether a live call was answered), so
-a restarted gateway or another replica carries on where the last one was.
+replayed, and so on.
+
+Whether a recorded call is taken, and whether the replay is over, the store decides, when the
+replayed call is appended (`store.codec.check_append`: under the attempt's lock, or at the
+sequence its conditional PUT takes): a recorded call another call of the attempt reproduces
+already, or any once the attempt holds a live call, is refused, whichever replica serves it.
+A `ReplaySession` is one process's cache of that, rebuilt from the store on its first use (this
+attempt's records say which offered calls are used and whether a live call was answered):
+what it offers, the store may refuse (another replica served that record, or a live call),
+and the replayer then takes the next record or goes live; a call it counted as used (an
+append whose outcome is unknown among them) it never offers again.
 """
 
 from __future__ import annotations
@@ -143,7 +151,8 @@ async def prefix_records(store: TrajectoryStore, prefix: PrefixClaim) -> list[Ca
 
 
 class ReplaySession:
-    """The record one attempt replays, and what it has used of it."""
+    """The record one attempt replays, and what it has used of it, as far as this process
+    knows (the store decides: see the module's docstring)."""
 
     def __init__(
         self,
@@ -191,6 +200,17 @@ class ReplaySession:
         self.left -= 1
         return Match(chosen, normalized=chosen.strict != strict)
 
+    def served_elsewhere(self, call_ids: frozenset[str]) -> None:
+        """The store says these recorded calls are served (through another replica, or before
+        this session was built): none is offered again."""
+        for form, queue in list(self._unused.items()):
+            kept = deque(r for r in queue if r.record.call_id not in call_ids)
+            self.left -= len(queue) - len(kept)
+            if kept:
+                self._unused[form] = kept
+            else:
+                del self._unused[form]
+
     def give_back(self, match: Match) -> None:
         """A taken call that could not be recorded: the agent may ask again."""
         self._unused.setdefault(match.recorded.form, deque()).appendleft(match.recorded)
@@ -200,11 +220,15 @@ class ReplaySession:
         self.live = True
 
 
+# How many attempts' replay sessions a gateway holds (least recently used evicted).
+REPLAY_SESSIONS = 1024
+
+
 class ReplayBook:
     """The replay sessions of the attempts this gateway serves, rebuilt from the store when
     not held (a restart, an eviction, another replica's attempt); at most `bound` held."""
 
-    def __init__(self, store: TrajectoryStore, bound: int = 1024) -> None:
+    def __init__(self, store: TrajectoryStore, bound: int = REPLAY_SESSIONS) -> None:
         self._store = store
         self._bound = bound
         self._sessions: OrderedDict[tuple[str, int], ReplaySession] = OrderedDict()

@@ -23,7 +23,7 @@ from darl.gateway.metrics import GatewayMetrics
 from darl.gateway.protocols.chat.capture import answer_chunks, usage_of, with_prompt_token_ids
 from darl.gateway.protocols.chat.protocol import Endpoint
 from darl.gateway.protocols.translation import Translation
-from darl.gateway.store.base import TrajectoryStore
+from darl.gateway.store.base import AlreadyReplayedError, ReplayOverError, TrajectoryStore
 from darl.gateway.store.record import CallRecord
 from darl.workflows.rollout_token import TokenClaims
 
@@ -63,32 +63,12 @@ class Replayer:
         None when the record holds no answer to it (the call goes live). The agent gets it as
         it would get it live: its prompt's token ids only if it asked for them."""
         started = time.monotonic()
-        session = await self.book.session(claims)
-        protocol = translation.protocol if translation is not None else endpoint
-        diverged_before = session.diverged
-        match = session.take(protocol, endpoint, forwarded)
-        if match is None:
-            if session.diverged and not diverged_before:
-                self._metrics.replay_divergences.inc()
-                log.info(
-                    "%s attempt %d: a request the record does not hold, %d recorded call(s) "
-                    "left: the replay ends here",
-                    claims.rollout_id,
-                    claims.attempt,
-                    session.left,
-                )
+        served = await self._take_and_record(
+            endpoint, claims, forwarded, translation, stream, started
+        )
+        if served is None:
             return None
-        try:
-            record = await self._replayed_call(
-                endpoint, claims, translation, forwarded, match, stream, started
-            )
-        except BaseException:
-            # Nothing was written: the agent may ask again and get this call.
-            session.give_back(match)
-            raise
-        # Once the append is under way the call counts as used, whatever happens: a record
-        # that may exist is never offered a second time (the agent's retry goes live).
-        stored = await self._registry.record_call(record)
+        stored, match = served
         self._delivery.enqueue(event_of(stored, self._store.ref(stored)))
         self._metrics.replayed_calls.labels(str(match.normalized).lower()).inc()
         answered_as = str(stored.exchange.get("answered_as") or stored.call_id)
@@ -118,6 +98,67 @@ class Replayer:
             if not prompt_ids_asked:
                 body = with_prompt_token_ids(endpoint, body, None)
         return Response(json.dumps(body), media_type="application/json", headers=headers)
+
+    async def _take_and_record(
+        self,
+        endpoint: Endpoint,
+        claims: TokenClaims,
+        forwarded: dict[str, Any],
+        translation: Translation | None,
+        stream: bool,
+        started: float,
+    ) -> tuple[CallRecord, Match] | None:
+        """The first unused recorded call this request equals, recorded as the attempt's call;
+        None when the request goes live. The session is this process's cache of the replay;
+        the store decides (rule 10): a recorded call another replica served meanwhile is
+        passed over for the next one, and once the attempt holds a live call nothing more is
+        served from the record."""
+        session = await self.book.session(claims)
+        protocol = translation.protocol if translation is not None else endpoint
+        while True:
+            diverged_before = session.diverged
+            match = session.take(protocol, endpoint, forwarded)
+            if match is None:
+                if session.diverged and not diverged_before:
+                    self._metrics.replay_divergences.inc()
+                    log.info(
+                        "%s attempt %d: a request the record does not hold, %d recorded "
+                        "call(s) left: the replay ends here",
+                        claims.rollout_id,
+                        claims.attempt,
+                        session.left,
+                    )
+                return None
+            try:
+                record = await self._replayed_call(
+                    endpoint, claims, translation, forwarded, match, stream, started
+                )
+            except BaseException:
+                # Nothing was written: the agent may ask again and get this call.
+                session.give_back(match)
+                raise
+            # Once the append is under way the call counts as used, whatever happens: a
+            # record that may exist is never offered a second time (the agent's retry goes
+            # live, or takes the next record of its form).
+            try:
+                return await self._registry.record_call(record), match
+            except AlreadyReplayedError as err:
+                log.info(
+                    "%s attempt %d: recorded call %s was served already (by another replica, "
+                    "say); taking the next",
+                    claims.rollout_id,
+                    claims.attempt,
+                    match.recorded.record.call_id,
+                )
+                session.served_elsewhere(err.reproduced)
+            except ReplayOverError:
+                log.info(
+                    "%s attempt %d: the store holds a live call of the attempt: the replay is over",
+                    claims.rollout_id,
+                    claims.attempt,
+                )
+                session.went_live()
+                return None
 
     async def _replayed_call(
         self,

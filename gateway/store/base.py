@@ -33,11 +33,29 @@ class AttemptClosedError(AppendRefusedError):
     """The attempt was closed (`mark_closed`) before the call could be written."""
 
 
+class AlreadyReplayedError(AppendRefusedError):
+    """A replayed call (rule 10) whose recorded call a call of the attempt reproduces already:
+    a recorded call is served at most once. `reproduced`: every recorded call the attempt's
+    calls reproduce, as the store saw them when it refused."""
+
+    def __init__(self, message: str, reproduced: frozenset[str]) -> None:
+        super().__init__(message)
+        self.reproduced = reproduced
+
+
+class ReplayOverError(AppendRefusedError):
+    """A replayed call (rule 10) of an attempt that holds a live call: once a live answer may
+    have reached the agent, nothing more is served from the record."""
+
+
 class TrajectoryStore(Protocol):
     async def append(self, record: CallRecord) -> CallRecord:
         """Durably add a call; the store assigns `sequence`. Returns the record as stored.
         Only then may the gateway signal the call and answer the agent. Raises
-        `AttemptClosedError` once `mark_closed` ran for the attempt (nothing is written)."""
+        `AttemptClosedError` once `mark_closed` ran for the attempt; for a record that
+        reproduces a recorded call (`replayed_from`), `AlreadyReplayedError` when the
+        attempt holds a call that reproduces it, `ReplayOverError` when it holds a live call
+        (nothing is written then)."""
 
     async def read(
         self, rollout_id: str, attempt: int | None = None, call_ids: list[str] | None = None

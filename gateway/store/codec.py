@@ -26,7 +26,7 @@ from darl.gateway.protocols.chat.capture import with_prompt_token_ids
 from darl.gateway.protocols.chat.prompt_ids import RawTokenIds, token_ids_list
 from darl.gateway.protocols.chat.protocol import CHAT, Endpoint
 from darl.gateway.protocols.chat.sent_messages import SentMessages
-from darl.gateway.store.base import AttemptClosedError
+from darl.gateway.store.base import AlreadyReplayedError, AttemptClosedError, ReplayOverError
 from darl.gateway.store.record import CallRecord
 
 FORMAT_VERSION = 1
@@ -74,6 +74,10 @@ class Tail:
     prompt_text: str = ""
     # The attempt was closed: every later append is refused (see `check_append`).
     closed: bool = False
+    # What the attempt's calls say of its replay (rule 10): the recorded calls they reproduce,
+    # and whether one of them is live (a replayed call after it is refused).
+    reproduced: set[str] = field(default_factory=set)
+    live: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def context(self, length: int) -> list[int]:
@@ -85,6 +89,10 @@ class Tail:
 
     def advance(self, record: CallRecord) -> None:
         self.next_sequence = record.sequence + 1
+        if record.replayed_from is None:
+            self.live = True
+        else:
+            self.reproduced.add(record.replayed_from)
         self.prompt_ids = record.prompt_token_ids
         self.completion_ids = record.completion_token_ids()
         sent = record.sent_messages
@@ -107,6 +115,8 @@ class Tail:
     def reset(self) -> None:
         """Forget everything read: the next load starts at the attempt's first call."""
         self.closed = False
+        self.reproduced = set()
+        self.live = False
         self.next_sequence = 0
         self.position = 0
         self.prompt_ids = []
@@ -158,12 +168,20 @@ class TailCache:
 
 def check_append(tail: Tail, record: CallRecord) -> None:
     """Raise what rules `record` out, given the attempt as `tail` has read it (under the
-    attempt's lock, or at the sequence the record is about to take): a close."""
+    attempt's lock, or at the sequence the record is about to take): a close; for a replayed
+    call (rule 10), a call that reproduces its record already, or a live call."""
+    where = f"attempt {record.attempt} of rollout {record.rollout_id}"
     if tail.closed:
-        raise AttemptClosedError(
-            f"attempt {record.attempt} of rollout {record.rollout_id} was closed; call "
-            f"{record.call_id} was not recorded"
+        raise AttemptClosedError(f"{where} was closed; call {record.call_id} was not recorded")
+    if record.replayed_from is None:
+        return
+    if record.replayed_from in tail.reproduced:
+        raise AlreadyReplayedError(
+            f"{where} has reproduced recorded call {record.replayed_from} already",
+            frozenset(tail.reproduced),
         )
+    if tail.live:
+        raise ReplayOverError(f"{where} has a live call: its replay is over")
 
 
 def prompt_delta(tail: Tail, prompt: Sequence[int]) -> tuple[int, list[int]]:

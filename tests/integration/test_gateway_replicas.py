@@ -5,6 +5,10 @@ each replica's /healthz), sharing one directory store and journal:
   closed through one replica, the attempt is refused by the other (409);
 - the trainer's pause (`GatewayReplicas`, the `gateway_admin_urls` form) is acknowledged by
   every replica before it returns, and its resume reaches every one, at the new version;
+- an attempt that resumes by replay (rule 10), its calls concurrent and round-robin, one
+  replica's replay session evicted and the other replica SIGKILLed and restarted mid-replay:
+  counting from the store, every recorded call is served at most once and none after the
+  attempt's first live call, though each replica's session lags what the other served;
 - a training run survives one replica SIGKILLed with calls in flight on it and again while
   paused for a sync (an agent's call and its attempt's close reach different replicas): no
   rollout fails, every trained rollout's calls are its final attempt's records in the store,
@@ -15,6 +19,7 @@ each replica's /healthz), sharing one directory store and journal:
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,12 +27,14 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from darl.gateway.calls.replay import REPLAY_SESSIONS
 from darl.trainer.gateway_replicas import GatewayReplicas
+from darl.workflows.rollout_token import ReplayClaim, TokenClaims, mint_token
 from tests.chaos.harness import ChaosRun
 from tests.chaos.report import COLUMNS, rows, summary
 from tests.chaos.scenarios import REPLICA_KILLS, in_sequence
 from tests.integration.replicas_stack import ReplicatedStack
-from tests.integration.stack import ADMIN_KEY
+from tests.integration.stack import ADMIN_KEY, TOKEN_SECRET
 
 pytestmark = pytest.mark.integration
 
@@ -147,6 +154,100 @@ async def test_a_replica_that_restarts_paused_follows_the_resume_it_missed(
                     break
                 await asyncio.sleep(0.2)
     assert state["policy_version"] == 4
+
+
+def replaying_token(rollout_id: str, attempt: int) -> str:
+    claims = TokenClaims(rollout_id, attempt, "train", 2**31, replay=ReplayClaim(sources=(1,)))
+    return mint_token(TOKEN_SECRET.encode(), claims)
+
+
+async def ask(
+    http: httpx.AsyncClient, url: str, token: str, prompt: str, ok: int = 200
+) -> str | None:
+    """One completion call; the recorded call it was served from (None: it went live)."""
+    body = {**PROMPT, "prompt": prompt}
+    answer = await http.post(url, json=body, headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == ok, answer.text
+    return answer.headers.get("x-darl-replayed-from")
+
+
+async def evict_replay_sessions(replicas: ReplicatedStack, instance: str, rollout_id: str) -> None:
+    """Fill the replica's replay sessions with other attempts' (paused, so no call of theirs
+    reaches the policy server: each is refused 429 once its session is built)."""
+    url = f"{replicas.replica_urls[instance]}/rollouts/{rollout_id}/v1/completions"
+    limit = asyncio.Semaphore(8)
+
+    async def filler(http: httpx.AsyncClient, attempt: int) -> None:
+        async with limit:
+            await ask(http, url, replaying_token(rollout_id, attempt), "filler", ok=429)
+
+    with replicas.replica_admin(instance) as admin:
+        assert admin.post("/admin/pause", json={"mode": "reject"}).status_code == 200
+        try:
+            async with httpx.AsyncClient(timeout=60) as http:
+                attempts = range(100, 100 + REPLAY_SESSIONS)
+                await asyncio.gather(*(filler(http, attempt) for attempt in attempts))
+        finally:
+            assert admin.post("/admin/resume", json={}).status_code == 200
+
+
+async def test_a_replay_across_replicas_serves_each_record_once_and_none_after_a_live_call(
+    replicas: ReplicatedStack,
+) -> None:
+    rollout_id = await replicas.start_idle_rollout("replicas-replay")
+    assert replicas.balancer is not None
+    url = f"{replicas.gateway_url}/rollouts/{rollout_id}/v1/completions"
+    recorded = ["same"] * 6 + [f"p{i}" for i in range(6)]
+    replay = replaying_token(rollout_id, 2)
+    a, b = replicas.instances
+    # The policy server serves the version the replicas are at (earlier tests move it).
+    with replicas.replica_admin(a) as admin:
+        version = admin.get("/admin/state").json()["policy_version"]
+    await asyncio.to_thread(replicas.load_policy_version, version)
+    async with httpx.AsyncClient(timeout=60) as http:
+        for prompt in recorded:
+            assert await ask(http, url, replicas.token(rollout_id), prompt) is None
+
+        async def concurrently(*prompts: str) -> list[str | None]:
+            return list(await asyncio.gather(*(ask(http, url, replay, p) for p in prompts)))
+
+        # Round-robin: each replica builds its session, then serves a "same" the other's
+        # session does not know was served.
+        assert None not in [await ask(http, url, replay, p) for p in ("p0", "p1", "same", "same")]
+        assert None not in await concurrently("same", "same")
+        await evict_replay_sessions(replicas, a, rollout_id)
+        assert None not in await concurrently("same", "same")
+        # Both replicas served from the record, each without knowing what the other served.
+        for instance in replicas.instances:
+            with replicas.replica_admin(instance) as admin:
+                metrics = admin.get("/metrics").text
+            replayed = sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in metrics.splitlines()
+                if line.startswith("darl_gateway_replayed_calls_total{")
+            )
+            assert replayed >= 1, instance
+        await asyncio.to_thread(replicas.restart_replica, b, 1.0, True)
+        await asyncio.to_thread(replicas.balancer.wait_all_up)
+        assert None not in await concurrently("p2", "p3")
+        # A request the record lacks goes live; after it, on either replica, nothing more is
+        # served from the record, though one replica's session has not heard of it.
+        assert await ask(http, url, replay, "new") is None
+        after_live = [await ask(http, url, replay, p) for p in ("p4", "p5")]
+    log = (replicas.root / "logs" / f"{a}.log").read_text()
+    assert log.count(f"{rollout_id} attempt 2 replays") >= 2  # built, evicted, rebuilt
+
+    # Counting from the store: no recorded call served twice, none after the first live call.
+    records = await replicas.store().read(rollout_id, 2)
+    originals = {r.call_id for r in await replicas.store().read(rollout_id, 1)}
+    reproduced = Counter(r.replayed_from for r in records if r.replayed_from is not None)
+    assert [call for call, n in reproduced.items() if n > 1] == []
+    assert set(reproduced) <= originals
+    first_live = min(r.sequence for r in records if r.replayed_from is None)
+    assert [r.sequence for r in records if r.replayed_from and r.sequence > first_live] == []
+    assert after_live == [None, None]
+    assert (len(reproduced), len(records)) == (10, 13)
+    await replicas.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
 
 
 @pytest.mark.timeout(600)
