@@ -7,6 +7,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from tests.integration.stack import Stack
+from tests.integration.training_stack import start_training_stack
 
 
 @pytest.fixture(scope="module")
@@ -17,3 +18,12 @@ def stack(
     running = Stack(Path(tmp_path_factory.mktemp("stack")), dev_env.client).start()
     yield running
     running.stop()
+
+
+@pytest.fixture
+def training_stack(dev_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[Stack]:
+    """Policy server (the digits model), gateway, rollout worker, agent service and one
+    trainer worker, for one test."""
+    stack = start_training_stack(tmp_path, dev_env.client)
+    yield stack
+    stack.stop()

@@ -10,29 +10,20 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from temporalio.testing import WorkflowEnvironment
 
 from darl.deploy.progress import HEADER
 from tests.conftest import BIN
 from tests.integration.stack import Stack
-from tests.integration.training_stack import start_training_stack, training_config
+from tests.integration.training_stack import training_config
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).parents[2]
 TIMEOUT = 120
-
-
-@pytest.fixture
-def training_stack(dev_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[Stack]:
-    stack = start_training_stack(tmp_path, dev_env.client)
-    yield stack
-    stack.stop()
 
 
 def temporal(stack: Stack, *args: str) -> dict | list | str:

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from temporalio.testing import WorkflowEnvironment
 
 from darl.deploy.devstack import connect_when_ready, register_search_attributes
 from darl.deploy.temporal_connection import connect
@@ -34,13 +33,6 @@ from tests.integration.training_stack import (
 pytestmark = pytest.mark.integration
 
 RUN_TIMEOUT = 150
-
-
-@pytest.fixture
-def training_stack(dev_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[Stack]:
-    stack = start_training_stack(tmp_path, dev_env.client)
-    yield stack
-    stack.stop()
 
 
 async def test_a_trainer_killed_in_train_step_loses_and_repeats_no_step(

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from temporalio.testing import WorkflowEnvironment
 
 from darl.examples.digits.task import TEST
 from darl.trainer.run_files import read_metrics
@@ -20,7 +18,6 @@ from tests.integration.training_stack import (
     check_finished_run,
     served_versions,
     start_training,
-    start_training_stack,
     training_config,
     training_result,
 )
@@ -34,13 +31,6 @@ def pooled(records: list[StepRecord]) -> tuple[float, float, int]:
     mean = sum(r.reward_mean * r.rollouts for r in records) / n
     second = sum((r.reward_std**2 + r.reward_mean**2) * r.rollouts for r in records) / n
     return mean, second - mean**2, n
-
-
-@pytest.fixture
-def training_stack(dev_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[Stack]:
-    stack = start_training_stack(tmp_path, dev_env.client)
-    yield stack
-    stack.stop()
 
 
 async def test_the_digits_model_learns(training_stack: Stack):

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from google.protobuf.message import Message
-from temporalio.testing import WorkflowEnvironment
 
 from darl.workflows.contracts import LocalAgentSpec, RolloutTimeouts
 from darl.workflows.training_config import RolloutSettings
@@ -23,7 +22,6 @@ from tests.integration.stack import Stack
 from tests.integration.training_stack import (
     check_finished_run,
     start_training,
-    start_training_stack,
     training_config,
     training_result,
 )
@@ -50,13 +48,6 @@ def swe_row(i: int, rng: random.Random) -> dict:
         "test_patch": "".join(rng.choice("ghijkl\n") for _ in range(30_000)),
     }
     return {**row, "fingerprint": fingerprint(row)}
-
-
-@pytest.fixture
-def training_stack(dev_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[Stack]:
-    stack = start_training_stack(tmp_path, dev_env.client)
-    yield stack
-    stack.stop()
 
 
 async def test_a_run_with_real_size_rows_and_reports_trains_every_step(training_stack: Stack):

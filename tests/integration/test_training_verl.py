@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -17,7 +16,6 @@ import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
-from temporalio.testing import WorkflowEnvironment
 
 from darl.trainer.run_files import read_metrics
 from darl.trainer.verl_backend import ACTOR_DIR, HF_DIR
@@ -26,7 +24,6 @@ from tests.integration.training_stack import (
     check_finished_run,
     served_versions,
     start_training,
-    start_training_stack,
     training_config,
     training_result,
 )
@@ -50,13 +47,6 @@ VERL_ON_CPU = {
     "ray_kwargs.ray_init.num_cpus": 2,
     "+ray_kwargs.ray_init.include_dashboard": False,
 }
-
-
-@pytest.fixture
-def training_stack(dev_env: WorkflowEnvironment, tmp_path: Path) -> Iterator[Stack]:
-    stack = start_training_stack(tmp_path, dev_env.client)
-    yield stack
-    stack.stop()
 
 
 def descendants(pid: int) -> list[psutil.Process]:
