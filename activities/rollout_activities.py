@@ -30,6 +30,7 @@ from darl.activities.runners.base import AgentRunner, agent_heartbeat_interval
 from darl.activities.sandbox import GradingError, SandboxSpecError
 from darl.activities.sandbox.grading import check_grader
 from darl.workflows.contracts import (
+    CLOSE_LISTED,
     AgentExit,
     AgentHandle,
     AgentScore,
@@ -270,8 +271,9 @@ class RolloutActivities:
             calls = closed.events
             agent_exit = agent_exit.model_copy(
                 update={
-                    "infra_incidents": closed.incidents,
-                    "failed_calls": closed.failed_calls,
+                    "infra_incidents": closed.incidents[:CLOSE_LISTED],
+                    "failed_calls": closed.failed_calls[:CLOSE_LISTED],
+                    "failed_call_count": len(closed.failed_calls),
                     "calls": calls or [],
                     "replay": closed.replay,
                 }

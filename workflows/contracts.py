@@ -761,6 +761,11 @@ class GradeReport(Contract):
     log_tail: str = ""
 
 
+# The most failed calls, and incidents, an attempt's close hands its workflow (each a line of
+# up to a few KB; an agent can make thousands of calls that fail): AgentExit stays in budget.
+CLOSE_LISTED = 16
+
+
 class AgentExit(Contract):
     """How an attempt's agent ended. `exit_code` 0 means it finished its work."""
 
@@ -774,8 +779,10 @@ class AgentExit(Contract):
     # recorded it when the attempt was closed: a 5xx it answered the agent, an outage of the
     # gateway. An agent that failed with any of these failed because of DARL (rule 7).
     infra_incidents: list[str] = Field(default_factory=list)
-    # The attempt's model calls that got no answer, as the gateway recorded them.
+    # The attempt's model calls that got no answer, as the gateway recorded them: the first
+    # CLOSE_LISTED of them, and how many there were (None from workers before the count).
     failed_calls: list[str] = Field(default_factory=list)
+    failed_call_count: int | None = None
     # Every call event of the attempt the gateway had recorded when it closed it (rule 1: the
     # close reads them from the store), unless there were too many: then the gateway signalled
     # them and this is empty. The workflow merges them as it merges a `model_calls` signal.

@@ -153,8 +153,10 @@ class RolloutWorkflow:
         self._exit_code: int | None = None
         self._error: str | None = None
         self._metadata: dict[str, Any] = {}
-        # The final attempt's model calls that got no answer (status, protocol, error).
+        # The final attempt's model calls that got no answer (status, protocol, error; the
+        # first few) and how many there were.
         self._failed_calls: list[str] = []
+        self._failed_call_count = 0
         # The latest call received (highest attempt, then sequence): its version is the
         # rollout's last serving version, DarlPolicyVersion.
         self._last_call: ModelCallEvent | None = None
@@ -352,6 +354,8 @@ class RolloutWorkflow:
         failed while DARL was unavailable to it gets a fresh attempt (rule 7)."""
         self._exit_code = agent_exit.exit_code
         self._failed_calls = list(agent_exit.failed_calls)
+        count = agent_exit.failed_call_count
+        self._failed_call_count = len(self._failed_calls) if count is None else count
         report = merged(self._reports.get(attempt), agent_exit.report)
         reward_spec = self._spec.reward
         if reward_spec.grader is not None:
@@ -656,7 +660,7 @@ class RolloutWorkflow:
             duplicate_signals=self._duplicate_signals,
             stale_signals=self._stale_signals,
             metadata=self._metadata,
-            failed_calls=len(self._failed_calls),
+            failed_calls=self._failed_call_count,
             failed_call_errors=self._failed_calls[:FAILED_CALLS_SHOWN],
             replayed_calls=self._replayed_calls(),
             replay_diverged_at=self._replay.diverged_at if self._replay is not None else None,

@@ -1,10 +1,12 @@
 """An agent whose prompts do not fit the policy's context: one through the Anthropic SDK (from
-ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY), one through the OpenAI SDK; both are refused (400).
-It then makes one call that fits and reports reward 0.5."""
+ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY), one through the OpenAI SDK, and FLOOD more through the
+OpenAI SDK (0 unless set); all are refused (400). It then makes one call that fits and reports
+reward 0.5."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 
 import anthropic
@@ -27,6 +29,9 @@ async def main() -> None:
         await chat.responses.create(model="m", input=TOO_LONG, max_output_tokens=4)
     except openai.BadRequestError as err:
         print("refused:", err.status_code, err.body)
+    for _ in range(int(os.environ.get("FLOOD", "0"))):
+        with contextlib.suppress(openai.BadRequestError):
+            await chat.responses.create(model="m", input=TOO_LONG, max_output_tokens=4)
     await chat.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2
     )

@@ -17,8 +17,15 @@ import httpx
 import openai
 import pytest
 
+from darl.deploy.temporal_connection import DATA_CONVERTER
 from darl.gateway.store.record import CallRecord
-from darl.workflows.contracts import LocalAgentSpec, RewardSpec, RolloutSpec, RolloutTimeouts
+from darl.workflows.contracts import (
+    CLOSE_LISTED,
+    LocalAgentSpec,
+    RewardSpec,
+    RolloutSpec,
+    RolloutTimeouts,
+)
 from darl.workflows.rollout_status import RolloutStatus
 from tests.integration.protocol_checks import (
     ADD_SCHEMA,
@@ -271,6 +278,37 @@ async def test_failed_calls_are_recorded_and_counted(stack: Stack) -> None:
     assert failed[1].error.startswith("This model's maximum context length is 2048 tokens"), failed
     assert all(f.latency_ms > 0 and f.retry_count == 0 for f in failed)
     assert [r.call_id for r in records_of(stack, spec.rollout_id)] == result.call_ids
+
+
+async def test_an_attempt_that_fails_many_calls_hands_its_workflow_the_first_few(stack: Stack):
+    """An agent can make thousands of calls that fail: its close hands the workflow the first
+    CLOSE_LISTED and their count (await_agent's result stays within its budget), and the
+    rollout counts them all."""
+    flood = 3 * CLOSE_LISTED
+    spec = RolloutSpec(
+        run_id="failed-calls",
+        rollout_id=f"flood-{uuid.uuid4().hex[:8]}",
+        task={},
+        agent=LocalAgentSpec(
+            command=["{python}", "-m", "tests.agents.too_long_agent"],
+            cwd=str(ROOT),
+            env={"FLOOD": str(flood)},
+        ),
+        timeouts=RolloutTimeouts(agent_seconds=120),
+    )
+    handle = await stack.start_rollout(spec)
+    result = await asyncio.wait_for(handle.result(), 180)
+    assert result.status == RolloutStatus.SUCCEEDED, result.error
+    assert result.failed_calls == flood + 2 and len(result.failed_call_errors) == 5
+    converter = DATA_CONVERTER.payload_converter
+    exits = [
+        converter.from_payloads(event.activity_task_completed_event_attributes.result.payloads)[0]
+        async for event in handle.fetch_history_events()
+        if event.HasField("activity_task_completed_event_attributes")
+    ]
+    (agent_exit,) = [e for e in exits if isinstance(e, dict) and "failed_calls" in e]
+    assert len(agent_exit["failed_calls"]) == CLOSE_LISTED
+    assert agent_exit["failed_call_count"] == flood + 2
 
 
 # --- the example agents, unchanged SDK programs -------------------------------------------
