@@ -462,7 +462,7 @@ REPORTS_PER_ATTEMPT = 32
 # The most model calls one attempt makes: each is an event of a few hundred bytes in its
 # rollout's history (and a call id in its result), across up to 20 attempts (the gateway
 # refuses the next call with a 400 `calls_exhausted`).
-MAX_CALLS_PER_ATTEMPT = 4096
+MAX_CALLS_PER_ATTEMPT = 2048
 
 
 class AgentReport(Contract):
