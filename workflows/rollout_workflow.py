@@ -87,6 +87,12 @@ BRIEF_STATUSES = frozenset({RolloutStatus.LAUNCHING, RolloutStatus.SCORING})
 # the attempt and score it. Without: the workflow keeps a timer, and await_agent enforces its
 # own deadline this long after it, in case the workflow cannot cancel it (its workers down).
 RUNNER_DEADLINE_GRACE = timedelta(seconds=60)
+# A rollout starts another attempt only while its history is at most this (rule 12): an
+# attempt at its bounds (the spec in each activity's input, 32 reports, 2,048 call events,
+# its close) adds well under 10 MiB, and Temporal ends a history past 50 MB.
+HISTORY_FOR_ANOTHER_ATTEMPT = 32 * 2**20
+# How much of each incident an infra failure's error quotes.
+INCIDENT_CHARS = 500
 # How many failed model calls a RolloutResult says in words (it counts them all).
 FAILED_CALLS_SHOWN = 5
 # The report's local activity: each try is a signal's round trip (batched), retried while the
@@ -189,7 +195,7 @@ class RolloutWorkflow:
         try:
             for attempt in range(1, spec.max_attempts + 1):
                 retry = await self._run_attempt(attempt)
-                if not retry or attempt == spec.max_attempts:
+                if not retry or attempt == spec.max_attempts or self._history_spent():
                     break
                 self._hand_on_record(attempt)
                 await workflow.sleep(timedelta(seconds=spec.timeouts.retry_backoff_seconds))
@@ -206,6 +212,20 @@ class RolloutWorkflow:
         result = self._result(started)
         await self._report(result)
         return result
+
+    def _history_spent(self) -> bool:
+        """Whether the history has no room for another attempt (rule 12): each can add a few
+        MB (its inputs carry the spec; reports, call events, its close), and Temporal ends a
+        workflow whose history passes 50 MB, losing its report. The rollout ends with the
+        failure it has, saying so, instead."""
+        size = workflow.info().get_current_history_size()
+        if size <= HISTORY_FOR_ANOTHER_ATTEMPT:
+            return False
+        self._error = (
+            f"{self._error}; no attempt after {self._attempt}: the rollout's history holds "
+            f"{size / 2**20:.1f} MiB of the 50 MB Temporal allows"
+        )
+        return True
 
     async def _run_attempt(self, attempt: int) -> bool:
         """Run one attempt to its end. Returns True when it failed for infra reasons."""
@@ -409,7 +429,8 @@ class RolloutWorkflow:
         attempt is an infra failure and is retried (returns True)."""
         incidents = agent_exit.infra_incidents
         if incidents:
-            shown = "; ".join(incidents[:3]) + ("; ..." if len(incidents) > 3 else "")
+            shown = "; ".join(i[:INCIDENT_CHARS] for i in incidents[:3])
+            shown += "; ..." if len(incidents) > 3 else ""
             return self._infra_failure(f"{why}, while DARL was unavailable to it: {shown}")
         self._finish_as(RolloutStatus.FAILED_AGENT, why)
         return False

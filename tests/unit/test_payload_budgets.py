@@ -15,19 +15,35 @@ from typing import Any
 
 import pytest
 
+from darl.activities.rollout_activities import RETURNED_EVENTS_CAP
+from darl.activities.runners.base import LOG_TAIL_BYTES
+from darl.activities.sandbox.changes import DIFF_CAP_BYTES
+from darl.activities.sandbox.outcomes import FAILED_SHOWN
+from darl.activities.sandbox.preparation import PATHS_SHOWN
 from darl.activities.trainer_reports import MAX_BATCH_BYTES, MAX_BATCH_RESULTS
 from darl.deploy.temporal_connection import DATA_CONVERTER
+from darl.gateway.calls.delivery import SIGNAL_BATCH
 from darl.workflows.contracts import (
+    CLOSE_LISTED,
+    MAX_CALLS_PER_ATTEMPT,
     OUTCOME_ERROR_CHARS,
+    REPORT_MAX_BYTES,
     SPEC_MAX_BYTES,
     TASK_MAX_BYTES,
+    AgentExit,
+    AgentReport,
+    AgentScore,
+    GradeReport,
     HttpAgentSpec,
     LaunchRequest,
+    ModelCallEvent,
     PrefixSpec,
+    ReplayOutcome,
     RolloutMode,
     RolloutOutcome,
     RolloutResult,
     RolloutSpec,
+    TrajectorySummary,
 )
 from darl.workflows.rollout_status import RolloutStatus
 from darl.workflows.training_config import (
@@ -308,6 +324,136 @@ def rollout_spec() -> RolloutSpec:
     return spec.model_copy(update={"task": {"blob": "t" * room}})
 
 
+# --- a rollout's own payloads -----------------------------------------------------------------
+
+ROLLOUT_ID = "r" * 200  # ROLLOUT_ID_PATTERN's longest
+REPORT_HALF = REPORT_MAX_BYTES // 2 - 64
+
+
+def call_event(sequence: int) -> ModelCallEvent:
+    """A call event with its strings long: the rollout id at its longest, an upstream URL and
+    a store directory of 512 characters each."""
+    return ModelCallEvent(
+        call_id="f" * 32,
+        rollout_id=ROLLOUT_ID,
+        attempt=20,
+        sequence=sequence,
+        endpoint="chat.completions",
+        upstream="http://" + "u" * 505,
+        policy_version=BIG,
+        prompt_tokens=BIG,
+        completion_tokens=BIG,
+        finish_reason="content_filter",
+        latency_ms=1e9 / 3,
+        http_status=200,
+        retry_count=BIG,
+        streamed=True,
+        record_ref="/" + "d" * 511 + f"/{ROLLOUT_ID}/attempt-20.jsonl#{sequence}",
+        replayed_from="f" * 32,
+    )
+
+
+def report() -> AgentReport:
+    """A report at its budget (REPORT_MAX_BYTES), half answer and half metadata."""
+    return AgentReport(
+        attempt=20, reward=1 / 3, answer="a" * REPORT_HALF, metadata={"m": "m" * REPORT_HALF}
+    )
+
+
+def grade() -> GradeReport:
+    """A grader's verdict at its bounds: the diff at its cap, the log's tail, the paths shown
+    at the longest a path can be, the failed tests shown with ids of 1 KB."""
+    paths = [PATH] * PATHS_SHOWN + ["... and 1000000 more"]
+    return GradeReport(
+        reward=1 / 3,
+        reason="r" * 4096,
+        tests=BIG,
+        passed=BIG,
+        failed_tests=["t" * 1024] * FAILED_SHOWN,
+        restored=paths,
+        removed=paths,
+        exit_code=BIG,
+        timed_out=True,
+        seconds=1e9 / 3,
+        diff="d" * DIFF_CAP_BYTES,
+        diff_truncated=True,
+        log_tail="l" * LOG_TAIL_BYTES,
+    )
+
+
+def call_ids() -> list[str]:
+    return ["f" * 32] * MAX_CALLS_PER_ATTEMPT
+
+
+def rollout_result() -> RolloutResult:
+    """A rollout's result at its bounds (answer and metadata and the agent's claim at once,
+    which no rollout has: one or the other)."""
+    claim = report()
+    return RolloutResult(
+        run_id=ROLLOUT_ID,
+        rollout_id=ROLLOUT_ID,
+        group_id=ROLLOUT_ID,
+        mode=RolloutMode.TRAIN,
+        status=RolloutStatus.FAILED_INFRA,
+        reward=1 / 3,
+        answer=claim.answer,
+        attempts=20,
+        calls=MAX_CALLS_PER_ATTEMPT,
+        prompt_tokens=BIG,
+        completion_tokens=BIG,
+        policy_versions=list(range(BIG, BIG + MAX_CALLS_PER_ATTEMPT)),
+        call_ids=call_ids(),
+        events_digest=DIGEST,
+        exit_code=BIG,
+        error="agent exited with 1; log tail:\n" + "l" * LOG_TAIL_BYTES,
+        duration_seconds=1e9 / 3,
+        duplicate_signals=BIG,
+        stale_signals=BIG,
+        metadata=claim.metadata,
+        failed_calls=BIG,
+        failed_call_errors=["400 (responses): " + "e" * 300] * 5,
+        replayed_calls=BIG,
+        replay_diverged_at=BIG,
+        prefix_calls=BIG,
+        prefix_diverged_at=BIG,
+        grade=grade(),
+        agent_claim=claim,
+    )
+
+
+def agent_exit() -> AgentExit:
+    """await_agent's result at its bounds: a report, the close's events (RETURNED_EVENTS_CAP),
+    its listed failures and incidents, the score's summary and a grade."""
+    summary = TrajectorySummary(
+        rollout_id=ROLLOUT_ID,
+        attempt=20,
+        calls=MAX_CALLS_PER_ATTEMPT,
+        prompt_tokens=BIG,
+        completion_tokens=BIG,
+        call_ids=call_ids(),
+        exit_code=BIG,
+        reported_reward=1 / 3,
+        metadata=report().metadata,
+    )
+    return AgentExit(
+        exit_code=BIG,
+        timed_out=True,
+        oom_killed=True,
+        report=report(),
+        log_tail="l" * LOG_TAIL_BYTES,
+        infra_incidents=["i" * 4096] * CLOSE_LISTED,
+        failed_calls=["400 (responses): " + "e" * 300] * CLOSE_LISTED,
+        failed_call_count=BIG,
+        calls=[call_event(i) for i in range(RETURNED_EVENTS_CAP)],
+        score=AgentScore(answer=report().answer, summary=summary, reward=1 / 3, error="e" * 4096),
+        replay=ReplayOutcome(
+            sources=list(range(20)), recorded=BIG, replayed=BIG, normalized=BIG, diverged_at=BIG
+        ),
+        grade=grade(),
+        grade_error="g" * 4096,
+    )
+
+
 def worst_cases() -> Iterator[Case]:
     for size in (1, 2, 8, 64):
         yield Case(
@@ -326,6 +472,14 @@ def worst_cases() -> Iterator[Case]:
         lambda: [f"{group_id(i)}.0" for i in range(MAX_HELD)],
     )
     yield Case("RolloutWorkflow input (its spec)", SPEC_MAX_BYTES + 4 * 1024, rollout_spec)
+    yield Case("RolloutWorkflow result", PAYLOAD_LIMIT, rollout_result)
+    yield Case("await_agent result", PAYLOAD_LIMIT, agent_exit)
+    yield Case(
+        "model_calls signal (SIGNAL_BATCH events)",
+        PAYLOAD_LIMIT,
+        lambda: [call_event(i) for i in range(SIGNAL_BATCH)],
+    )
+    yield Case("agent_result signal (a report)", REPORT_MAX_BYTES + 1024, report)
     yield Case(
         "launch_agent input",
         SPEC_MAX_BYTES + 8 * 1024,

@@ -121,3 +121,26 @@ async def test_a_spec_that_does_not_validate_fails_at_once(
     assert "rollout_id" in cause.message and "Field required" in cause.message
     assert "exactly one of 'command' and 'entrypoint'" in cause.message
     assert stubs.launches == []
+
+
+async def test_a_rollout_stops_retrying_before_its_history_outgrows_temporals_limit(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """Attempts failed by DARL, each leaving ~1.9 MB in the history (incidents at the edge
+    of a payload): the rollout ends with its failure once another attempt could carry the
+    history past Temporal's 50 MB, where the server would have ended it, report and all."""
+    big = OUTAGE + "; " + "x" * 1_900_000
+    stubs = StubAgents()
+    stubs.exits = {a: AgentExit(exit_code=1, infra_incidents=[big]) for a in range(1, 21)}
+    stubs.release.set()
+    async with stub_worker(time_skipping_env, stubs) as queue:
+        handle = await start(time_skipping_env, retrying_spec(max_attempts=20), queue)
+        result = await asyncio.wait_for(handle.result(), TIMEOUT * 4)
+        size = (await handle.describe()).raw_description.workflow_execution_info.history_size_bytes
+    assert result.status == RolloutStatus.FAILED_INFRA
+    assert 2 < result.attempts < 20, result.attempts
+    assert f"no attempt after {result.attempts}: the rollout's history holds" in (
+        result.error or ""
+    )
+    assert size < 50 * 1024 * 1024
+    assert len(result.error or "") < 2_000  # the incidents it quotes, cut
