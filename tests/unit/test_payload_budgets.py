@@ -39,6 +39,7 @@ from darl.workflows.contracts import (
     ModelCallEvent,
     PrefixSpec,
     ReplayOutcome,
+    RewardRequest,
     RolloutMode,
     RolloutOutcome,
     RolloutResult,
@@ -480,6 +481,20 @@ def worst_cases() -> Iterator[Case]:
         lambda: [call_event(i) for i in range(SIGNAL_BATCH)],
     )
     yield Case("agent_result signal (a report)", REPORT_MAX_BYTES + 1024, report)
+    yield Case(
+        "compute_reward input",
+        SPEC_MAX_BYTES + 256 * 1024,
+        lambda: RewardRequest(
+            spec=rollout_spec(),
+            answer=report().answer,
+            summary=agent_exit().score.summary,  # type: ignore[union-attr]
+        ),
+    )
+    yield Case(
+        "metrics query (the step records kept)",
+        PAYLOAD_LIMIT // 4,
+        lambda: carried(8).carried_state.recent_steps,  # type: ignore[union-attr]
+    )
     yield Case(
         "launch_agent input",
         SPEC_MAX_BYTES + 8 * 1024,
