@@ -16,6 +16,7 @@ Code branches on the class (`isinstance`), never on the code string.
         │   ├── InvalidResultError                invalid_result
         │   ├── InvalidEventError                 invalid_event
         │   ├── TooManyReportsError               too_many_reports
+        │   ├── CallsExhaustedError               calls_exhausted
         │   └── ContextLengthExceededError        context_length_exceeded
         ├── UnauthorizedError               401   invalid_token
         ├── ForbiddenError                  403   forbidden
@@ -123,6 +124,13 @@ class TooManyReportsError(BadRequestError):
     """An attempt's report past the most it may send (REPORTS_PER_ATTEMPT)."""
 
     code = "too_many_reports"
+
+
+class CallsExhaustedError(BadRequestError):
+    """A model call of an attempt that has made MAX_CALLS_PER_ATTEMPT of them: no retry helps
+    (OpenAI's and Anthropic's SDKs do not retry a 400)."""
+
+    code = "calls_exhausted"
 
 
 class ContextLengthExceededError(BadRequestError):

@@ -138,6 +138,7 @@ class ModelCallProxy:
         try:
             # A finished attempt takes nothing, not even a failed call.
             await self.registry.check_open(claims.rollout_id, claims.attempt)
+            self.registry.check_budget(claims.rollout_id, claims.attempt)
             translation = await spoken.of(body, claims, self.store) if spoken else None
             if translation is not None:
                 body = translation.chat

@@ -12,6 +12,14 @@ are refused before any policy server is called, by whichever replica they reach:
 closed mark is looked at again on every call (a stat on the directory store, ~7 us), or once
 per `closed_recheck_seconds` where looking costs a request; a call that looked before a close
 and writes after it is refused by the store itself (`record_call`).
+
+An attempt makes at most MAX_CALLS_PER_ATTEMPT model calls, replayed ones included: the store
+refuses the append that would take the sequence past them, so the budget holds exactly across
+replicas (`check_append`), and a gateway that has seen the store give out the last one (or
+refuse the next) refuses the attempt's later calls before any policy server is asked
+(`check_budget`). A replica whose view lags (new to the attempt, or behind another
+replica's calls) finds out from the store: the calls it sent before that are generated and
+then refused, one for an agent that waits for each answer.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from darl.gateway.errors import (
     APIError,
+    CallsExhaustedError,
     ReportTooLargeError,
     RolloutFinishedError,
     RolloutSpecUnreadableError,
@@ -37,8 +46,9 @@ from darl.gateway.errors import (
     TooManyReportsError,
     UnknownRolloutError,
 )
-from darl.gateway.store.base import AttemptClosedError, TrajectoryStore
+from darl.gateway.store.base import AttemptClosedError, CallBudgetSpentError, TrajectoryStore
 from darl.gateway.store.record import CallRecord
+from darl.workflows import contracts
 from darl.workflows.contracts import (
     REPORTS_PER_ATTEMPT,
     AgentReport,
@@ -58,6 +68,13 @@ def rollout_closed(rollout_id: str) -> APIError:
 def attempt_closed(rollout_id: str, attempt: int) -> APIError:
     return RolloutFinishedError(
         f"attempt {attempt} of rollout {rollout_id} has ended; it takes no more calls"
+    )
+
+
+def calls_exhausted(rollout_id: str, attempt: int) -> APIError:
+    return CallsExhaustedError(
+        f"attempt {attempt} of rollout {rollout_id} made its "
+        f"{contracts.MAX_CALLS_PER_ATTEMPT:,} model calls, the most an attempt may make"
     )
 
 
@@ -118,6 +135,8 @@ class RolloutRegistry:
         self._started: _Bounded = _Bounded(SPECS_REMEMBERED)
         # Reports signalled per attempt ((rollout id, attempt) -> count).
         self._reports_sent: _Bounded = _Bounded(remembered)
+        # The sequence the store gives the attempt's next call, as this process last saw it.
+        self._next_sequence: _Bounded = _Bounded(remembered)
 
     async def check_open(self, rollout_id: str, attempt: int) -> None:
         """Raise 404/409 unless the rollout's workflow runs and this attempt has not ended."""
@@ -196,6 +215,7 @@ class RolloutRegistry:
         self._closed.put((rollout_id, attempt), True)
         self._unmarked.pop((rollout_id, attempt), None)
         self._closed_elsewhere.pop((rollout_id, attempt), None)
+        self._next_sequence.pop((rollout_id, attempt), None)
 
     def is_closed(self, rollout_id: str, attempt: int) -> bool:
         """Whether this process knows the attempt ended (no look at the store)."""
@@ -226,16 +246,29 @@ class RolloutRegistry:
         """Append a call of its attempt to the store, unless the attempt ended: 409 when this
         gateway knows it, or when the store finds the close under the append's own lock (a
         close that came while the call was on its way; `ended` alone cannot tell, as the
-        close may land between its look and the write)."""
+        close may land between its look and the write); 400 `calls_exhausted` when the
+        attempt holds MAX_CALLS_PER_ATTEMPT calls."""
         key = (record.rollout_id, record.attempt)
         if await self.ended(*key):
             raise attempt_closed(*key)
         try:
-            return await self._store.append(record)
+            stored = await self._store.append(record)
         except AttemptClosedError as err:
             if key not in self._closed:
                 self._found_closed(key)
             raise attempt_closed(*key) from err
+        except CallBudgetSpentError as err:
+            self._next_sequence.put(key, contracts.MAX_CALLS_PER_ATTEMPT)
+            raise calls_exhausted(*key) from err
+        self._next_sequence.put(key, max(stored.sequence + 1, self._next_sequence.get(key, 0)))
+        return stored
+
+    def check_budget(self, rollout_id: str, attempt: int) -> None:
+        """Raise 400 `calls_exhausted` when the store has given out the attempt's last call
+        as far as this process saw (no look at the store: its append decides, see the
+        module's docstring)."""
+        if self._next_sequence.get((rollout_id, attempt), 0) >= contracts.MAX_CALLS_PER_ATTEMPT:
+            raise calls_exhausted(rollout_id, attempt)
 
     async def _handed_over(self, rollout_id: str, attempt: int) -> bool:
         """Whether another process closed the attempt: its close read the attempt's events

@@ -33,6 +33,11 @@ class AttemptClosedError(AppendRefusedError):
     """The attempt was closed (`mark_closed`) before the call could be written."""
 
 
+class CallBudgetSpentError(AppendRefusedError):
+    """The attempt holds MAX_CALLS_PER_ATTEMPT calls: the sequence the call would take is past
+    its budget."""
+
+
 class AlreadyReplayedError(AppendRefusedError):
     """A replayed call (rule 10) whose recorded call a call of the attempt reproduces already:
     a recorded call is served at most once. `reproduced`: every recorded call the attempt's
@@ -52,7 +57,8 @@ class TrajectoryStore(Protocol):
     async def append(self, record: CallRecord) -> CallRecord:
         """Durably add a call; the store assigns `sequence`. Returns the record as stored.
         Only then may the gateway signal the call and answer the agent. Raises
-        `AttemptClosedError` once `mark_closed` ran for the attempt; for a record that
+        `AttemptClosedError` once `mark_closed` ran for the attempt, `CallBudgetSpentError`
+        when the attempt holds MAX_CALLS_PER_ATTEMPT calls already; for a record that
         reproduces a recorded call (`replayed_from`), `AlreadyReplayedError` when the
         attempt holds a call that reproduces it, `ReplayOverError` when it holds a live call
         (nothing is written then)."""

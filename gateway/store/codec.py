@@ -26,8 +26,14 @@ from darl.gateway.protocols.chat.capture import with_prompt_token_ids
 from darl.gateway.protocols.chat.prompt_ids import RawTokenIds, token_ids_list
 from darl.gateway.protocols.chat.protocol import CHAT, Endpoint
 from darl.gateway.protocols.chat.sent_messages import SentMessages
-from darl.gateway.store.base import AlreadyReplayedError, AttemptClosedError, ReplayOverError
+from darl.gateway.store.base import (
+    AlreadyReplayedError,
+    AttemptClosedError,
+    CallBudgetSpentError,
+    ReplayOverError,
+)
 from darl.gateway.store.record import CallRecord
+from darl.workflows import contracts
 
 FORMAT_VERSION = 1
 
@@ -168,11 +174,17 @@ class TailCache:
 
 def check_append(tail: Tail, record: CallRecord) -> None:
     """Raise what rules `record` out, given the attempt as `tail` has read it (under the
-    attempt's lock, or at the sequence the record is about to take): a close; for a replayed
-    call (rule 10), a call that reproduces its record already, or a live call."""
+    attempt's lock, or at the sequence the record is about to take): a close; a sequence past
+    the attempt's budget of calls, replayed ones included (read when called, so a test may
+    lower it); for a replayed call (rule 10), a call that reproduces its record already, or a
+    live call."""
     where = f"attempt {record.attempt} of rollout {record.rollout_id}"
     if tail.closed:
         raise AttemptClosedError(f"{where} was closed; call {record.call_id} was not recorded")
+    if tail.next_sequence >= contracts.MAX_CALLS_PER_ATTEMPT:
+        raise CallBudgetSpentError(
+            f"{where} holds {tail.next_sequence} calls; call {record.call_id} was not recorded"
+        )
     if record.replayed_from is None:
         return
     if record.replayed_from in tail.reproduced:
