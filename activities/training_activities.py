@@ -169,10 +169,12 @@ def committed_calls(
     records: list[CallRecord], rollout_id: str, calls: int, digest: str
 ) -> list[CallRecord]:
     """The calls a rollout's final attempt committed, from all its attempt's `records`: the
-    first `calls` by sequence (a call recorded after the attempt's close comes after them),
+    first `calls` by sequence (a call recorded after the attempt's close comes after them) of
+    those its agent received (an answer it never received is no part of its trajectory),
     checked against `digest`, the SHA-256 of their ids (`RolloutOutcome.events_digest`).
     KeyError when the store's record is not what the rollout committed."""
-    taken = sorted(records, key=lambda r: r.sequence)[:calls]
+    received = (r for r in records if not r.unreceived)
+    taken = sorted(received, key=lambda r: r.sequence)[:calls]
     found = hashlib.sha256("\n".join(r.call_id for r in taken).encode()).hexdigest()
     if len(taken) < calls or found != digest:
         raise KeyError(

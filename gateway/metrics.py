@@ -67,6 +67,26 @@ class GatewayMetrics:
             ["normalized"],
             registry=self.registry,
         )
+        self.unreceived_calls = Counter(
+            "darl_gateway_unreceived_calls",
+            "Answers recorded that their agent never received (it went away, or its attempt "
+            "ended, while the call was at the policy server): no part of the attempt's "
+            "trajectory, offered to the next attempt's replay (rule 10).",
+            registry=self.registry,
+        )
+        self.unreceived_replayed = Counter(
+            "darl_gateway_unreceived_replayed",
+            "Calls of resumed attempts answered from an answer an earlier attempt's agent never "
+            "received (generated once, received by this attempt's agent).",
+            registry=self.registry,
+        )
+        self.replay_waiting = Gauge(
+            "darl_gateway_replay_waiting",
+            "Calls of resumed attempts that the record does not hold, waiting for the calls of "
+            "the record's attempts still at a policy server (an answer their agent never "
+            "received may answer them).",
+            registry=self.registry,
+        )
         self.replay_divergences = Counter(
             "darl_gateway_replay_divergences",
             "Resumed attempts whose agent asked what the record does not hold while recorded "

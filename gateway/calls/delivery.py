@@ -13,6 +13,9 @@ end, so the workflow has every call before it scores. The close either answers w
 event of the attempt, read from the store (what the worker asks for: the events then reach the
 workflow in await_agent's result, at no signal's cost), or signals them all. The
 workflow drops duplicates by call id.
+
+An answer its agent never received (`CallRecord.unreceived`) has no event: it is no part of
+the attempt's trajectory, neither signalled nor returned by the close (see `recording`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ Key = tuple[str, int]
 SIGNAL_BATCH = 256
 # How many attempts' recovery the process remembers (see EventDelivery._recovered).
 RECOVERED_REMEMBERED = 100_000
+
+
+def committed(records: list[CallRecord]) -> list[CallRecord]:
+    """The records of the attempt's trajectory: every one but the answers their agents never
+    received."""
+    return [r for r in records if not r.unreceived]
 
 
 def event_of(record: CallRecord, ref: str) -> ModelCallEvent:
@@ -153,11 +162,12 @@ class EventDelivery:
         rollout_id, attempt = key
         async with box.lock:  # a flush under way finishes first
             records = await self._store.read(rollout_id, attempt)
-            if len(records) > most:
+            calls = committed(records)
+            if len(calls) > most:
                 return records, None
             # Queued events were recorded first: they are among the records.
             box.pending = []
-        return records, [event_of(r, self._store.ref(r)) for r in records]
+        return records, [event_of(r, self._store.ref(r)) for r in calls]
 
     async def _signal_all(self, key: Key, box: _Outbox) -> tuple[list[CallRecord], int]:
         """Signal every recorded event of the attempt, read from the store, in batches of
@@ -169,7 +179,7 @@ class EventDelivery:
         async with box.lock:
             records = await self._store.read(rollout_id, attempt)
             box.pending = []
-            events = [event_of(r, self._store.ref(r)) for r in records]
+            events = [event_of(r, self._store.ref(r)) for r in committed(records)]
             for start in range(0, len(events), SIGNAL_BATCH):
                 if not await self._signal(rollout_id, events[start : start + SIGNAL_BATCH]):
                     return records, start
@@ -256,7 +266,7 @@ class EventDelivery:
         records = await self._store.read(rollout_id, attempt)
         missing = [
             event_of(r, self._store.ref(r))
-            for r in records
+            for r in committed(records)
             if r.sequence > delivered and r.call_id not in queued
         ]
         if missing:

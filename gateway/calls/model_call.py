@@ -1,6 +1,9 @@
 """One agent call on its way through the gateway (`ModelCall`): what the gateway knows of it,
 from the body it forwards to the version that answered, and the record it becomes; and the
-watch on the agent's connection that cancels the call's upstream work when the agent leaves.
+watches on the agent's connection: one that cancels work done before the policy server is
+asked when the agent leaves, one that lets the policy server's answer come whatever the agent
+does and says whether the agent was still there (an answer it never received is recorded
+too, for the next attempt's replay: rule 10).
 """
 
 from __future__ import annotations
@@ -63,6 +66,26 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     return result
 
 
+async def to_the_end(request: Request, work: Awaitable[T]) -> tuple[T, bool]:
+    """Await `work` to its end whatever the agent does; returns its result and whether the
+    agent went away meanwhile (its connection reported a disconnect). The answer a policy
+    server was asked for is generated either way: kept, it spares the next attempt asking
+    again. `work` is bounded by its own deadline."""
+    left = False
+
+    async def watch() -> None:
+        nonlocal left
+        await _disconnected(request)
+        left = True
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        result = await work
+    finally:
+        watcher.cancel()
+    return result, left
+
+
 @dataclass
 class ModelCall:
     """One agent call on its way through the gateway."""
@@ -87,6 +110,9 @@ class ModelCall:
     prompt_ids_asked: bool = False
     # The chat messages as the agent sent them (not a translation's), for the store.
     sent_messages: SentMessages | None = None
+    # The agent went away (or its attempt ended) while the call was at the policy server: the
+    # answer is recorded unreceived (see `CallRecord.unreceived`).
+    unreceived: bool = False
 
     @property
     def protocol(self) -> str:
@@ -146,4 +172,5 @@ class ModelCall:
             protocol=self.protocol,
             exchange=self.translation.exchange if self.translation else {},
             sent_messages=self.sent_messages,
+            unreceived=self.unreceived,
         )

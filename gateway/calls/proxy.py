@@ -1,8 +1,10 @@
 """The capture pipeline of one model call (docs/architecture.md, rule 1): check the rollout,
 force what training needs (token ids, logprobs, model, temperature), forward to the rollout's
 policy server, write the full record to the trajectory store, queue its small event for the
-workflow (see `delivery`), and only then answer the agent. A streamed answer reaches the agent
-as it comes, except its final chunk, which is held back until the call is recorded.
+workflow (see `recording`), and only then answer the agent. A streamed answer reaches the agent
+as it comes, except its final chunk, which is held back until the call is recorded. An agent
+that goes away once its call is at the policy server leaves the answer to come and to be
+recorded unreceived, for the next attempt's replay (rule 10).
 
 The version recorded on a call is the one the policy server proved for the weights that
 answered (see `versions`, rule 8); an answer from weights behind the run's version is
@@ -15,7 +17,6 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -27,9 +28,12 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from darl.gateway import json_codec
-from darl.gateway.calls.delivery import EventDelivery, event_of
+from darl.gateway.calls.answer_pump import AnswerPump
+from darl.gateway.calls.delivery import EventDelivery
 from darl.gateway.calls.forwarding import Forwarder, UpstreamReply
-from darl.gateway.calls.model_call import ClientGone, ModelCall, unless_disconnected
+from darl.gateway.calls.in_flight import CallsInFlight
+from darl.gateway.calls.model_call import ClientGone, ModelCall, to_the_end, unless_disconnected
+from darl.gateway.calls.recording import CallRecorder
 from darl.gateway.calls.replay import ReplayBook
 from darl.gateway.calls.replayer import Replayer
 from darl.gateway.calls.rollouts import RolloutRegistry
@@ -52,7 +56,6 @@ from darl.gateway.protocols.chat.capture import (
     StreamAssembler,
     answer_as_asked,
     asked_for_prompt_ids,
-    require_token_ids,
     split_sse,
     sse_data,
 )
@@ -67,7 +70,6 @@ from darl.gateway.protocols.translation import (
     upstream_error_message,
 )
 from darl.gateway.store.base import TrajectoryStore
-from darl.gateway.store.record import FailedCall
 from darl.workflows.rollout_token import TokenClaims
 
 log = logging.getLogger(__name__)
@@ -115,8 +117,19 @@ class ModelCallProxy:
             model=settings.model,
             call_deadline_seconds=settings.call_deadline_seconds,
         )
+        self.in_flight = CallsInFlight()
+        self.recorder = CallRecorder(
+            store=store, registry=registry, delivery=delivery, metrics=metrics, replays=replays
+        )
         self.replayer = Replayer(
-            replays, store, registry, delivery, metrics, self.upstream_models.prompt_ids
+            replays,
+            store,
+            registry,
+            delivery,
+            metrics,
+            self.upstream_models.prompt_ids,
+            in_flight=self.in_flight,
+            wait_seconds=settings.call_deadline_seconds,
         )
 
     async def handle(
@@ -170,16 +183,18 @@ class ModelCallProxy:
                 # The store compares a conversation as sent, if the agent sent it as it is.
                 sent_messages=sent if isinstance(sent, SentMessages) else None,
             )
-            return await (self._streamed(call) if stream else self._whole(call))
+            with self.in_flight.holding(claims.rollout_id, claims.attempt):
+                return await (self._streamed(call) if stream else self._whole(call))
         except ClientGone:
-            log.info("agent of %s went away; upstream call cancelled", claims.rollout_id)
-            await self._failed(
+            kept = call is not None and call.unreceived and call.settled
+            log.info("agent of %s went away; answer kept unreceived: %s", claims.rollout_id, kept)
+            await self.recorder.failed(
                 claims, protocol, call, started, CLIENT_CLOSED, "the agent went away"
             )
             return Response(status_code=CLIENT_CLOSED)
         except APIError as err:
             if not isinstance(err, NOT_FAILURES):
-                await self._failed(claims, protocol, call, started, err.status, err.message)
+                await self.recorder.failed(claims, protocol, call, started, err.status, err.message)
             raise
 
     def force(
@@ -223,7 +238,9 @@ class ModelCallProxy:
             raise UpstreamError(f"policy server {call.upstream} answered non-JSON") from err
         # Once the policy server has answered, recording finishes even if the agent leaves,
         # so the store and the workflow never disagree.
-        await asyncio.shield(self._record(call, data, latency_ms, streamed=False))
+        await asyncio.shield(self.recorder.answered(call, data, latency_ms, streamed=False))
+        if call.unreceived:
+            raise ClientGone
         if call.translation is not None:
             answer = call.translation.answer(data, call.call_id)
             return Response(
@@ -243,40 +260,12 @@ class ModelCallProxy:
         if is_context_overflow(status, body):
             size = await self.upstream_models.prompt_size(call)
             raise context_length_exceeded(call.protocol, size, message)
-        await self._failed(call.claims, call.protocol, call, call.started, status, message)
+        await self.recorder.failed(call.claims, call.protocol, call, call.started, status, message)
         if call.translation is None:
             return Response(body, status, media_type=content_type)
         code = (UpstreamError if status >= 500 else BadRequestError).code
         shaped = call.translation.error_body(status, message, code)
         return Response(json.dumps(shaped), status, media_type="application/json")
-
-    async def _failed(
-        self,
-        claims: TokenClaims,
-        protocol: str,
-        call: ModelCall | None,
-        started: float,
-        status: int,
-        error: str,
-    ) -> None:
-        """Remember a call that got no answer, so a user sees why; never trained on."""
-        if call is not None:
-            call.settled = True
-        await self.store.record_failed_call(
-            FailedCall(
-                call_id=call.call_id if call is not None else uuid.uuid4().hex,
-                rollout_id=claims.rollout_id,
-                attempt=claims.attempt,
-                protocol=protocol,
-                status=status,
-                error=error[:4000],
-                latency_ms=(time.monotonic() - started) * 1000,
-                retry_count=call.retries if call is not None else 0,
-                upstream=call.upstream if call is not None else None,
-                created_at=time.time(),
-            )
-        )
-        self.metrics.failed_calls.labels(str(status)).inc()
 
     # --- streamed answers ----------------------------------------------------------------
 
@@ -305,34 +294,44 @@ class ModelCallProxy:
                 await stack.aclose()
                 raise
             break
-        # The relay closes the stack when it ends; the background task covers an agent that
-        # left before the first byte, when the relay never started.
+        # Read to its end by a task of its own, which closes the stack, whatever the agent
+        # does; the background covers an agent that left before the relay started.
+        pump = AnswerPump(call, self._relay_events(call, stack, reply))
+        self.in_flight.hold_until_done(call.claims.rollout_id, call.claims.attempt, pump.task)
         return StreamingResponse(
-            self._relay(call, stack, reply),
+            self._relay(call, pump),
             media_type="text/event-stream",
             headers=call.headers(),
-            background=BackgroundTask(stack.aclose),
+            background=BackgroundTask(self._stream_over, call, pump),
         )
 
-    async def _relay(
-        self, call: ModelCall, stack: AsyncExitStack, reply: UpstreamReply
-    ) -> AsyncIterator[bytes]:
+    async def _stream_over(self, call: ModelCall, pump: AnswerPump) -> None:
+        """The response is over: an answer still being read was not read by the agent."""
+        if pump.task.done():
+            return
+        pump.agent_left()
+        if not call.settled:
+            gone = "the agent went away before its stream began"
+            await self.recorder.failed(
+                call.claims, call.protocol, call, call.started, CLIENT_CLOSED, gone
+            )
+
+    async def _relay(self, call: ModelCall, pump: AnswerPump) -> AsyncIterator[bytes]:
         """The stream to the agent; an agent that hangs up before the call is recorded leaves
-        a failed call (499), as one that hangs up on a whole answer does."""
-        events = self._relay_events(call, stack, reply)
+        a failed call (499), as one that hangs up on a whole answer does, and the answer to
+        be recorded unreceived once the policy server has finished it."""
         try:
-            async for event in events:
+            async for event in pump.events():
                 yield event
         except (GeneratorExit, asyncio.CancelledError):
+            pump.agent_left()
             if not call.settled:
                 gone = "the agent went away mid-stream"
-                failed = self._failed(
+                failed = self.recorder.failed(
                     call.claims, call.protocol, call, call.started, CLIENT_CLOSED, gone
                 )
                 await asyncio.shield(failed)
             raise
-        finally:
-            await events.aclose()
 
     async def _relay_events(
         self, call: ModelCall, stack: AsyncExitStack, reply: UpstreamReply
@@ -385,9 +384,7 @@ class ModelCallProxy:
             # The weights may have changed under a long stream (an `inflight: keep` sync):
             # what they were at its end is what finished it.
             try:
-                call.served_version = await self._version_after(
-                    call, time.monotonic(), watch_client=False
-                )
+                call.served_version = await self._version_after(call, time.monotonic())
             except APIError as err:
                 failure = err.message
             else:
@@ -399,18 +396,19 @@ class ModelCallProxy:
         if failure is not None:
             # The agent gets an error, never the end of an answer that was not recorded.
             log.warning("stream of %s not recorded: %s", call.claims.rollout_id, failure)
-            await self.note_incident(call.claims, f"stream not recorded: {failure}")
-            await self._failed(call.claims, call.protocol, call, call.started, 502, failure)
+            if not call.unreceived:  # its agent, gone, was failed by nothing
+                await self.note_incident(call.claims, f"stream not recorded: {failure}")
+            await self.recorder.failed(call.claims, call.protocol, call, call.started, 502, failure)
             yield _stream_error(translated, f"call not recorded: {failure}", UpstreamError.code)
             return
         response = assembler.response()
         try:
-            await asyncio.shield(self._record(call, response, latency_ms, streamed=True))
+            await asyncio.shield(self.recorder.answered(call, response, latency_ms, streamed=True))
         except APIError as err:
             if err.status >= 500:
                 await self.note_incident(call.claims, f"stream not recorded: {err.message}")
             if not isinstance(err, RolloutFinishedError):
-                await self._failed(
+                await self.recorder.failed(
                     call.claims, call.protocol, call, call.started, err.status, err.message
                 )
             yield _stream_error(translated, err.message, err.code)
@@ -423,7 +421,9 @@ class ModelCallProxy:
                 yield out
 
     async def _send(self, call: ModelCall, stream: bool) -> UpstreamReply:
-        reply = await unless_disconnected(
+        """The policy server's reply, whatever the agent does meanwhile (`to_the_end`): an
+        agent that left makes the call's answer unreceived."""
+        reply, left = await to_the_end(
             call.request,
             self.forwarder.send(
                 call.url,
@@ -433,20 +433,17 @@ class ModelCallProxy:
                 headers={"X-Darl-Call-Id": call.call_id},
             ),
         )
+        call.unreceived = call.unreceived or left
         call.retries = reply.retries
         return reply
 
     # --- which weights answered ----------------------------------------------------------
 
-    async def _version_after(
-        self, call: ModelCall, arrived: float, watch_client: bool = True
-    ) -> int | None:
-        """The version the upstream reports when asked after the answer arrived. With
-        `watch_client`, an agent that goes away ends the wait (not inside a streaming
-        response, which watches the agent itself)."""
-        probe = self.versions.version_after(call.upstream, arrived)
+    async def _version_after(self, call: ModelCall, arrived: float) -> int | None:
+        """The version the upstream reports when asked after the answer arrived, asked
+        whatever the agent does: an answer is recorded, received or not, with its version."""
         try:
-            return await (unless_disconnected(call.request, probe) if watch_client else probe)
+            return await self.versions.version_after(call.upstream, arrived)
         except (aiohttp.ClientError, TimeoutError) as err:
             raise UpstreamVersionUnreadableError(
                 f"cannot read the policy version of policy server {call.upstream}: {err!r}"
@@ -468,10 +465,8 @@ class ModelCallProxy:
             )
 
     async def note_incident(self, claims: TokenClaims, error: str) -> None:
-        """DARL failed this attempt's agent (a 5xx answer or a broken stream): remember it
-        durably, so the attempt's failure is not blamed on the agent (rule 7)."""
-        log.warning("rollout %s attempt %d: %s", claims.rollout_id, claims.attempt, error)
-        await self.store.record_incident(claims.rollout_id, claims.attempt, error)
+        """DARL failed this attempt's agent: see `CallRecorder.incident`."""
+        await self.recorder.incident(claims, error)
 
     def _upstream_done(self, call: ModelCall) -> float:
         """Milliseconds from admission to the policy server's full answer (retries included)."""
@@ -479,36 +474,6 @@ class ModelCallProxy:
         self.metrics.upstream_seconds.observe(latency)
         self.metrics.upstream_retries.inc(call.retries)
         return latency * 1000
-
-    # --- recording -----------------------------------------------------------------------
-
-    async def _record(
-        self, call: ModelCall, response: dict[str, Any], latency_ms: float, streamed: bool
-    ) -> None:
-        claims = call.claims
-        try:
-            prompt_ids = require_token_ids(call.endpoint, response)
-        except (CaptureError, KeyError, TypeError) as err:
-            raise UpstreamError(
-                f"policy server answer cannot be captured ({err}); DARL needs a vLLM-compatible "
-                "server that honours return_token_ids"
-            ) from err
-        started = time.monotonic()
-        try:
-            # Refused (409) if the attempt ended while this call was at the policy server,
-            # closed through this replica or another: its agent is gone.
-            stored = await self.registry.record_call(
-                call.record(response, prompt_ids, latency_ms, streamed)
-            )
-        except CaptureError as err:  # prompt ids kept as bytes, found malformed when read
-            raise UpstreamError(f"policy server {call.upstream} answered non-JSON") from err
-        call.settled = True
-        if claims.replay is not None:
-            # The agent is about to see an answer the record never gave: its replay is over.
-            self.replayer.book.went_live(claims.rollout_id, claims.attempt)
-        self.metrics.store_write_seconds.observe(time.monotonic() - started)
-        self.delivery.enqueue(event_of(stored, self.store.ref(stored)))
-        self.metrics.captured_calls.labels(call.protocol, str(streamed).lower()).inc()
 
 
 def _relayed(

@@ -13,7 +13,10 @@ what the recorded run never did: nothing more is replayed.
 The record offered is the lineage the workflow names (`ReplayClaim.sources`): the calls of
 the last attempt of which the workflow knew a call, and, when that attempt was lost before its
 own replay was over (it has no live call), the calls it had yet to reproduce of the attempt it
-replayed, and so on.
+replayed, and so on. An attempt's record includes the answers its agent never received (it
+was lost while they were at the policy server, `CallRecord.unreceived`): offered after the
+received calls of their form, they count as no live call, and one left unused is no
+divergence.
 
 Whether a recorded call is taken, and whether the replay is over, the store decides, when the
 replayed call is appended (`store.codec.check_append`: under the attempt's lock, or at the
@@ -135,7 +138,7 @@ async def offered_calls(
         records = await store.read(rollout_id, attempt)
         offered += [r for r in records if r.call_id not in reproduced]
         reproduced |= {r.replayed_from for r in records if r.replayed_from is not None}
-        if any(r.replayed_from is None for r in records):
+        if any(_received_live(r) for r in records):
             return offered
     if prefix is not None:
         records = await prefix_records(store, prefix)
@@ -144,10 +147,15 @@ async def offered_calls(
 
 
 async def prefix_records(store: TrajectoryStore, prefix: PrefixClaim) -> list[CallRecord]:
-    """The prefix's calls: the first `calls` the attempt recorded, in order (fewer when it
+    """The prefix's calls: the first `calls` the attempt committed, in order (fewer when it
     holds fewer: its agent then reaches the policy sooner)."""
     records = await store.read(prefix.rollout_id, prefix.attempt)
-    return records[: prefix.calls]
+    return [r for r in records if not r.unreceived][: prefix.calls]
+
+
+def _received_live(record: CallRecord) -> bool:
+    """A live call whose answer may have reached its agent: after it, nothing is replayed."""
+    return record.replayed_from is None and not record.unreceived
 
 
 class ReplaySession:
@@ -163,7 +171,10 @@ class ReplaySession:
         self.normalizer = Normalizer(claim.normalize, claim.patterns)
         used = {r.replayed_from for r in done if r.replayed_from is not None}
         self._unused: dict[str, deque[Recorded]] = {}
-        for record in source:
+        # An answer no agent received goes after the received calls of its form: an agent
+        # that asked again and got an answer continued from that one.
+        ordered = [r for r in source if not r.unreceived] + [r for r in source if r.unreceived]
+        for record in ordered:
             if record.call_id in used:
                 continue
             strict = canonical_form(record.protocol, record.endpoint, record.request)
@@ -176,7 +187,7 @@ class ReplaySession:
             self._unused.setdefault(form, deque()).append(Recorded(slim, form, strict))
         self.left = sum(len(q) for q in self._unused.values())
         # A live answer reached the agent: it is past what the record can answer.
-        self.live = any(r.replayed_from is None for r in done)
+        self.live = any(_received_live(r) for r in done)
         self.diverged = False
 
     def take(self, protocol: str, endpoint: str, forwarded: dict[str, Any]) -> Match | None:
@@ -293,8 +304,8 @@ async def replay_outcome(
     used = {r.replayed_from for r in records if r.replayed_from is not None}
     replayed = [r for r in records if r.replayed_from is not None]
     diverged_at = None
-    if any(r.call_id not in used for r in source):
-        live = [r.sequence for r in records if r.replayed_from is None]
+    if any(r.call_id not in used for r in source if not r.unreceived):
+        live = [r.sequence for r in records if _received_live(r)]
         diverged_at = min(live) if live else len(records)
     return ReplayOutcome(
         sources=list(sources),

@@ -3,6 +3,11 @@ agent speaks, whole or as a stream, recorded first as a call of the new attempt 
 its original version, tokens and logprobs and the call it reproduces. No policy server is
 asked: a replayed call is served while the gateway is paused for a weight sync and never
 counts against an upstream's load.
+
+A request the record does not hold waits first for the calls of the record's attempts still
+at a policy server through this gateway (`CallsInFlight`): the agent lost with a call in
+flight asked it, and its answer, recorded unreceived when it comes, answers the request
+instead of a second generation.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from typing import Any
 from fastapi.responses import Response, StreamingResponse
 
 from darl.gateway.calls.delivery import EventDelivery, event_of
-from darl.gateway.calls.replay import Match, ReplayBook
+from darl.gateway.calls.in_flight import CallsInFlight
+from darl.gateway.calls.replay import Match, ReplayBook, ReplaySession
 from darl.gateway.calls.rollouts import RolloutRegistry
+from darl.gateway.defaults import CALL_DEADLINE_SECONDS
 from darl.gateway.metrics import GatewayMetrics
 from darl.gateway.protocols.chat.capture import answer_chunks, usage_of, with_prompt_token_ids
 from darl.gateway.protocols.chat.protocol import Endpoint
@@ -42,13 +49,20 @@ class Replayer:
         delivery: EventDelivery,
         metrics: GatewayMetrics,
         tokenize: Tokenize,
+        *,
+        in_flight: CallsInFlight | None = None,
+        wait_seconds: float = CALL_DEADLINE_SECONDS,
     ) -> None:
+        """`in_flight`: this gateway's live calls, whose answers a request the record does not
+        hold waits for, at most `wait_seconds` (none: it waits for nothing)."""
         self.book = book
         self._store = store
         self._registry = registry
         self._delivery = delivery
         self._metrics = metrics
         self._tokenize = tokenize
+        self._in_flight = in_flight if in_flight is not None else CallsInFlight()
+        self._wait_seconds = wait_seconds
 
     async def answer(
         self,
@@ -71,6 +85,8 @@ class Replayer:
         stored, match = served
         self._delivery.enqueue(event_of(stored, self._store.ref(stored)))
         self._metrics.replayed_calls.labels(str(match.normalized).lower()).inc()
+        if match.recorded.record.unreceived:
+            self._metrics.unreceived_replayed.inc()
         answered_as = str(stored.exchange.get("answered_as") or stored.call_id)
         headers = {
             "X-Darl-Call-Id": stored.call_id,
@@ -119,6 +135,9 @@ class Replayer:
             diverged_before = session.diverged
             match = session.take(protocol, endpoint, forwarded)
             if match is None:
+                if await self._lineage_answered(claims, session, started):
+                    session = await self.book.session(claims)
+                    continue
                 if session.diverged and not diverged_before:
                     self._metrics.replay_divergences.inc()
                     log.info(
@@ -159,6 +178,25 @@ class Replayer:
                 )
                 session.went_live()
                 return None
+
+    async def _lineage_answered(
+        self, claims: TokenClaims, session: ReplaySession, started: float
+    ) -> bool:
+        """Whether calls of the record's attempts were in flight here and have been waited
+        for (until `wait_seconds` after the request came): the session is then rebuilt from
+        the store, which holds their answers, unreceived. False when none was, or the
+        replay is over."""
+        if session.live or claims.replay is None:
+            return False
+        left = self._wait_seconds - (time.monotonic() - started)
+        sources = claims.replay.sources
+        if left <= 0:
+            return False
+        with self._metrics.replay_waiting.track_inprogress():
+            if not await self._in_flight.settled(claims.rollout_id, sources, left):
+                return False
+        self.book.forget(claims.rollout_id, claims.attempt)
+        return True
 
     async def _replayed_call(
         self,

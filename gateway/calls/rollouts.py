@@ -247,9 +247,11 @@ class RolloutRegistry:
         gateway knows it, or when the store finds the close under the append's own lock (a
         close that came while the call was on its way; `ended` alone cannot tell, as the
         close may land between its look and the write); 400 `calls_exhausted` when the
-        attempt holds MAX_CALLS_PER_ATTEMPT calls."""
+        attempt holds MAX_CALLS_PER_ATTEMPT calls. An answer its agent never received
+        (`unreceived`) is kept whether or not the attempt ended: it is no part of the
+        trajectory a close hands over, and the next attempt may replay it."""
         key = (record.rollout_id, record.attempt)
-        if await self.ended(*key):
+        if not record.unreceived and await self.ended(*key):
             raise attempt_closed(*key)
         try:
             stored = await self._store.append(record)

@@ -81,7 +81,7 @@ class Tail:
     # The attempt was closed: every later append is refused (see `check_append`).
     closed: bool = False
     # What the attempt's calls say of its replay (rule 10): the recorded calls they reproduce,
-    # and whether one of them is live (a replayed call after it is refused).
+    # and whether one of them is live and received (a replayed call after it is refused).
     reproduced: set[str] = field(default_factory=set)
     live: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -96,7 +96,8 @@ class Tail:
     def advance(self, record: CallRecord) -> None:
         self.next_sequence = record.sequence + 1
         if record.replayed_from is None:
-            self.live = True
+            # An answer its agent never received ends no replay: the agent saw nothing new.
+            self.live = self.live or not record.unreceived
         else:
             self.reproduced.add(record.replayed_from)
         self.prompt_ids = record.prompt_token_ids
@@ -114,7 +115,8 @@ class Tail:
         return self.sent_messages.read()
 
     def close_here(self) -> None:
-        """The attempt's close took the next sequence (the S3 store's mark): nothing follows."""
+        """The attempt's close took the next sequence (the S3 store's mark): only answers
+        their agents never received follow it."""
         self.closed = True
         self.next_sequence += 1
 
@@ -174,12 +176,13 @@ class TailCache:
 
 def check_append(tail: Tail, record: CallRecord) -> None:
     """Raise what rules `record` out, given the attempt as `tail` has read it (under the
-    attempt's lock, or at the sequence the record is about to take): a close; a sequence past
-    the attempt's budget of calls, replayed ones included (read when called, so a test may
-    lower it); for a replayed call (rule 10), a call that reproduces its record already, or a
-    live call."""
+    attempt's lock, or at the sequence the record is about to take): a close, unless its
+    agent never received it (not part of the trajectory the close handed over, it is kept for
+    the next attempt's replay); a sequence past the attempt's budget of calls, replayed ones
+    included (read when called, so a test may lower it); for a replayed call (rule 10), a
+    call that reproduces its record already, or a live call."""
     where = f"attempt {record.attempt} of rollout {record.rollout_id}"
-    if tail.closed:
+    if tail.closed and not record.unreceived:
         raise AttemptClosedError(f"{where} was closed; call {record.call_id} was not recorded")
     if tail.next_sequence >= contracts.MAX_CALLS_PER_ATTEMPT:
         raise CallBudgetSpentError(
@@ -243,6 +246,8 @@ def encode_record(record: CallRecord, tail: Tail) -> dict[str, Any]:
         line["replayed_from"] = record.replayed_from
     if record.replay_normalized:
         line["replay_normalized"] = True
+    if record.unreceived:
+        line["unreceived"] = True
     if messages is not None:
         kept, items = new_messages(tail, messages, record.sent_messages)
         line["messages"] = {"base": kept, "items": items}
@@ -318,6 +323,7 @@ def decode_record(line: dict[str, Any], tail: Tail) -> CallRecord:
         exchange=line.get("exchange") or {},
         replayed_from=line.get("replayed_from"),
         replay_normalized=bool(line.get("replay_normalized", False)),
+        unreceived=bool(line.get("unreceived", False)),
     )
 
 

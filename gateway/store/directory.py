@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from darl.gateway import json_codec
-from darl.gateway.store.base import StoreUnavailableError
+from darl.gateway.store.base import AppendRefusedError, StoreUnavailableError
 from darl.gateway.store.codec import (
     Tail,
     TailCache,
@@ -72,25 +72,40 @@ class DirectoryTrajectoryStore:
     async def append(self, record: CallRecord) -> CallRecord:
         path = self._file(record.rollout_id, record.attempt, "jsonl")
         async with self._tails.hold(record.rollout_id, record.attempt) as tail:
-            if self.fsync:
-                return await asyncio.to_thread(self._append_blocking, path, tail, record)
-            with _open_for_append(path) as fd:
-                await _lock(fd)
-                return self._append_locked(fd, path, tail, record)
+            while True:
+                if self.fsync:
+                    stored = await asyncio.to_thread(self._append_blocking, path, tail, record)
+                else:
+                    with _open_for_append(path) as fd:
+                        await _lock(fd)
+                        stored = self._append_locked(fd, path, tail, record)
+                if stored is not None:
+                    return stored
 
-    def _append_blocking(self, path: str, tail: Tail, record: CallRecord) -> CallRecord:
+    def _append_blocking(self, path: str, tail: Tail, record: CallRecord) -> CallRecord | None:
         with _open_for_append(path) as fd:
             fcntl.flock(fd, fcntl.LOCK_EX)
             return self._append_locked(fd, path, tail, record)
 
-    def _append_locked(self, fd: int, path: str, tail: Tail, record: CallRecord) -> CallRecord:
+    def _append_locked(
+        self, fd: int, path: str, tail: Tail, record: CallRecord
+    ) -> CallRecord | None:
+        """The record as written; None when the empty file this append opened was removed
+        while it waited for the lock (by a close, or a refused append: `_unlink_if_empty`),
+        so the caller opens the attempt's file again: a call written there would be lost."""
+        if os.fstat(fd).st_size == 0 and not _still_at(fd, path):
+            return None
         self._catch_up(fd, path, tail)
         # Looked at under the lock `mark_closed` takes: a close either waits for this append
-        # (and reads its call) or has left its mark, and the call is refused.
+        # (and reads its call) or has left its mark, and the call is refused (unless its agent
+        # never received it: see `check_append`).
         if os.path.exists(self._file(record.rollout_id, record.attempt, "closed")):
             tail.closed = True
+        try:
+            check_append(tail, record)
+        except AppendRefusedError:
             _unlink_if_empty(fd, path)
-        check_append(tail, record)
+            raise
         stored = replace(record, sequence=tail.next_sequence)
         line = encode_line(stored, tail)
         os.write(fd, line)
@@ -279,7 +294,8 @@ def _open_for_append(path: str | Path) -> Iterator[int]:
 def _unlink_if_empty(fd: int, path: str) -> None:
     """Remove the attempt's file of calls, locked through `fd`, if it holds none: made only to
     take its lock (a close, or an append refused), it is no attempt with calls. A process
-    that opened it meanwhile finds the closed mark once it has the lock, and writes nothing."""
+    that opened it meanwhile finds it gone once it has the lock, and opens the attempt's file
+    again (`_append_locked`)."""
     held = os.fstat(fd)
     if held.st_size:
         return
@@ -288,6 +304,14 @@ def _unlink_if_empty(fd: int, path: str) -> None:
             os.unlink(path)
     except FileNotFoundError:  # another refused append removed it first
         return
+
+
+def _still_at(fd: int, path: str) -> bool:
+    """Whether `path` still names the file open as `fd`."""
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 async def _lock(fd: int) -> None:

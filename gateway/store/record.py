@@ -48,6 +48,10 @@ class CallRecord:
     # Matched its record only under the rollout's normalizers: the prompt differs from the
     # recorded one in spans they ignore (slightly off-policy, as a stale call is).
     replay_normalized: bool = False
+    # An answer its agent never received: the agent went away, or its attempt ended, while the
+    # call was at the policy server. Not part of the attempt's trajectory (no event, never
+    # trained), kept so the next attempt's identical request replays it (rule 10).
+    unreceived: bool = False
     # On a live chat call, the request's messages as the JSON the agent sent them in
     # (`SentMessages`), which `request["messages"]` may be itself, or their reading where a
     # replay read them; for the store to compare with the next call's, never stored as such.

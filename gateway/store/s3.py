@@ -192,7 +192,7 @@ class S3TrajectoryStore:
             if data is None:
                 return None
             found = _read_into(tail, data)
-            if found is None:  # the close: nothing follows it
+            if found is None:  # the close: only answers their agents never received follow
                 return None
             if record is not None and found.call_id == record.call_id:
                 return found
@@ -225,11 +225,13 @@ class S3TrajectoryStore:
 
     async def attempts(self, rollout_id: str) -> list[int]:
         listed = await self._listed_attempts(rollout_id)
-        # An attempt closed before any call holds only the close, an empty first object.
-        sizes = await asyncio.gather(
-            *(self._size(self._call_key(rollout_id, n, 0)) for n in listed)
-        )
+        # An attempt closed before any call holds only the close, an empty first object, and
+        # maybe answers its agent never received after it.
+        sizes = await asyncio.gather(*(self._holds_calls(rollout_id, n) for n in listed))
         return [n for n, size in zip(listed, sizes, strict=True) if size]
+
+    async def _holds_calls(self, rollout_id: str, attempt: int) -> bool:
+        return any([await self._size(self._call_key(rollout_id, attempt, n)) for n in (0, 1)])
 
     async def _listed_attempts(self, rollout_id: str) -> list[int]:
         """The attempts with objects under `calls/`, a close's alone among them."""

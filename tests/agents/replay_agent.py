@@ -12,7 +12,9 @@ TURNS; PARALLEL `2` for two concurrent calls per turn (sub-agents on one convers
 
 KILL_AFTER=k: on attempt 1, once k answers arrived the agent notes it in
 `$MARKER_DIR/<rollout>.<attempt>` and waits, so the test kills it from outside at exactly that
-point (`k1,k2,...`: attempt n waits after kn answers). Every answer is noted in $AGENT_LOG
+point (`k1,k2,...`: attempt n waits after kn answers). With KILL_IN_FLIGHT=1 it waits there
+only until the test writes `<marker>.go`, then sends its next call, for the test to kill it
+while that call is at the policy server. Every answer is noted in $AGENT_LOG
 (call id, the call it replays, its text). KILL_RATE=p instead: each of attempts 1 and 2
 waits to be killed with probability p, after a number of answers drawn at random (seeded by
 the rollout and attempt). With CHAOS_AGENT_LOG the agent also notes its run and the answers
@@ -152,7 +154,8 @@ def run_episode(
     settings: Mapping[str, str], wait_to_be_killed: Callable[[], None]
 ) -> dict[str, Any]:
     """The episode: TURNS turns, each PARALLEL calls on the conversation so far; returns the
-    report. Calls `wait_to_be_killed` at the kill point (it never returns)."""
+    report. Calls `wait_to_be_killed` at the kill point (it returns only to send the call
+    the test kills the agent in: KILL_IN_FLIGHT)."""
     rollout = settings["DARL_ROLLOUT_ID"]
     attempt = int(settings["DARL_ATTEMPT"])
     turns = int(settings.get("TURNS", "10"))
@@ -236,7 +239,10 @@ def _wait_for_sigkill(settings: Mapping[str, str]) -> Callable[[], None]:
             / f"{settings['DARL_ROLLOUT_ID']}.{settings['DARL_ATTEMPT']}"
         )
         marker.write_text(str(os.getpid()))
-        while True:
+        go = marker.with_name(f"{marker.name}.go")
+        while settings.get("KILL_IN_FLIGHT") == "1" and not go.exists():
+            time.sleep(0.05)
+        while settings.get("KILL_IN_FLIGHT") != "1":
             time.sleep(60)
 
     return wait

@@ -132,7 +132,8 @@ def name_trained_calls(
     no record has, which every check below counts)."""
     stored: dict[tuple[str, int], list[str]] = collections.defaultdict(list)
     for record in sorted(records, key=lambda r: r.sequence):
-        stored[(record.rollout_id, record.attempt)].append(record.call_id)
+        if not record.unreceived:  # no part of its attempt's trajectory
+            stored[(record.rollout_id, record.attempt)].append(record.call_id)
     named = {}
     for number, request in steps.items():
         groups = []
@@ -261,7 +262,8 @@ def check_trajectories(
     after the attempt closed)."""
     stored: dict[tuple[str, int], list[str]] = collections.defaultdict(list)
     for record in sorted(records, key=lambda r: r.sequence):
-        stored[(record.rollout_id, record.attempt)].append(record.call_id)
+        if not record.unreceived:  # no part of its attempt's trajectory
+            stored[(record.rollout_id, record.attempt)].append(record.call_id)
     for request in steps.values():
         for group in request.groups:
             for member in group.members:

@@ -3,8 +3,9 @@ and is about to write the call when the worker's close arrives. The gateway runs
 (real HTTP, the stack's real policy server, a real rollout on the session's dev server) over
 a directory store and over the S3 emulator, with the store's append held right after the
 gateway's look, until the close has answered. The call is refused with the "attempt ended"
-error the agent gets for an ended attempt, and is in neither the close's answer nor the
-store, nor what the next attempt's replay is offered."""
+error the agent gets for an ended attempt, and is not in the close's answer; its answer, which
+the policy server generated, is kept after the close's calls marked unreceived (no part of the
+attempt's trajectory), for the next attempt's replay (issue 45)."""
 
 from __future__ import annotations
 
@@ -120,8 +121,11 @@ async def test_a_call_held_between_the_closed_check_and_its_write_is_refused_not
     # Refused as an ended attempt's call is, never answered as if recorded.
     assert answer.status_code == 409, answer.text
     assert "has ended" in answer.json()["error"]["message"]
-    # What the close read is what the store keeps, and all the next attempt is offered.
-    assert [r.call_id for r in await store.read(rollout_id, 1)] == closed_calls
+    # What the close read is what the store keeps received; the late answer follows it,
+    # unreceived, and the next attempt is offered both.
+    kept = await store.read(rollout_id, 1)
+    assert [r.call_id for r in kept if not r.unreceived] == closed_calls
+    assert [r.unreceived for r in kept] == [False, True]
     offered = await offered_calls(store, rollout_id, [1])
-    assert [r.call_id for r in offered] == closed_calls
+    assert [r.call_id for r in offered] == [r.call_id for r in kept]
     await stack.client.get_workflow_handle(rollout_workflow_id(rollout_id)).cancel()
