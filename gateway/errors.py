@@ -4,6 +4,11 @@ Code branches on the class (`isinstance`), never on the code string.
 
     GatewayError                                  (a darl.workflows.errors.DarlError)
     ├── StoreUnavailableError                     the store cannot be used (store/base.py)
+    ├── AppendRefusedError                        the store refused a call's record (store/base.py)
+    │   ├── AttemptClosedError                    its attempt was closed
+    │   ├── CallBudgetSpentError                  its attempt made MAX_CALLS_PER_ATTEMPT calls
+    │   ├── AlreadyReplayedError                  its recorded call was reproduced already
+    │   └── ReplayOverError                       its attempt holds a live call
     ├── StoreUrlError                             a store URL DARL cannot open (store/url.py)
     ├── CaptureError                              an answer lacks token ids (chat/capture.py)
     └── APIError                            500   server_error
