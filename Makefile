@@ -127,7 +127,7 @@ lint: $(STAMP)
 # so they read the folders through a tree of links named as they install (darl.workflows ->
 # workflows, ...); mkdocs.yml names the tree too.
 TYPECHECK_TREE := .darl/typecheck
-PACKAGES := workflows activities gateway serving trainer deploy viewer examples
+PACKAGES := workflows activities gateway serving trainer deploy viewer examples files
 link-tree:
 	mkdir -p $(TYPECHECK_TREE)/darl
 	for p in $(PACKAGES); do ln -sfn ../../../$$p $(TYPECHECK_TREE)/darl/$$p; done

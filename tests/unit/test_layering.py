@@ -63,9 +63,19 @@ def gateway_upward_imports(root: Path) -> list[str]:
 
 def test_the_table_names_every_folder() -> None:
     table = allowed_arrows(ARCHITECTURE.read_text())
-    folders = {"workflows", "activities", "gateway", "serving", "trainer", "viewer", "deploy"}
+    folders = {
+        "workflows",
+        "activities",
+        "gateway",
+        "serving",
+        "trainer",
+        "viewer",
+        "deploy",
+        "files",
+    }
     assert folders | {"examples"} <= set(table), table
     assert table["workflows"] == set()
+    assert table["files"] == set()
 
 
 def test_every_import_is_an_arrow_the_table_allows() -> None:

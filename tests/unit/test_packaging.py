@@ -21,6 +21,7 @@ FOLDERS = [
     "deploy",
     "viewer",
     "examples",
+    "files",
 ]
 
 
