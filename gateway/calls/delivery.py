@@ -23,11 +23,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from darl.gateway.calls.rollouts import RolloutRegistry
 from darl.gateway.errors import APIError
+from darl.gateway.lru import LRUCache
 from darl.gateway.metrics import GatewayMetrics
 from darl.gateway.protocols.chat.capture import count_tokens, finish_reason
 from darl.gateway.store.base import TrajectoryStore
@@ -109,7 +109,7 @@ class EventDelivery:
         # another process left is looked for once. Again at every flush, a replica would read
         # the whole attempt each time another replica moved the delivered mark; what a replica
         # still holds is its own to send, or the close's, which reads the store in full.
-        self._recovered: OrderedDict[Key, None] = OrderedDict()
+        self._recovered: LRUCache[Key, bool] = LRUCache(RECOVERED_REMEMBERED)
 
     def enqueue(self, event: ModelCallEvent) -> None:
         """Queue a recorded call's event; a flush follows within the interval."""
@@ -208,9 +208,7 @@ class EventDelivery:
         async with box.lock:
             if not box.recovered and key not in self._recovered:
                 box.pending = await self._recover(key, box.pending) + box.pending
-                self._recovered[key] = None
-                while len(self._recovered) > RECOVERED_REMEMBERED:
-                    self._recovered.popitem(last=False)
+                self._recovered.put(key, True)
             box.recovered = True
             batch, box.pending = box.pending, []
             if not batch:

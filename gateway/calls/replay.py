@@ -35,12 +35,13 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from darl.gateway.errors import InvalidReplayError
+from darl.gateway.lru import LRUCache
 from darl.gateway.store.base import TrajectoryStore
 from darl.gateway.store.record import CallRecord
 from darl.workflows.contracts import ReplayOutcome
@@ -241,8 +242,7 @@ class ReplayBook:
 
     def __init__(self, store: TrajectoryStore, bound: int = REPLAY_SESSIONS) -> None:
         self._store = store
-        self._bound = bound
-        self._sessions: OrderedDict[tuple[str, int], ReplaySession] = OrderedDict()
+        self._sessions: LRUCache[tuple[str, int], ReplaySession] = LRUCache(bound)
         self._loading: dict[tuple[str, int], asyncio.Lock] = {}
 
     async def session(self, claims: TokenClaims) -> ReplaySession:
@@ -253,20 +253,17 @@ class ReplayBook:
         key = (claims.rollout_id, claims.attempt)
         held = self._sessions.get(key)
         if held is not None:
-            self._sessions.move_to_end(key)
             return held
         lock = self._loading.setdefault(key, asyncio.Lock())
         async with lock:
-            held = self._sessions.get(key)
+            held = self._sessions.peek(key)
             if held is None:
                 source = await offered_calls(
                     self._store, claims.rollout_id, claim.sources, claim.prefix
                 )
                 done = await self._store.read(claims.rollout_id, claims.attempt)
                 held = ReplaySession(claim, source, done)
-                self._sessions[key] = held
-                while len(self._sessions) > self._bound:
-                    self._sessions.popitem(last=False)
+                self._sessions.put(key, held)
                 log.info(
                     "%s attempt %d replays %d call(s) of attempt(s) %s%s",
                     claims.rollout_id,
@@ -282,7 +279,7 @@ class ReplayBook:
 
     def went_live(self, rollout_id: str, attempt: int) -> None:
         """A live call of the attempt is recorded and about to be answered."""
-        held = self._sessions.get((rollout_id, attempt))
+        held = self._sessions.peek((rollout_id, attempt))
         if held is not None:
             held.went_live()
 

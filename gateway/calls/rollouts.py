@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
@@ -46,6 +43,7 @@ from darl.gateway.errors import (
     TooManyReportsError,
     UnknownRolloutError,
 )
+from darl.gateway.lru import LRUCache
 from darl.gateway.store.base import AttemptClosedError, CallBudgetSpentError, TrajectoryStore
 from darl.gateway.store.record import CallRecord
 from darl.workflows import contracts
@@ -59,6 +57,8 @@ from darl.workflows.contracts import (
 from darl.workflows.names import AGENT_RESULT_SIGNAL, MODEL_CALLS_SIGNAL
 
 log = logging.getLogger(__name__)
+
+Key = tuple[str, int]
 
 
 def rollout_closed(rollout_id: str) -> APIError:
@@ -100,20 +100,6 @@ class StartedRollout:
     started_at: float
 
 
-class _Bounded(OrderedDict[Hashable, Any]):
-    """An insertion-ordered dict that forgets its oldest entries past `limit`."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__()
-        self.limit = limit
-
-    def put(self, key: Hashable, value: Any) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        while len(self) > self.limit:
-            self.popitem(last=False)
-
-
 class RolloutRegistry:
     def __init__(
         self,
@@ -124,19 +110,21 @@ class RolloutRegistry:
     ) -> None:
         self._client = client
         self._store = store
-        self._open: _Bounded = _Bounded(remembered)
-        self._closed: _Bounded = _Bounded(remembered)
+        # Rollouts whose workflow runs, as Temporal or the worker said.
+        self._open: LRUCache[str, bool] = LRUCache(remembered)
+        # Rollouts found finished, and attempts closed: rollout id or (rollout id, attempt).
+        self._closed: LRUCache[str | Key, bool] = LRUCache(remembered)
         # Attempts whose closed mark in the store was looked at and not found, and when
         # (monotonic): another replica (or an earlier gateway) may close them at any time.
-        self._unmarked: _Bounded = _Bounded(remembered)
+        self._unmarked: LRUCache[Key, float] = LRUCache(remembered)
         # Attempts closed through another process (a replica): it handed their events over.
-        self._closed_elsewhere: _Bounded = _Bounded(remembered)
+        self._closed_elsewhere: LRUCache[Key, bool] = LRUCache(remembered)
         self._recheck = closed_recheck_seconds
-        self._started: _Bounded = _Bounded(SPECS_REMEMBERED)
+        self._started: LRUCache[str, StartedRollout] = LRUCache(SPECS_REMEMBERED)
         # Reports signalled per attempt ((rollout id, attempt) -> count).
-        self._reports_sent: _Bounded = _Bounded(remembered)
+        self._reports_sent: LRUCache[Key, int] = LRUCache(remembered)
         # The sequence the store gives the attempt's next call, as this process last saw it.
-        self._next_sequence: _Bounded = _Bounded(remembered)
+        self._next_sequence: LRUCache[Key, int] = LRUCache(remembered)
 
     async def check_open(self, rollout_id: str, attempt: int) -> None:
         """Raise 404/409 unless the rollout's workflow runs and this attempt has not ended."""

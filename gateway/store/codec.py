@@ -15,13 +15,13 @@ have kept it."""
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from darl.gateway import json_codec
+from darl.gateway.lru import LRUCache
 from darl.gateway.protocols.chat.capture import with_prompt_token_ids
 from darl.gateway.protocols.chat.prompt_ids import RawTokenIds, token_ids_list
 from darl.gateway.protocols.chat.protocol import CHAT, Endpoint
@@ -135,11 +135,13 @@ class Tail:
 
 
 class TailCache:
-    """The tails of the attempts being written, least recently used evicted past `bound`."""
+    """The tails of the attempts being written, least recently used evicted past `bound`
+    (never one an append holds or waits for)."""
 
     def __init__(self, bound: int) -> None:
-        self.bound = bound
-        self._tails: OrderedDict[tuple[str, int], Tail] = OrderedDict()
+        self._tails: LRUCache[tuple[str, int], Tail] = LRUCache(
+            bound, in_use=lambda tail: tail.users > 0
+        )
 
     @asynccontextmanager
     async def hold(self, rollout_id: str, attempt: int) -> AsyncIterator[Tail]:
@@ -153,24 +155,18 @@ class TailCache:
             tail.users -= 1
 
     def forget(self, rollout_id: str, attempt: int) -> None:
-        tail = self._tails.get((rollout_id, attempt))
+        tail = self._tails.peek((rollout_id, attempt))
         if tail is not None and tail.users == 0:
-            del self._tails[(rollout_id, attempt)]
+            self._tails.pop((rollout_id, attempt))
 
     def __len__(self) -> int:
         return len(self._tails)
 
     def _get(self, key: tuple[str, int]) -> Tail:
         tail = self._tails.get(key)
-        if tail is not None:
-            self._tails.move_to_end(key)
-            return tail
-        tail = self._tails[key] = Tail()
-        for old in list(self._tails):  # least recently used first
-            if len(self._tails) <= self.bound:
-                break
-            if old != key and self._tails[old].users == 0:
-                del self._tails[old]
+        if tail is None:
+            tail = Tail()
+            self._tails.put(key, tail)
         return tail
 
 
