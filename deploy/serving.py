@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
-import os
 import socket
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+
+from darl.files import write_ready_file
 
 
 class _Server(uvicorn.Server):
@@ -30,14 +30,6 @@ def freeze_built_heap() -> None:
     worker's 318 ms. What is garbage already is collected first rather than kept for good."""
     gc.collect()
     gc.freeze()
-
-
-def write_ready_file(path: Path, info: dict[str, Any]) -> None:
-    """Atomically publish a component's address (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps({**info, "pid": os.getpid()}))
-    os.replace(tmp, path)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from darl.files import write_atomically
 from darl.workflows.contracts import HttpAgentSpec
 from darl.workflows.training_config import PolicyServerSpec, TrainingConfig
 
@@ -57,9 +58,7 @@ def write_stack_file(home: Path, endpoints: StackEndpoints) -> Path:
     """Atomically (a reader never sees half a file)."""
     path = stack_file(home)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(endpoints.model_dump_json(indent=2))
-    os.replace(tmp, path)
+    write_atomically(path, endpoints.model_dump_json(indent=2))
     return path
 
 
@@ -106,9 +105,7 @@ def register_stack(home: Path, pid: int) -> None:
     """Make this stack the one commands run from anywhere find (the last started wins)."""
     path = user_registry()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{pid}.tmp")
-    tmp.write_text(json.dumps({"home": str(home.resolve()), "pid": pid}))
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps({"home": str(home.resolve()), "pid": pid}))
 
 
 def unregister_stack(pid: int) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import replace
@@ -26,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from darl.files import write_atomically
 from darl.serving.errors import ServingError
 from darl.serving.generation import (
     GenerationEngine,
@@ -226,9 +226,9 @@ class PolicyServer:
         if self.state_file is None:
             return
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
-        tmp.write_text(json.dumps({"path": str(path.resolve()), "version": version}))
-        os.replace(tmp, self.state_file)
+        write_atomically(
+            self.state_file, json.dumps({"path": str(path.resolve()), "version": version})
+        )
 
     async def generate(
         self,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import socket
 import time
@@ -35,6 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from darl.files import write_ready_file
 from darl.serving.errors import ServingError
 
 # The version the server says its (scripted) weights are, as DARL's policy servers prove it.
@@ -323,14 +323,6 @@ def create_scripted_policy_app(
         return {"status": "ok"}
 
     return app
-
-
-def write_ready_file(path: Path, info: dict[str, Any]) -> None:
-    """Publish the address atomically, in the shape DARL's components write."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps({**info, "pid": os.getpid()}))
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> None:

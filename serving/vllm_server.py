@@ -32,6 +32,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from darl.files import write_atomically
 from darl.serving.errors import ServingError
 
 log = logging.getLogger(__name__)
@@ -365,10 +366,8 @@ class VllmLauncher:
         if self.state_file is None:
             return
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
         record = {"path": str(self.server.model_dir), "version": self.version}
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.state_file)
+        write_atomically(self.state_file, json.dumps(record))
 
     async def watch(self, interval: float = 1.0) -> None:
         """Until cancelled: a vLLM that died on its own is started again on the weights it

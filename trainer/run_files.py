@@ -3,10 +3,12 @@ step written again replaces its line) and the reward curve `reward.png`."""
 
 from __future__ import annotations
 
+import io
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from darl.files import write_atomically
 
 METRICS_FILE = "metrics.jsonl"
 REWARD_PLOT = "reward.png"
@@ -29,9 +31,8 @@ def write_step(run_dir: Path, record: dict[str, Any]) -> None:
     if not record.get("trainer") and written.get("trainer"):
         record = {**record, "trainer": written["trainer"]}
     by_step[record["step"]] = record
-    tmp = run_dir / f".{METRICS_FILE}.tmp"
-    tmp.write_text("".join(json.dumps(by_step[s]) + "\n" for s in sorted(by_step)))
-    os.replace(tmp, run_dir / METRICS_FILE)
+    lines = "".join(json.dumps(by_step[s]) + "\n" for s in sorted(by_step))
+    write_atomically(run_dir / METRICS_FILE, lines)
 
 
 def plot_rewards(run_dir: Path, title: str | None = None) -> Path | None:
@@ -69,9 +70,9 @@ def plot_rewards(run_dir: Path, title: str | None = None) -> Path | None:
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    path = run_dir / REWARD_PLOT
-    tmp = run_dir / f".{REWARD_PLOT}.tmp.png"
-    fig.savefig(tmp)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
+    path = run_dir / REWARD_PLOT
+    write_atomically(path, png.getvalue())
     return path

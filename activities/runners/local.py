@@ -39,6 +39,7 @@ from darl.activities.sandbox.agent import AgentStart, prepare_agent
 from darl.activities.sandbox.errors import SandboxSpecError
 from darl.activities.sandbox.supervise import FAILED_FILE
 from darl.activities.worker_paths import expand, expand_env, expand_sandbox
+from darl.files import write_atomically
 from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
@@ -62,12 +63,6 @@ EXIT_FILE = "exit_code"
 LOG_FILE = "agent.log"
 TASK_FILE = "task.json"
 AGENT_KEY_ENV = "DARL_AGENT_KEY"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _read_exit_code(path: Path) -> int | None:
@@ -208,7 +203,7 @@ class LocalProcessRunner(AgentRunner):
         task file is always the agent's view of the task (the grader's hidden fields out)."""
         spec = request.spec
         task_file = attempt_dir / TASK_FILE
-        _write_atomic(task_file, json.dumps(spec.agent_task()))
+        write_atomically(task_file, json.dumps(spec.agent_task()))
         worker_env = inherited_env()
         agent_env = contract.env | expand_env(agent.env)
         argv = self._argv(agent, worker_env | agent_env)
@@ -314,7 +309,7 @@ class LocalProcessRunner(AgentRunner):
                 "dir": str(attempt_dir),
             },
         )
-        _write_atomic(attempt_dir / HANDLE_FILE, handle.model_dump_json())
+        write_atomically(attempt_dir / HANDLE_FILE, handle.model_dump_json())
         return handle
 
     @staticmethod

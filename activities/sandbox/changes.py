@@ -18,6 +18,7 @@ from functools import cached_property
 from pathlib import Path
 
 from darl.activities.sandbox.workspace import AttemptWorkspace, git
+from darl.files import write_atomically
 
 # git's modes for a file, an executable file, a symbolic link and a submodule.
 REGULAR, EXECUTABLE, SYMLINK, SUBMODULE = "100644", "100755", "120000", "160000"
@@ -202,9 +203,7 @@ def _stored(git_dir: Path, root: Path, paths: list[str]) -> list[bytes]:
         loose = git_dir / "objects" / sha[:2] / sha[2:]
         if not loose.exists():
             loose.parent.mkdir(exist_ok=True)
-            part = loose.with_suffix(".tmp")
-            part.write_bytes(zlib.compress(data, 1))
-            os.replace(part, loose)
+            write_atomically(loose, zlib.compress(data, 1))
         lines.append(f"{mode} {sha}\t".encode() + os.fsencode(path) + b"\0")
     return lines
 

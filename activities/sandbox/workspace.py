@@ -22,6 +22,7 @@ from typing import Any
 
 from darl.activities.agent_contract import task_field, task_path
 from darl.activities.sandbox.errors import SandboxError, SandboxSpecError
+from darl.files import write_atomically
 from darl.workflows.contracts import SandboxSpec
 
 WORKSPACE_DIR = "workspace"
@@ -227,6 +228,4 @@ def open_workspace(attempt_dir: Path) -> AttemptWorkspace:
 
 
 def _write_ready(path: Path, data: Mapping[str, str]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(data))

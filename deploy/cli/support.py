@@ -23,7 +23,7 @@ from temporalio.worker import Worker
 
 from darl.deploy.devstack import SECRETS_FILE, DevPorts
 from darl.deploy.errors import DeployError, single_line
-from darl.deploy.serving import freeze_built_heap, write_ready_file
+from darl.deploy.serving import freeze_built_heap
 from darl.deploy.stack_file import HOME_DIR, STACK_FILE, FoundStack, find_stack
 from darl.deploy.telemetry import flush_tracing
 from darl.deploy.temporal_connection import (
@@ -33,6 +33,7 @@ from darl.deploy.temporal_connection import (
     connect,
     quiet_sdk_logs,
 )
+from darl.files import write_ready_file
 
 app = typer.Typer(no_args_is_help=True, help="DARL: durable agentic RL on Temporal.")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import threading
 from pathlib import Path
 from typing import Any
+
+from darl.files import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +37,8 @@ class DirectoryJournal:
         return data
 
     def write(self, name: str, data: dict[str, Any]) -> None:
-        path = self.root / name
-        # A temporary name of this process's own: replicas write the admin state at once.
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
+        # Replicas write the admin state at once: each write has a temporary file of its own.
+        write_atomically(self.root / name, json.dumps(data))
 
     def names(self, prefix: str) -> list[str]:
         return sorted(p.name for p in self.root.glob(f"{prefix}*.json"))

@@ -15,6 +15,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from darl.files import write_atomically
 from darl.gateway import json_codec
 from darl.gateway.store.base import AppendRefusedError, StoreUnavailableError
 from darl.gateway.store.codec import (
@@ -171,9 +172,7 @@ class DirectoryTrajectoryStore:
             await _lock(fd)
             if sequence <= _read_delivered(path):
                 return
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(str(sequence))
-            os.replace(tmp, path)
+            write_atomically(path, str(sequence))
 
     def _delivered_path(self, rollout_id: str, attempt: int) -> Path:
         return self.root / rollout_id / f"attempt-{attempt}.delivered"
