@@ -1,6 +1,6 @@
-"""What RolloutWorkflow makes of an activity's failure and of the agent's reports: the cause
-in words, a rollout's cancellation, an earlier execution's result, a report merged into the
-last. Deterministic: used inside the workflow."""
+"""What RolloutWorkflow makes of how an attempt ended: an activity's failure (its cause in words,
+the rollout's cancellation, a reward that cannot work, an earlier execution's result), the
+agent's exit in words, and a report merged into the last. Deterministic: used in the workflow."""
 
 from __future__ import annotations
 
@@ -9,9 +9,13 @@ from typing import overload
 
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
-from darl.workflows.contracts import AgentReport, RolloutResult
+from darl.workflows.contracts import AgentExit, AgentReport, RolloutResult, RolloutSpec
 from darl.workflows.errors import WorkflowsError
-from darl.workflows.names import ROLLOUT_ALREADY_RAN_ERROR
+from darl.workflows.names import REWARD_SPEC_ERROR, ROLLOUT_ALREADY_RAN_ERROR
+
+# How much of each incident an infra failure's error quotes, and how many incidents.
+INCIDENT_CHARS = 500
+INCIDENTS_SHOWN = 3
 
 
 def cause_of(err: ActivityError) -> str:
@@ -29,6 +33,29 @@ def raise_if_cancelled(err: ActivityError) -> None:
 def error_type(err: ActivityError) -> str | None:
     cause = err.cause
     return cause.type if isinstance(cause, ApplicationError) else None
+
+
+def raise_if_bad_reward(err: ActivityError) -> None:
+    """A reward that cannot work is bad input (rule 9): the workflow fails at once with the
+    reason, before any agent ran, as a run's start check fails a training run."""
+    if error_type(err) == REWARD_SPEC_ERROR:
+        raise ApplicationError(cause_of(err), type=REWARD_SPEC_ERROR, non_retryable=True)
+
+
+def timeout_message(spec: RolloutSpec) -> str:
+    return f"agent did not finish within {spec.timeouts.agent_seconds:g}s"
+
+
+def exit_message(agent_exit: AgentExit) -> str:
+    why = "was OOM-killed" if agent_exit.oom_killed else f"exited with {agent_exit.exit_code}"
+    tail = agent_exit.log_tail.strip()
+    return f"agent {why}" + (f"; log tail:\n{tail}" if tail else "")
+
+
+def incidents_message(incidents: list[str]) -> str:
+    """The first few of DARL's incidents during an attempt, each cut, for its error."""
+    shown = "; ".join(i[:INCIDENT_CHARS] for i in incidents[:INCIDENTS_SHOWN])
+    return shown + ("; ..." if len(incidents) > INCIDENTS_SHOWN else "")
 
 
 class RewardFailedError(WorkflowsError):

@@ -1,0 +1,104 @@
+"""What a rollout's workflow returns: the facts its attempts found (reward, answer, exit code,
+error, failed calls, replay, grade), kept as they come, and the RolloutResult assembled from them
+and from the final attempt's calls. Deterministic: workflow state."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from darl.workflows.contracts import (
+    AgentExit,
+    AgentReport,
+    GradeReport,
+    ReplayOutcome,
+    RolloutResult,
+    RolloutSpec,
+)
+from darl.workflows.rollout_inbox import RolloutInbox
+from darl.workflows.rollout_replay import prefix_calls, prefix_diverged_at
+from darl.workflows.rollout_status import RolloutStatus
+
+# How many failed model calls a RolloutResult says in words (it counts them all).
+FAILED_CALLS_SHOWN = 5
+
+
+@dataclass
+class RolloutFindings:
+    """What the rollout's attempts found, the latest of each, for its result. What belongs to
+    one attempt alone (its error, its replay, its grade, its agent's claim) is cleared when the
+    next starts; the rest stands until a later attempt says otherwise."""
+
+    reward: float | None = None
+    answer: str | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    # The final attempt's model calls that got no answer (status, protocol, error; the first
+    # few) and how many there were.
+    failed_calls: list[str] = field(default_factory=list)
+    failed_call_count: int = 0
+    # What the current attempt made of the record it was handed.
+    replay: ReplayOutcome | None = None
+    # The grader's verdict on the final attempt (RewardSpec.grader), and what its agent
+    # claimed meanwhile.
+    grade: GradeReport | None = None
+    agent_claim: AgentReport | None = None
+
+    def start_attempt(self) -> None:
+        self.error = None
+        self.replay = None
+        self.grade = None
+        self.agent_claim = None
+
+    def take_exit(self, agent_exit: AgentExit) -> None:
+        """How the attempt's agent ended, as its close said."""
+        self.exit_code = agent_exit.exit_code
+        self.failed_calls = list(agent_exit.failed_calls)
+        count = agent_exit.failed_call_count
+        self.failed_call_count = len(self.failed_calls) if count is None else count
+
+
+def rollout_result(
+    spec: RolloutSpec,
+    *,
+    status: RolloutStatus,
+    attempts: int,
+    inbox: RolloutInbox,
+    found: RolloutFindings,
+    duration_seconds: float,
+) -> RolloutResult:
+    """The rollout's one result: what it found, and the final attempt's calls."""
+    calls = inbox.calls
+    call_ids = [c.call_id for c in sorted(calls, key=lambda c: c.sequence)]
+    return RolloutResult(
+        run_id=spec.run_id,
+        rollout_id=spec.rollout_id,
+        group_id=spec.group_id,
+        mode=spec.mode,
+        status=status,
+        reward=found.reward,
+        answer=found.answer,
+        attempts=attempts,
+        calls=len(calls),
+        prompt_tokens=sum(c.prompt_tokens for c in calls),
+        completion_tokens=sum(c.completion_tokens for c in calls),
+        policy_versions=sorted({c.policy_version for c in calls}),
+        call_ids=call_ids,
+        events_digest=hashlib.sha256("\n".join(call_ids).encode()).hexdigest(),
+        exit_code=found.exit_code,
+        error=found.error,
+        duration_seconds=duration_seconds,
+        duplicate_signals=inbox.duplicate_signals,
+        stale_signals=inbox.stale_signals,
+        metadata=found.metadata,
+        failed_calls=found.failed_call_count,
+        failed_call_errors=found.failed_calls[:FAILED_CALLS_SHOWN],
+        replayed_calls=inbox.replayed_calls(),
+        replay_diverged_at=found.replay.diverged_at if found.replay is not None else None,
+        prefix_calls=prefix_calls(found.replay, inbox.prefix_replays()),
+        prefix_diverged_at=prefix_diverged_at(spec.prefix, found.replay),
+        grade=found.grade,
+        agent_claim=found.agent_claim,
+    )
