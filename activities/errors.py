@@ -14,7 +14,16 @@ from __future__ import annotations
 from temporalio.exceptions import ApplicationError
 
 from darl.workflows.errors import DarlError
-from darl.workflows.names import AGENT_LOST_ERROR, AGENT_SPEC_ERROR, REWARD_SPEC_ERROR
+from darl.workflows.names import (
+    AGENT_LOST_ERROR,
+    AGENT_SPEC_ERROR,
+    REWARD_SPEC_ERROR,
+    TRAINING_CONFIG_ERROR,
+    WEIGHT_SYNC_ERROR,
+)
+
+# A trajectory a step must train is not in the store as its rollout committed it.
+TRAJECTORY_LOST = "TrajectoryLost"
 
 
 class ActivitiesError(DarlError):
@@ -45,3 +54,24 @@ def agent_service_unavailable(message: str) -> ApplicationError:
 def agent_stopped_error(message: str) -> ApplicationError:
     """The attempt was stopped (its rollout cancelled) before or while its agent started."""
     return ApplicationError(message, type="AgentStopped", non_retryable=True)
+
+
+def training_config_error(message: str) -> ApplicationError:
+    """The run cannot work as configured (its data, reward, backend or a step's batch): the
+    training workflow fails, saying why; not retried."""
+    return ApplicationError(message, type=TRAINING_CONFIG_ERROR, non_retryable=True)
+
+
+def service_unreachable(message: str) -> ApplicationError:
+    """Something the run needs does not answer yet: retried a while (AT_START), then fatal."""
+    return ApplicationError(message, type="Unreachable")
+
+
+def trajectory_lost_error(message: str) -> ApplicationError:
+    """A step's trajectory is not in the store as its rollout committed it: not retried."""
+    return ApplicationError(message, type=TRAJECTORY_LOST, non_retryable=True)
+
+
+def weight_sync_error(message: str) -> ApplicationError:
+    """The policy servers could not take (or get back) the step's weights: not retried."""
+    return ApplicationError(message, type=WEIGHT_SYNC_ERROR, non_retryable=True)

@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from darl.activities.training_activities import committed_calls
+from darl.activities.policy_steps import committed_calls
 from darl.gateway.store.record import CallRecord
 from darl.workflows.rollout_token import ReplayClaim, TokenClaims, mint_token
 from tests.integration.replay_checks import (

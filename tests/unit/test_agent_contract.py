@@ -14,7 +14,7 @@ from darl.activities.agent_contract import (
     env_map_values,
     task_field,
 )
-from darl.activities.training_activities import rows_missing
+from darl.activities.run_checks import rows_missing
 from darl.workflows.contracts import LocalAgentSpec, RolloutSpec
 
 ISSUER = ContractIssuer("http://gateway.test", b"secret")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from darl.activities.training_activities import committed_calls
+from darl.activities.policy_steps import committed_calls
 from darl.gateway.calls.delivery import EventDelivery, event_of
 from darl.gateway.calls.in_flight import CallsInFlight
 from darl.gateway.calls.model_call import to_the_end

@@ -22,7 +22,7 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from darl.workflows.names import ROLLOUT_FINISHED_SIGNAL, ROLLOUT_WORKFLOW
 
 with workflow.unsafe.imports_passed_through():
-    from darl.activities.training_activities import lookup_rollouts, rollout_specs
+    from darl.activities.trainer_rollouts import lookup_rollouts, rollout_specs
     from darl.workflows.contracts import RolloutResult, RolloutSpec, rollout_workflow_id
     from darl.workflows.rollout_status import RolloutStatus
     from darl.workflows.training_config import TrainingConfig
