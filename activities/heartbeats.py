@@ -1,12 +1,14 @@
 """How an activity heartbeats while it awaits work that does not heartbeat itself: the whole
 activity (`heartbeats_throughout`, a decorator, as the Temporal samples' `auto_heartbeater`),
-or one step of it (`heartbeating`). The cadence is the one rule, `heartbeat_interval`."""
+one step of it (`heartbeating`), or each of its steps (a `Heartbeater` handed down to them).
+The cadence is the one rule, `heartbeat_interval`."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from temporalio import activity
@@ -30,6 +32,18 @@ async def heartbeating(
         if done:
             return task.result()
         beat()
+
+
+@dataclass(frozen=True)
+class Heartbeater:
+    """An activity's heartbeat and its cadence, for code that awaits its work in several
+    steps: `await heartbeater(work)` is `work`, heartbeating every `every` seconds meanwhile."""
+
+    heartbeat: Heartbeat
+    every: float
+
+    async def __call__(self, work: Awaitable[T], /) -> T:
+        return await heartbeating(work, self.every, self.heartbeat)
 
 
 def heartbeats_throughout(

@@ -29,11 +29,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from darl.activities.heartbeats import Heartbeater
 from darl.activities.processes import wait_for_exit
 from darl.activities.sandbox.errors import SandboxSpecError
 from darl.activities.sandbox.supervise import BwrapLaunch
 from darl.workflows.contracts import SandboxLimits
-from darl.workflows.heartbeats import Heartbeat
 
 # The system as this Debian lays it out; a path that is a link on the host (merged /usr) is
 # the same link in the sandbox.
@@ -316,8 +316,7 @@ async def run_sandboxed(
     env: Mapping[str, str],
     log_path: Path,
     timeout: float,
-    heartbeat: Heartbeat,
-    heartbeat_every: float,
+    heartbeater: Heartbeater,
     cwd: Path | None = None,
     bwrap: bool = True,
     hand_over: Sequence[int] = (),
@@ -345,7 +344,7 @@ async def run_sandboxed(
                 os.close(fd)
         if launch:
             launch.spawned()
-        timed_out = await _wait_or_kill(proc, began + timeout, heartbeat, heartbeat_every)
+        timed_out = await _wait_or_kill(proc, began + timeout, heartbeater)
         with contextlib.suppress(ProcessLookupError):  # what the command left behind
             os.killpg(proc.pid, signal.SIGKILL)
         ran, init = await asyncio.to_thread(launch.status) if launch else (True, None)
@@ -360,17 +359,15 @@ async def run_sandboxed(
 
 
 async def _wait_or_kill(
-    proc: asyncio.subprocess.Process, deadline: float, heartbeat: Heartbeat, every: float
+    proc: asyncio.subprocess.Process, deadline: float, heartbeater: Heartbeater
 ) -> bool:
     """Await the process, heartbeating; at the deadline kill its group: True if it did."""
-    while proc.returncode is None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-            return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), min(left, every))
-        heartbeat()
-    return False
+    try:
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
+            await heartbeater(proc.wait())
+        return False
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        return True

@@ -25,12 +25,11 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from darl.activities.agent_contract import env_map_values
-from darl.activities.heartbeats import heartbeating
+from darl.activities.heartbeats import Heartbeater
 from darl.activities.processes import PipeReader, file_tail
 from darl.activities.runners.base import agent_heartbeat_interval
 from darl.activities.sandbox import pytest_results
@@ -74,8 +73,6 @@ from darl.workflows.contracts import (
     SandboxSpec,
 )
 from darl.workflows.heartbeats import Heartbeat
-
-T = TypeVar("T")
 
 GRADING_PREFIX = "grading-"
 
@@ -181,8 +178,10 @@ class _Grading:
         heartbeat: Heartbeat,
     ) -> None:
         self._spec, self._grader, self._sandbox = spec, grader, sandbox
-        self._workspace, self._tools, self._heartbeat = workspace, tools, heartbeat
-        self._every = agent_heartbeat_interval(spec.timeouts.heartbeat_seconds)
+        self._workspace, self._tools = workspace, tools
+        self._heartbeater = Heartbeater(
+            heartbeat, agent_heartbeat_interval(spec.timeouts.heartbeat_seconds)
+        )
         self._run_dir = run_dir
         self._tree = run_dir / "testbed"
         self._log = run_dir / "grading.log"
@@ -192,7 +191,7 @@ class _Grading:
     async def run(self, tests: list[str]) -> GradeReport:
         task = Task(tests, hidden_test_patch(self._spec.task) if tests else "")
         prepared = await prepare(
-            self._workspace, self._tree, task, self._sandbox.limits, self._beating
+            self._workspace, self._tree, task, self._sandbox.limits, self._heartbeater
         )
         await asyncio.to_thread(give_to, self._tree, self._uid)
         if self._grader.kind == "command":
@@ -284,8 +283,7 @@ class _Grading:
             env=env,
             log_path=self._log,
             timeout=self._spec.timeouts.reward_seconds,
-            heartbeat=self._heartbeat,
-            heartbeat_every=self._every,
+            heartbeater=self._heartbeater,
             cwd=cwd,
             bwrap=self._tools is not None,
             hand_over=hand_over,
@@ -293,7 +291,3 @@ class _Grading:
         if run.exit_code is not None and run.exit_code < 0:  # killed by a signal, unsandboxed
             run = SandboxRun(128 - run.exit_code, run.timed_out, run.started, run.seconds)
         return run
-
-    async def _beating(self, work: Awaitable[T]) -> T:
-        """Await a trusted step (a copy, a walk) while heartbeating."""
-        return await heartbeating(work, self._every, self._heartbeat)

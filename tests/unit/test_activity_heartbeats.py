@@ -11,7 +11,7 @@ from datetime import timedelta
 from temporalio import activity
 from temporalio.testing import ActivityEnvironment
 
-from darl.activities.heartbeats import heartbeats_throughout
+from darl.activities.heartbeats import Heartbeater, heartbeats_throughout
 
 
 @activity.defn(name="slow")
@@ -46,3 +46,18 @@ async def test_a_quick_activity_sends_no_heartbeat() -> None:
     env.on_heartbeat = lambda *details: beats.append(details)
     assert await env.run(slow, 0.0) == "done"
     assert beats == []
+
+
+async def test_a_heartbeater_beats_while_each_step_runs_and_gives_its_result() -> None:
+    """The steps of a grading each heartbeat through the one `Heartbeater` handed to them."""
+    beats: list[tuple[object, ...]] = []
+    heartbeater = Heartbeater(lambda *details: beats.append(details), every=0.05)
+
+    async def step(seconds: float) -> float:
+        await asyncio.sleep(seconds)
+        return seconds
+
+    assert await heartbeater(step(0.0)) == 0.0
+    assert beats == []
+    assert await heartbeater(step(0.28)) == 0.28
+    assert 3 <= len(beats) <= 6
