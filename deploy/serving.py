@@ -25,9 +25,10 @@ class _Server(uvicorn.Server):
 
 def freeze_built_heap() -> None:
     """Keep everything a server or worker imported and built at start-up, which lives as long
-    as the process, out of the collector's full passes: they stalled the gateway's event loop
-    50-75 ms under load, a rollout worker's 84-106 ms several times a minute, and a trainer
-    worker's 318 ms. What is garbage already is collected first rather than kept for good."""
+    as the process, out of the collector's full passes: each pass over it stalls the gateway's
+    event loop 50-75 ms under load, a rollout worker's 84-106 ms several times a minute, and a
+    trainer worker's 318 ms. What is garbage already is collected first rather than kept for
+    good."""
     gc.collect()
     gc.freeze()
 
@@ -47,8 +48,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 # How long a server keeps an idle connection open: longer than any client's idle expiry (httpx
 # and the OpenAI SDK 5 s, the gateway's aiohttp pool 30 s), so the client always closes an idle
-# connection first. With uvicorn's 5 s both ends closed at once now and then, and an agent that
-# reused the connection got a ReadError from a gateway that never saw its call.
+# connection first. With uvicorn's default 5 s both ends can close at once, and an agent that
+# reuses the connection then gets a ReadError from a gateway that never saw its call.
 KEEP_ALIVE_SECONDS = 75
 
 

@@ -29,7 +29,7 @@ SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 # ChatML, and function tools as Hermes / Qwen2.5 write them: the tools' signatures in the system
 # block, an assistant's calls as `<tool_call>` JSON after its content (no separator, so a call the
 # model generated renders back as the same characters), tool results in a user block. Messages
-# without tools or tool calls render as plain ChatML did before tools (trained toy tasks depend
+# without tools or tool calls render as plain ChatML, byte for byte (trained toy tasks depend
 # on those bytes). A tool is rendered field by field, not with `tool | tojson`: vLLM passes
 # `tool.model_dump()` (with `"description": null` and more) where a client sent less.
 # Call arguments: a string (OpenAI's form) verbatim, an object (vLLM parses the string into one)
@@ -149,8 +149,9 @@ def build_tokenizer(spec: TinyModelSpec | None = None) -> PreTrainedTokenizerFas
 
     The vocabulary is byte-level (a space is the token `Ġ`), as Qwen2's is: transformers loads
     a `qwen2` model directory with its own Qwen2Tokenizer, whose byte-level pre-tokenizer would
-    drop every whitespace character of a vocabulary that spells them raw (vLLM then saw
-    "What is 3 + 4?" as "Whatis3+4?"). Token ids are what they were with raw names."""
+    drop every whitespace character of a vocabulary that spells them raw (vLLM would see
+    "What is 3 + 4?" as "Whatis3+4?"). A character's id is its place in the alphabet whatever
+    name spells it, so the byte-level names change no id."""
     spec = spec or TinyModelSpec()
     characters = spec.characters
     if not characters or len(set(characters)) != len(characters):

@@ -25,8 +25,8 @@ from darl.workflows.names import ROLLOUT_TASK_QUEUE, ROLLOUT_WORKFLOW
 
 def with_current_revision(spec: RolloutSpec) -> RolloutSpec:
     """The spec as `darl rollout` starts it: at the current revision when the file says none
-    (the field's default, 1, is what a spec meant to the releases before; a user starting a
-    rollout today means today's command sequence)."""
+    (the field's default, 1, is for a history recorded from a spec that names none, which
+    replays as revision 1; a user starting a rollout means today's command sequence)."""
     if "revision" in spec.model_fields_set:
         return spec
     return spec.model_copy(update={"revision": CURRENT_REVISION})

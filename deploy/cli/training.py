@@ -285,8 +285,8 @@ def stop(
         if finish
         else StopRequest(cancel_inflight=True)
     )
-    # Without the fields left at None: a trainer worker of the release before `grace_seconds`
-    # refuses a payload naming a field it does not know (and drops the signal).
+    # Without the fields left at None: a trainer worker of a DARL whose StopRequest has no
+    # `grace_seconds` refuses a payload naming a field it does not know (and drops the signal).
     payload = request.model_dump(mode="json", exclude_none=True)
     _signal(run, STOP_SIGNAL, use_stack(home, temporal_address)[1], namespace, payload)
 
