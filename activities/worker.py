@@ -20,7 +20,8 @@ from darl.activities.http import http_session
 from darl.activities.rollout_activities import RolloutActivities
 from darl.activities.runners.base import AgentRunner
 from darl.activities.runners.http import HttpAgentRunner
-from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
+from darl.activities.runners.kubernetes import KubernetesJobRunner
+from darl.activities.runners.kubernetes_settings import KubernetesSettings
 from darl.activities.runners.local import LocalProcessRunner
 from darl.activities.trainer_reports import ReportActivities, TrainerReports
 from darl.workflows.names import ROLLOUT_TASK_QUEUE

@@ -2,14 +2,15 @@
 rollout and attempt, so a retried launch finds the Job already there and a new worker
 re-attaches to it by name (rule 3).
 
-Failures are classified from Pod and container status fields, never from message text: an
-image that cannot be pulled, a Pod that cannot be scheduled, an eviction or a lost node is an
-infra failure (the attempt is retried); a non-zero exit or the deadline is the agent's result;
-OOMKilled is reported as such. Completion is learned from a watch on the attempt's Pods, with
-a re-list whenever the watch breaks.
+Failures are classified from Pod and container status fields (`kubernetes_pods`), never
+from message text: an image that cannot be pulled, a Pod that cannot be scheduled, an eviction
+or a lost node is an infra failure (the attempt is retried); a non-zero exit or the deadline is
+the agent's result; OOMKilled is reported as such. Completion is learned from a watch on the
+attempt's Pods, with a re-list whenever the watch breaks.
 
 The Job itself, and the security fields enforced over its template (non-root, or root only in
-a sandbox namespace under gVisor), are `kubernetes_manifest`'s.
+a sandbox namespace under gVisor), are `kubernetes_manifest`'s; the runner's settings are
+`kubernetes_settings`'s; grading an ended attempt is `kubernetes_grading`'s.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ import json
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import kr8s
@@ -38,8 +37,13 @@ from darl.activities.runners.kubernetes_manifest import (
     TOKEN_KEY,
     JobManifests,
     job_name,
-    quantity_bytes,
 )
+from darl.activities.runners.kubernetes_pods import (
+    deleted_under_the_agent,
+    first_terminated,
+    pod_infra_problem,
+)
+from darl.activities.runners.kubernetes_settings import KubernetesSettings, quantity_bytes
 from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,
@@ -53,50 +57,7 @@ from darl.workflows.heartbeats import Heartbeat
 
 log = logging.getLogger(__name__)
 
-# Container waiting reasons that mean the image will not run here.
-IMAGE_FAILURES = frozenset(
-    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
-)
 LOG_TAIL_LINES = 50
-
-
-@dataclass(frozen=True)
-class KubernetesSettings:
-    namespace: str = "darl-agents"
-    # None: kr8s finds the cluster (kubeconfig, or the in-cluster service account).
-    api_url: str | None = None
-    jobs_per_minute: float = 120.0
-    ttl_seconds_after_finished: int = 3600
-    # A Pod the scheduler cannot place for this long is an infra failure.
-    unschedulable_seconds: float = 120.0
-    run_as_user: int = 10001
-    # Where a Job that asks for root runs, and the RuntimeClass (gVisor's) it runs under:
-    # the operator's choice, both or neither. Without them such a Job is refused.
-    sandbox_namespace: str | None = None
-    sandbox_runtime_class: str | None = None
-    # Grading an agent (a reward `grader`): DARL's own image, whose container does the
-    # grading's trusted steps in the grading Job; the size and class of each attempt's
-    # volume; where DARL mounts its folders in the Jobs' containers.
-    grading_image: str | None = None
-    grading_volume_size: str = "20Gi"
-    grading_storage_class: str | None = None
-    grading_mount_root: str = "/darl"
-    # The Python of DARL's image.
-    grading_python: str = "python"
-
-    def __post_init__(self) -> None:
-        if (self.sandbox_namespace is None) != (self.sandbox_runtime_class is None):
-            raise ValueError(
-                "give the sandbox namespace and the sandbox RuntimeClass together: root Jobs "
-                "run only under a sandboxing runtime (gVisor's runsc)"
-            )
-        # Refused here, with the worker's flag, rather than by the API at each attempt.
-        quantity_bytes(self.grading_volume_size)
-        if self.sandbox_namespace is not None and self.sandbox_namespace == self.namespace:
-            raise ValueError(
-                f"the sandbox namespace must not be the agents' namespace {self.namespace!r}: "
-                "that one enforces the restricted Pod Security Standard, which refuses root"
-            )
 
 
 class JobRateLimiter:
@@ -316,12 +277,12 @@ class KubernetesJobRunner(AgentRunner):
             tail = await self._log_tail(pod)
             if failed.get("reason") == "DeadlineExceeded":
                 return AgentExit(exit_code=None, timed_out=True, log_tail=tail), seen
-            deleted = _deleted_under_the_agent(pod)
+            deleted = deleted_under_the_agent(pod)
             if deleted is not None:
                 # Not the agent's doing: its next attempt resumes by replay (rule 10).
                 await self.delete_job(name, api, namespace)
                 raise agent_lost_error(f"Job {name}: {deleted}; log tail: {tail[-500:]}")
-            terminated = _terminated(pod)
+            terminated = first_terminated(pod)
             return AgentExit(
                 exit_code=terminated.get("exitCode", 1) if terminated else 1,
                 oom_killed=bool(terminated and terminated.get("reason") == "OOMKilled"),
@@ -351,7 +312,7 @@ class KubernetesJobRunner(AgentRunner):
 
     def infra_problem(self, pod: Any) -> str | None:
         """What makes the Pod's run an infra failure (read from status fields), if anything."""
-        return _infra_problem(pod, self.settings.unschedulable_seconds)
+        return pod_infra_problem(pod, self.settings.unschedulable_seconds)
 
     async def _end_pods(self, name: str, namespace: str, api: Any) -> None:
         """Delete the Job's Pods (the Job, which fails for it, stays)."""
@@ -404,67 +365,3 @@ class KubernetesJobRunner(AgentRunner):
 def _status_code(err: Exception) -> int | None:
     response = getattr(err, "response", None)
     return getattr(response, "status_code", None)
-
-
-def _terminated(pod: Any) -> dict | None:
-    if pod is None:
-        return None
-    for status in pod.raw.get("status", {}).get("containerStatuses", []) or []:
-        terminated = status.get("state", {}).get("terminated")
-        if terminated:
-            return terminated
-    return None
-
-
-def _deleted_under_the_agent(pod: Any) -> str | None:
-    """Why the Pod of a Job that failed (not at its deadline) was taken from its agent, if it
-    was: deleted (gone, or terminating: DARL deletes only the Job, and never before the
-    agent ended), or disrupted (preempted, evicted, a tainted node: DisruptionTarget)."""
-    if pod is None:
-        return "its Pod was deleted"
-    if pod.raw.get("metadata", {}).get("deletionTimestamp"):
-        return "its Pod was deleted while the agent ran"
-    for condition in pod.raw.get("status", {}).get("conditions", []) or []:
-        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
-            return f"its Pod was disrupted ({condition.get('reason', 'unknown reason')})"
-    return None
-
-
-def _infra_problem(pod: Any, unschedulable_seconds: float) -> str | None:
-    """What makes an attempt an infra failure, read from status fields."""
-    if pod is None:
-        return None
-    status = pod.raw.get("status", {})
-    if status.get("reason") in {"Evicted", "NodeLost", "Preempting"}:
-        return f"the Pod was {status['reason'].lower()}"
-    if status.get("phase") == "Unknown":
-        return "the Pod's node was lost"
-    statuses = [
-        *(status.get("initContainerStatuses") or []),
-        *(status.get("containerStatuses") or []),
-    ]
-    for container in statuses:
-        waiting = container.get("state", {}).get("waiting") or {}
-        if waiting.get("reason") in IMAGE_FAILURES:
-            return f"image {container.get('image')} cannot be pulled ({waiting['reason']})"
-    for condition in status.get("conditions", []) or []:
-        if (
-            condition.get("type") == "PodScheduled"
-            and condition.get("status") == "False"
-            and condition.get("reason") == "Unschedulable"
-        ):
-            created = pod.raw.get("metadata", {}).get("creationTimestamp")
-            age = _age_seconds(created)
-            if age is None or age >= unschedulable_seconds:
-                return f"the Pod cannot be scheduled: {condition.get('message', '')}".strip()
-    return None
-
-
-def _age_seconds(timestamp: str | None) -> float | None:
-    if not timestamp:
-        return None
-    try:
-        created = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return time.time() - created.timestamp()

@@ -4,8 +4,8 @@ the agent's Job has ended.
 The agent's Job worked on a PersistentVolumeClaim of the attempt (`kubernetes_manifest`): its
 first container put the image's repository there twice, `workspace/` (the agent's, mounted
 at its workdir) and `base/` (as the image had it, mounted in no container of the agent's).
-The grading Job, in the agent's namespace and under its security and RuntimeClass, has two
-containers:
+The grading Job (`kubernetes_grading_manifest`), in the agent's namespace and under its
+security and RuntimeClass, has two containers:
 
 - `darl-prepare`, DARL's image (`KubernetesSettings.grading_image`), an init container: the
   trusted steps (`sandbox.grading_job`) on the volume, with the hidden tests from a Secret
@@ -22,27 +22,31 @@ and the volume go together.
 
 from __future__ import annotations
 
-import copy
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import kr8s
 from kr8s.asyncio.objects import Job
 
-from darl.activities.agent_contract import env_map_values
-from darl.activities.runners.kubernetes_manifest import (
-    ATTEMPT_VOLUME,
-    MANAGED_BY,
-    TOKEN_VARS,
-    attempt_claim,
+from darl.activities.runners.kubernetes_grading_manifest import (
+    LOG_MARK,
+    NOT_READY_EXIT,
+    PREPARE,
+    TESTS,
+    TIMED_OUT_EXIT,
+    graded,
+    grading_job_manifest,
+    grading_job_name,
+    wait_seconds,
 )
+from darl.activities.runners.kubernetes_manifest import MANAGED_BY
+from darl.activities.runners.kubernetes_settings import KubernetesSettings
 from darl.activities.sandbox.errors import GradingError, SandboxError
 from darl.activities.sandbox.grading import hidden_test_patch, listed_tests
 from darl.activities.sandbox.grading_job import (
     FAILED_MARK,
-    GRADING_SUBPATH,
     PREPARED_MARK,
     UNGRADABLE_EXIT,
     UNGRADABLE_MARK,
@@ -61,54 +65,10 @@ from darl.activities.sandbox.preparation import Preparation
 from darl.workflows.contracts import (
     AwaitRequest,
     GradeReport,
-    GraderSpec,
-    KubernetesAgentSpec,
     RolloutSpec,
 )
 from darl.workflows.heartbeats import Heartbeat
 
-if TYPE_CHECKING:
-    from darl.activities.runners.kubernetes import KubernetesJobRunner
-
-PREPARE, TESTS = "darl-prepare", "darl-tests"
-# What the trusted steps may take on top of the tests' own timeout.
-PREPARE_SECONDS = 600
-# The grading Job's deadline past the two (the tests end at theirs, by `timeout`).
-DEADLINE_GRACE_SECONDS = 60
-# The tests container's output: the plugin's records, then this line, then pytest's log.
-LOG_MARK = "DARL-TESTS-LOG"
-# `timeout`'s own exit status when the command ran past it.
-TIMED_OUT_EXIT = 124
-# The tests container's exit status when the tests could not start (its /tmp, or a Python
-# that cannot run pytest); a command that exits so itself exits 96 instead.
-NOT_READY_EXIT = 97
-# The tests container's command. The records of DARL's plugin go to the container's output
-# (fd 3); pytest's own output to a log in /tmp, read back through a descriptor opened before
-# the tests ran (they may put a FIFO or a link in its place). Before the tests, the image's
-# Python is checked from `/` (nothing of the workspace on its path): only then is a run
-# whose records never reached DARL the tests' doing. Whether the tests ran is told by the
-# exit status, which only this shell (the container's first process) sets.
-TESTS_SCRIPT = rf"""
-seconds="$1"; python="$2"; plugin="$3"; shift 3
-log="${{TMPDIR:-/tmp}}/darl-tests.log"
-: >"$log" && exec 5<"$log" || exit {NOT_READY_EXIT}
-if [ "$python" != - ] && ! (cd / && "$python" -I "$plugin" --check) >"$log" 2>&1; then
-    echo {LOG_MARK}
-    tail -c {LOG_TAIL_BYTES} <&5
-    exit {NOT_READY_EXIT}
-fi
-if command -v timeout >/dev/null; then
-    timeout -k 10 "$seconds" "$@" 3>&1 >>"$log" 2>&1 5<&-
-else
-    "$@" 3>&1 >>"$log" 2>&1 5<&-
-fi
-code=$?
-[ "$code" -eq {NOT_READY_EXIT} ] && code=96
-echo
-echo {LOG_MARK}
-tail -c {LOG_TAIL_BYTES} <&5
-exit "$code"
-"""
 # The kubelet's eviction messages for a Pod over its own storage limits
 # (pkg/kubelet/eviction/helpers.go), as against the node's pressure.
 OWN_STORAGE_EVICTION = re.compile(
@@ -116,12 +76,6 @@ OWN_STORAGE_EVICTION = re.compile(
     r"|Container \S+ exceeded its local ephemeral storage limit"
     r"|Pod ephemeral local storage usage exceeds the total limit of containers"
 )
-# The contract's variables a grading never gets (the tests never hold the rollout token).
-CONTRACT_PREFIXES = ("DARL_", "OPENAI_", "ANTHROPIC_", "AGL_", "TRACEPARENT")
-
-
-def grading_job_name(job: str) -> str:
-    return f"{job}-grade"
 
 
 @dataclass(frozen=True)
@@ -145,16 +99,33 @@ def own_storage_eviction(pod: Any) -> str | None:
     return None
 
 
+class JobRunner(Protocol):
+    """What the grading uses of the Kubernetes runner (`kubernetes.KubernetesJobRunner`):
+    its settings and its idempotent Job, Secret and Pod operations."""
+
+    settings: KubernetesSettings
+
+    async def api(self) -> Any: ...
+    async def find(self, kind: type, name: str, api: Any, namespace: str) -> Any | None: ...
+    async def create_or_find_job(self, manifest: dict, api: Any) -> Any: ...
+    async def create_secret(self, metadata: dict, data: dict[str, str], api: Any) -> None: ...
+    async def delete_job(self, name: str, api: Any, namespace: str) -> None: ...
+    def infra_problem(self, pod: Any) -> str | None: ...
+    async def watch_pods(
+        self, name: str, namespace: str, api: Any, seconds: float, seen: dict[str, str]
+    ) -> None: ...
+
+
 class KubernetesGrading:
     """Grades the ended attempts of one runner's Jobs."""
 
-    def __init__(self, runner: KubernetesJobRunner) -> None:
+    def __init__(self, runner: JobRunner) -> None:
         self._runner = runner
         self._settings = runner.settings
 
     async def grade(self, request: AwaitRequest, heartbeat: Heartbeat) -> GradeReport:
         spec, handle = request.spec, request.handle
-        agent, grader = _graded(spec)
+        agent, grader = graded(spec)
         api = await self._runner.api()
         name, namespace = handle.data["job"], handle.data["namespace"]
         began = time.monotonic()
@@ -195,127 +166,8 @@ class KubernetesGrading:
     # --- the grading Job ---------------------------------------------------------------
 
     def grading_job(self, agent_job: dict, request: AwaitRequest) -> dict:
-        """The grading Job of the attempt whose Job is `agent_job`: its Pod made from the
-        agent's (namespace, security, RuntimeClass, the agent container's image and
-        environment less the agent contract), owned by the agent's Job."""
-        spec = request.spec
-        agent, grader = _graded(spec)
-        meta = agent_job["metadata"]
-        name = grading_job_name(meta["name"])
-        pod = copy.deepcopy(agent_job["spec"]["template"]["spec"])
-        agent_container = pod["containers"][0]
-        root = self._settings.grading_mount_root
-        attempt, run, task = f"{root}/attempt", f"{root}/run", f"{root}/task"
-        security = copy.deepcopy(agent_container.get("securityContext") or {})
-        prepare = {
-            "name": PREPARE,
-            "image": self._settings.grading_image,
-            "command": [
-                self._settings.grading_python,
-                *("-m", "darl.activities.sandbox.grading_job"),
-                *("--attempt", attempt, "--task", f"{task}/task.json", "--run", run),
-                *("--workdir", agent.workdir),
-            ],
-            "env": [{"name": "HOME", "value": "/tmp"}],
-            "securityContext": security,
-            "volumeMounts": [
-                {"name": ATTEMPT_VOLUME, "mountPath": attempt},
-                {"name": "darl-task", "mountPath": task, "readOnly": True},
-                {"name": "darl-run", "mountPath": run},
-            ],
-        }
-        limits = agent.limits
-        plugin = f"{run}/pytest_results.py"
-        if grader.kind == "swe_tests":
-            check = [agent.test_python, plugin]
-            command = [
-                agent.test_python,
-                *("-I", "-B", plugin, "--results-fd", "3"),
-                *("--root", agent.workdir, "--args-file", f"{run}/args.json"),
-            ]
-        else:
-            check, command = ["-", "-"], list(grader.command or [])
-        # The agent container's environment less the agent contract, the task's values the
-        # grader maps, and no pytest plugin but DARL's, as the local grader runs the tests.
-        env = [
-            var
-            for var in agent_container.get("env") or []
-            if not var.get("name", "").startswith(CONTRACT_PREFIXES)
-            and var.get("name") not in TOKEN_VARS
-        ]
-        scratch = f"{root}/tmp"
-        mapped = env_map_values(spec.task, grader.env_map)
-        mapped |= {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "TMPDIR": scratch}
-        env = [var for var in env if var.get("name") not in mapped]
-        env += [{"name": key, "value": value} for key, value in mapped.items()]
-        tests = {
-            "name": TESTS,
-            "image": agent_container["image"],
-            "command": ["/bin/sh", "-c", TESTS_SCRIPT, TESTS],
-            "args": [str(int(spec.timeouts.reward_seconds)), *check, *command],
-            "workingDir": agent.workdir,
-            "env": env,
-            "securityContext": copy.deepcopy(security),
-            # The container's writable layer and log too: past it, the kubelet evicts the
-            # Pod, the tests' own outcome (`own_storage_eviction`).
-            "resources": {
-                "limits": {
-                    "memory": f"{limits.memory_mb}Mi",
-                    "ephemeral-storage": f"{limits.tmp_mb}Mi",
-                }
-            },
-            "volumeMounts": [
-                {
-                    "name": ATTEMPT_VOLUME,
-                    "mountPath": agent.workdir,
-                    "subPath": f"{GRADING_SUBPATH}/testbed",
-                },
-                {"name": "darl-run", "mountPath": run, "readOnly": True},
-                {"name": "darl-tmp", "mountPath": scratch},
-            ],
-        }
-        pod.update(
-            initContainers=[prepare],
-            containers=[tests],
-            restartPolicy="Never",
-            automountServiceAccountToken=False,
-            volumes=[
-                {
-                    "name": ATTEMPT_VOLUME,
-                    "persistentVolumeClaim": {"claimName": attempt_claim(meta["name"])},
-                },
-                {"name": "darl-task", "secret": {"secretName": name}},
-                {"name": "darl-run", "emptyDir": {}},
-                {"name": "darl-tmp", "emptyDir": {"sizeLimit": f"{limits.tmp_mb}Mi"}},
-            ],
-        )
-        # The Pod has no `app.kubernetes.io/managed-by` label: the agents' NetworkPolicy,
-        # which lets DARL's Pods reach the gateway, selects by it; a grading Pod gets only the
-        # namespace's default-deny, no traffic at all.
-        labels = {
-            **{k: v for k, v in (meta.get("labels") or {}).items() if k.startswith("darl.dev/")},
-            "darl.dev/role": "grading",
-        }
-        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"]}
-        owner |= {"uid": meta["uid"], "controller": False, "blockOwnerDeletion": True}
-        deadline = PREPARE_SECONDS + int(spec.timeouts.reward_seconds) + DEADLINE_GRACE_SECONDS
-        return {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {
-                "name": name,
-                "namespace": meta["namespace"],
-                "labels": {**labels, **MANAGED_BY},
-                "annotations": dict(meta.get("annotations") or {}),
-                "ownerReferences": [owner],
-            },
-            "spec": {
-                "backoffLimit": 0,
-                "activeDeadlineSeconds": deadline,
-                "ttlSecondsAfterFinished": self._settings.ttl_seconds_after_finished,
-                "template": {"metadata": {"labels": labels}, "spec": pod},
-            },
-        }
+        """The grading Job of the attempt whose Job is `agent_job`."""
+        return grading_job_manifest(agent_job, request, self._settings)
 
     async def _ended_pod(
         self, name: str, namespace: str, api: Any, spec: RolloutSpec, heartbeat: Heartbeat
@@ -327,8 +179,7 @@ class KubernetesGrading:
         deadline reached before the tests began) is no grade: the Job is deleted and the try
         fails, so the retry grades afresh."""
         runner = self._runner
-        grace = DEADLINE_GRACE_SECONDS * 2
-        deadline = time.time() + PREPARE_SECONDS + spec.timeouts.reward_seconds + grace
+        deadline = time.time() + wait_seconds(spec.timeouts.reward_seconds)
         tests_began = False
         while True:
             heartbeat({"grading": name})
@@ -370,7 +221,7 @@ class KubernetesGrading:
             await runner.watch_pods(name, namespace, api, 5.0, seen)
 
     async def _report(self, pod: Any, tests: list[str], spec: RolloutSpec) -> GradeReport:
-        _, grader = _graded(spec)
+        _, grader = graded(spec)
         prepare = _terminated(pod, PREPARE, init=True)
         prepared_log = await _log(pod, PREPARE, RESULTS_CAP_BYTES)
         if prepare is None:
@@ -407,13 +258,6 @@ class KubernetesGrading:
             log_tail=log_tail,
         )
         return preparation.graded(tests, run, spec.timeouts.reward_seconds, grader.partial_credit)
-
-
-def _graded(spec: RolloutSpec) -> tuple[KubernetesAgentSpec, GraderSpec]:
-    agent, grader = spec.agent, spec.reward.grader
-    if not isinstance(agent, KubernetesAgentSpec) or grader is None:
-        raise GradingError("a Kubernetes grading needs a Kubernetes agent and a grader")
-    return agent, grader
 
 
 def _terminated(pod: Any, container: str, init: bool = False) -> dict | None:

@@ -13,17 +13,15 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jinja2
 import yaml
 
 from darl.activities.agent_contract import AgentContract
 from darl.activities.errors import agent_spec_error
+from darl.activities.runners.kubernetes_settings import KubernetesSettings
 from darl.workflows.contracts import KubernetesAgentSpec, RolloutSpec
-
-if TYPE_CHECKING:
-    from darl.activities.runners.kubernetes import KubernetesSettings
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "darl"}
 # A graded attempt's volume: the repository the agent works on (`workspace`), and the
@@ -37,13 +35,6 @@ SEED_SCRIPT = (
     ' && (cd "$1" && tar -cf - .) | (cd "$2/workspace" && tar -xf -)'
     ' && (cd "$1" && tar -cf - .) | (cd "$2/base" && tar -xf -)'
 )
-# Kubernetes' quantity suffixes (of a volume's size), as multiples of a byte.
-QUANTITY_SUFFIXES = {
-    **{s: 1024 ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-    **{s: 1000 ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
-    "": 1,
-}
-QUANTITY = re.compile(r"(\d+(?:\.\d+)?)([A-Za-z]*)")
 TOKEN_KEY = "token"
 # The task reaches the agent as a file from the attempt's Secret (DARL_TASK only while it is
 # small: `agent_contract.task_env`), at most TASK_SECRET_MAX_BYTES (a Secret holds 1 MiB).
@@ -61,15 +52,6 @@ TOKEN_VARS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AGL_KEY")
 # All six are in the `baseline` Pod Security Standard's list; under gVisor they are
 # capabilities of its user-space kernel, not of the node's.
 SANDBOXED_ROOT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETGID", "SETUID")
-
-
-def quantity_bytes(quantity: str) -> int:
-    """The bytes a Kubernetes quantity names (`20Gi`, `500M`, `1073741824`); ValueError for
-    anything else."""
-    match = QUANTITY.fullmatch(quantity.strip())
-    if match is None or match.group(2) not in QUANTITY_SUFFIXES:
-        raise ValueError(f"{quantity!r} is not a size Kubernetes takes (e.g. 20Gi, 500M)")
-    return int(float(match.group(1)) * QUANTITY_SUFFIXES[match.group(2)])
 
 
 def job_name(rollout_id: str, attempt: int) -> str:

@@ -264,7 +264,7 @@ def worker(
 ) -> None:
     """Run a rollout worker (RolloutWorkflow and the agent activities)."""
     setup_logging()
-    from darl.activities.runners.kubernetes import KubernetesSettings
+    from darl.activities.runners.kubernetes_settings import KubernetesSettings
     from darl.activities.worker import RolloutWorkerSettings, build_worker
 
     try:

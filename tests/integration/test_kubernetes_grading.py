@@ -22,10 +22,12 @@ from kr8s.asyncio.objects import Job
 from temporalio.exceptions import ApplicationError
 
 from darl.activities.agent_contract import ContractIssuer
-from darl.activities.runners import kubernetes_grading
-from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
-from darl.activities.runners.kubernetes_grading import KubernetesGrading, grading_job_name
+from darl.activities.runners import kubernetes_grading_manifest
+from darl.activities.runners.kubernetes import KubernetesJobRunner
+from darl.activities.runners.kubernetes_grading import KubernetesGrading
+from darl.activities.runners.kubernetes_grading_manifest import grading_job_name
 from darl.activities.runners.kubernetes_manifest import attempt_claim
+from darl.activities.runners.kubernetes_settings import KubernetesSettings
 from darl.activities.sandbox.errors import GradingError
 from darl.workflows.contracts import (
     AwaitRequest,
@@ -341,8 +343,8 @@ async def test_tests_that_outrun_the_grading_jobs_deadline_grade_0(
     """An image without `timeout` leaves the tests to the grading Job's deadline: the Job's
     controller ends them, and the attempt is graded 0, timed out (not retried as DARL's
     failure). The deadline is shortened to seconds here."""
-    monkeypatch.setattr(kubernetes_grading, "PREPARE_SECONDS", 8)
-    monkeypatch.setattr(kubernetes_grading, "DEADLINE_GRACE_SECONDS", 1)
+    monkeypatch.setattr(kubernetes_grading_manifest, "PREPARE_SECONDS", 8)
+    monkeypatch.setattr(kubernetes_grading_manifest, "DEADLINE_GRACE_SECONDS", 1)
     tools = tmp_path / "bin"  # the task image's PATH: no `timeout`
     tools.mkdir()
     for tool in ("sh", "cat", "tail", "sleep"):

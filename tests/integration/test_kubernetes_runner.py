@@ -18,8 +18,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from darl.activities.agent_contract import ContractIssuer
-from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
+from darl.activities.runners.kubernetes import KubernetesJobRunner
 from darl.activities.runners.kubernetes_manifest import job_name
+from darl.activities.runners.kubernetes_settings import KubernetesSettings
 from darl.workflows.contracts import (
     AgentExit,
     AgentHandle,

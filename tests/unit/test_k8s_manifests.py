@@ -22,8 +22,9 @@ import yaml
 from temporalio.exceptions import ApplicationError
 
 from darl.activities.agent_contract import ContractIssuer
-from darl.activities.runners.kubernetes import KubernetesJobRunner, KubernetesSettings
+from darl.activities.runners.kubernetes import KubernetesJobRunner
 from darl.activities.runners.kubernetes_grading import KubernetesGrading
+from darl.activities.runners.kubernetes_settings import KubernetesSettings
 from darl.workflows import search_attributes
 from darl.workflows.contracts import (
     AgentHandle,

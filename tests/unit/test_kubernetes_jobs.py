@@ -12,13 +12,10 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from darl.activities.agent_contract import ContractIssuer
-from darl.activities.runners.kubernetes import (
-    JobRateLimiter,
-    KubernetesJobRunner,
-    KubernetesSettings,
-)
+from darl.activities.runners.kubernetes import JobRateLimiter, KubernetesJobRunner
 from darl.activities.runners.kubernetes_grading import own_storage_eviction
 from darl.activities.runners.kubernetes_manifest import job_name
+from darl.activities.runners.kubernetes_settings import KubernetesSettings
 from darl.workflows.contracts import KubernetesAgentSpec, RolloutSpec, RolloutTimeouts
 from tests.k8s_schema import validate
 
