@@ -1,0 +1,149 @@
+"""How a rollout's agent is run: as a local process (optionally in a sandboxed workspace), as an
+HTTP service, or as a Kubernetes Job, and what its sandbox may use (`AgentSpec`, the
+`RolloutSpec.agent` field)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from darl.workflows.contracts.base import Contract
+
+
+class SandboxLimits(Contract):
+    """What one attempt's sandbox may use, the agent's and its grading's alike. Each process
+    gets `memory_mb` of address space, `cpu_seconds` of CPU and writes files of at most
+    `file_size_mb`; the sandbox runs at most `processes` processes and threads at once, its
+    private /tmp holds `tmp_mb`; the grader copies a workspace of at most `workspace_mb`
+    (each file once however many links it has, by its full size even where it is sparse) and
+    `workspace_files` entries. Hitting one is the agent's outcome, never DARL's failure: the
+    process that hit it is refused or killed, and a workspace over its limit grades 0."""
+
+    memory_mb: int = Field(default=8192, ge=64)
+    processes: int = Field(default=512, ge=16)
+    cpu_seconds: int = Field(default=3600, ge=1)
+    file_size_mb: int = Field(default=1024, ge=1)
+    tmp_mb: int = Field(default=1024, ge=1)
+    workspace_mb: int = Field(default=2048, ge=1)
+    workspace_files: int = Field(default=200_000, ge=100)
+
+
+class SandboxSpec(Contract):
+    """A fresh workspace per attempt, isolated, for agents that change files (coding agents).
+
+    The workspace is the task's repository at its commit: `repo` and `commit` name task
+    fields (`input.<path>`, as `env_map` does; SWE-bench's `repo` and `base_commit` by
+    default), and `<repos_dir>/<repo with "/" as "__">` is a git repository holding that
+    commit (SWE-smith's mirror naming). Each attempt gets its own copy, the agent's working
+    directory, seen by the agent at `workdir`; its git directory stays outside, so the agent
+    cannot rewrite what it started from. `isolation` `bubblewrap` runs the agent (and a
+    grader's tests) in Debian's `bwrap`: nothing writable but the workspace and a private
+    `/tmp`, nothing readable but the system directories and `read_only`, no network but the
+    gateway. `none` runs it in the workspace without isolation (for machines without
+    bubblewrap; the agent can then reach anything the worker can). A relative `repos_dir` or
+    `read_only` path is the worker's working directory's; `{prefix}` (the worker's Python
+    environment) and `{cwd}` work in them as in `command` and `env`.
+    """
+
+    repos_dir: str
+    repo: str = "input.repo"
+    commit: str = "input.base_commit"
+    workdir: str = "/testbed"
+    isolation: Literal["bubblewrap", "none"] = "bubblewrap"
+    # Paths the agent sees read-only, at the same place, besides the system directories
+    # (/usr, the /etc files programs need): its harness's virtual environment, its own code.
+    read_only: list[str] = Field(default_factory=list)
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
+
+    @field_validator("repo", "commit")
+    @classmethod
+    def _task_path(cls, value: str) -> str:
+        if not value.startswith("input."):
+            raise ValueError(f"{value!r} must name a task field as 'input.<path>'")
+        return value
+
+
+class LocalAgentSpec(Contract):
+    """An agent run as a local process in its own process group.
+
+    `command` is an argv list; in it and in `env` values, `{python}` is the worker's Python,
+    `{prefix}` its environment (`sys.prefix`) and `{cwd}` the directory the worker runs in.
+    `entrypoint` (`module:Class` or `module.Class`) runs an Agent Lightning style agent:
+    `Class().run()`, awaited if it is a coroutine. Exactly one of the two is given.
+    `env_map` sets variables as Agent Lightning does: `"input"` is the task (as JSON unless it
+    is a string), `"input.<path>"` a value in it (`input.question`, `input.items.0`; a path
+    the task lacks is an error), any other value is itself (`{"MODEL": "Qwen/Qwen2.5-1.5B"}`).
+    """
+
+    kind: Literal["local"] = "local"
+    command: list[str] | None = None
+    entrypoint: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    env_map: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    # A fresh, isolated workspace per attempt (the agent's working directory; `cwd` unset).
+    sandbox: SandboxSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_way_to_start(self) -> LocalAgentSpec:
+        if (self.command is None) == (self.entrypoint is None):
+            raise ValueError("give exactly one of 'command' and 'entrypoint'")
+        if self.command is not None and not self.command:
+            raise ValueError("'command' must not be empty")
+        if self.sandbox is not None and self.cwd is not None:
+            raise ValueError("a sandboxed agent runs in its workspace: leave 'cwd' unset")
+        return self
+
+
+class HttpAgentSpec(Contract):
+    """An agent that already runs as an HTTP service: DARL POSTs the rollout to `url` and the
+    response body is the agent's report. The request carries `Idempotency-Key:
+    <rollout>/<attempt>`; a service that honours it never runs an attempt twice."""
+
+    kind: Literal["http"] = "http"
+    url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    env_map: dict[str, str] = Field(default_factory=dict)
+
+
+class KubernetesAgentSpec(Contract):
+    """An agent run as a Kubernetes Job, one per attempt.
+
+    `job_template` is a Job manifest (YAML, Jinja placeholders over `task`, `rollout_id`,
+    `attempt`, `run_id`, `mode`, and Agent Lightning's `input` (the task), `job_name` and
+    `yaml_escape` filter) on the worker's disk; without one, `image` and `command`
+    make a one-container Job. DARL fills in the name, labels, the agent contract in the
+    environment (the token from a Secret owned by the Job) and enforces what makes an attempt
+    durable and contained: `backoffLimit: 0`, `restartPolicy: Never`, the rollout timeout as
+    `activeDeadlineSeconds`, no service account token, non-root (a template that asks for
+    root, `runAsUser: 0`, runs only in the worker's sandbox namespace under its RuntimeClass,
+    and is refused without one).
+
+    With a reward `grader`, the repository the agent works on is the image's `workdir`, put
+    on a volume of the attempt before the agent starts (with a copy of it as the image had
+    it, which the agent never sees); after the agent, DARL grades it in a second Job on that
+    volume, in the same image, with `test_python` (the image's Python that has pytest)
+    running the tests, within `limits` (memory, /tmp, what the grader copies).
+    """
+
+    kind: Literal["kubernetes"] = "kubernetes"
+    job_template: str | None = None
+    image: str | None = None
+    command: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    env_map: dict[str, str] = Field(default_factory=dict)
+    workdir: str = "/testbed"
+    test_python: str = "python"
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
+
+    @model_validator(mode="after")
+    def _one_way_to_start(self) -> KubernetesAgentSpec:
+        if (self.job_template is None) == (self.image is None):
+            raise ValueError("give exactly one of 'job_template' and 'image'")
+        return self
+
+
+AgentSpec = Annotated[
+    LocalAgentSpec | HttpAgentSpec | KubernetesAgentSpec, Field(discriminator="kind")
+]

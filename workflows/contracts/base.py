@@ -1,0 +1,25 @@
+"""What every contract shares: the frozen pydantic base model, the rollout id's form and the
+one workflow id it maps to, and the rollout's mode."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+# Rollout ids travel in URL paths (/rollouts/<id>/v1) and file names, so they stay URL-safe.
+ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+
+
+def rollout_workflow_id(rollout_id: str) -> str:
+    """The one workflow id of a rollout: a retried start can never make a second agent."""
+    return f"rollout/{rollout_id}"
+
+
+class Contract(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RolloutMode(StrEnum):
+    TRAIN = "train"
+    VAL = "val"
