@@ -1,6 +1,8 @@
-"""The gateway's settings and the `Gateway` that owns its state: traffic control, the proxy,
-its clients, the journal. It sits below the routes and the app that serve it: the routes reach
-it through `routes/dependencies.py`, nothing here imports a route."""
+"""The gateway's settings and the `Gateway` that owns its state: traffic control, the proxy
+and the peers it is handed, which the routes reach too (the recorder, the replayer and its
+replay book, the upstream models, the calls in flight), its clients, the journal. It sits
+below the routes and the app that serve it: the routes reach it through
+`routes/dependencies.py`, nothing here imports a route."""
 
 from __future__ import annotations
 
@@ -15,10 +17,14 @@ from temporalio.client import Client
 
 from darl.gateway.calls.delivery import EventDelivery
 from darl.gateway.calls.forwarding import Forwarder, RetrySettings
+from darl.gateway.calls.in_flight import CallsInFlight
 from darl.gateway.calls.proxy import ModelCallProxy, ProxySettings
+from darl.gateway.calls.recording import CallRecorder
 from darl.gateway.calls.replay import ReplayBook
+from darl.gateway.calls.replayer import Replayer
 from darl.gateway.calls.rollouts import RolloutRegistry
 from darl.gateway.calls.traffic import PauseGate, UpstreamPool
+from darl.gateway.calls.upstream_models import UpstreamModels
 from darl.gateway.calls.versions import UpstreamVersions
 from darl.gateway.defaults import (
     INSTANCE,
@@ -94,7 +100,8 @@ class GatewaySettings:
 
 
 class Gateway:
-    """Owns the gateway's state: settings, traffic control, the proxy and its clients."""
+    """Owns the gateway's state: settings, traffic control, the proxy and its peers, and its
+    clients."""
 
     def __init__(
         self,
@@ -129,6 +136,33 @@ class Gateway:
         self.delivery = EventDelivery(
             self.registry, store, self.metrics, settings.signal_interval_seconds
         )
+        self.upstream_models = UpstreamModels(
+            forwarder=self.forwarder,
+            pool=self.pool,
+            model=settings.proxy.model,
+            call_deadline_seconds=settings.proxy.call_deadline_seconds,
+        )
+        # The replay sessions of the attempts this gateway serves: the proxy's replayer
+        # reads them, a recorded live call ends one, an attempt's close forgets it.
+        self.replays = ReplayBook(store)
+        self.in_flight = CallsInFlight()
+        self.recorder = CallRecorder(
+            store=store,
+            registry=self.registry,
+            delivery=self.delivery,
+            metrics=self.metrics,
+            replays=self.replays,
+        )
+        self.replayer = Replayer(
+            self.replays,
+            store,
+            self.registry,
+            self.delivery,
+            self.metrics,
+            self.upstream_models.prompt_ids,
+            in_flight=self.in_flight,
+            wait_seconds=settings.proxy.call_deadline_seconds,
+        )
         self.proxy = ModelCallProxy(
             settings=settings.proxy,
             pool=self.pool,
@@ -136,10 +170,12 @@ class Gateway:
             forwarder=self.forwarder,
             store=store,
             registry=self.registry,
-            delivery=self.delivery,
             metrics=self.metrics,
             versions=self.versions,
-            replays=ReplayBook(store),
+            upstream_models=self.upstream_models,
+            recorder=self.recorder,
+            replayer=self.replayer,
+            in_flight=self.in_flight,
             stale_wait_seconds=settings.stale_wait_seconds,
         )
         self.metrics.inflight.set_function(lambda: sum(self.gate.inflight().values()))

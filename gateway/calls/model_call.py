@@ -26,6 +26,9 @@ from darl.workflows.rollout_token import TokenClaims
 
 T = TypeVar("T")
 
+# The status a call is recorded failed with when its agent hung up (nginx's "client closed").
+CLIENT_CLOSED = 499
+
 
 class ClientGone(Exception):
     """The agent went away while its call was at work."""

@@ -1,7 +1,8 @@
 """Agent protocols other than chat completions (the Responses API, the Anthropic Messages API)
 reach the policy server as chat completions: a `Translation` turns the agent's request into
 the chat request the gateway forwards (and captures, token ids and logprobs forced as for any
-chat call), and the policy server's answer back into the agent's protocol, whole or streamed.
+chat call), and the policy server's answer back into the agent's protocol, whole or streamed
+(each protocol's `StreamTranslation`, see `stream`).
 
 The trainer never learns which protocol an agent spoke: the record is a chat completion call,
 with its protocol noted (`CallRecord.protocol`).
@@ -22,6 +23,7 @@ from darl.gateway.errors import (
     describe_errors,
     error_body,
 )
+from darl.gateway.protocols.stream import StreamTranslation
 from darl.gateway.store.base import TrajectoryStore
 from darl.workflows.rollout_token import TokenClaims
 
@@ -89,24 +91,6 @@ def chat_tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-class ChatAnswer:
-    """The parts of a chat completion (whole, or assembled from a stream) a translation reads."""
-
-    def __init__(self, response: dict[str, Any]) -> None:
-        choice = (response.get("choices") or [{}])[0]
-        message = choice.get("message") or {}
-        self.model = str(response.get("model") or "")
-        self.text = str(message.get("content") or "")
-        self.tool_calls: list[dict[str, Any]] = list(message.get("tool_calls") or [])
-        self.finish_reason = choice.get("finish_reason")
-        # vLLM says which stop string ended the answer (None for EOS).
-        self.stop_reason = choice.get("stop_reason")
-        self.prompt_tokens = len(response.get("prompt_token_ids") or [])
-        self.completion_tokens = len(choice.get("token_ids") or [])
-        logprobs = choice.get("logprobs") or {}
-        self.logprobs: list[dict[str, Any]] = list(logprobs.get("content") or [])
-
-
 def upstream_error_message(body: bytes) -> str:
     """The message of a policy server's error answer (OpenAI's shape), else its text."""
     try:
@@ -122,22 +106,6 @@ def upstream_error_message(body: bytes) -> str:
         if parsed.get("message"):
             return str(parsed["message"])
     return json.dumps(parsed)[:2000]
-
-
-class StreamTranslation(ABC):
-    """Turns the policy server's chat chunks into the agent's protocol's SSE events."""
-
-    @abstractmethod
-    def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
-        """The events for one upstream chunk, as it arrives."""
-
-    @abstractmethod
-    def done(self, response: dict[str, Any]) -> list[bytes]:
-        """The closing events, once the call is recorded (`response` is the assembled answer)."""
-
-    @abstractmethod
-    def error(self, message: str, code: str) -> bytes:
-        """The event that tells the agent the call failed mid-stream."""
 
 
 class Translation(ABC):
@@ -175,11 +143,7 @@ class Translation(ABC):
         return error_body(message, kind, code)
 
 
-def protocol_of(endpoint: str, spoken: Translation | type[Translation] | None) -> str:
+def protocol_of(endpoint: str, translation: Translation | type[Translation] | None) -> str:
     """The protocol a call was spoken in, as the record and the metrics name it: the
     translation's (`responses`, `messages`), else the endpoint's own."""
-    return spoken.protocol if spoken is not None else endpoint
-
-
-def sse_event(name: str, data: dict[str, Any]) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    return translation.protocol if translation is not None else endpoint

@@ -45,7 +45,7 @@ class CloseRequest(BaseModel):
     # When the attempt's agent started (epoch seconds): outages since then touched it.
     started_at: float | None = None
     # Answer with the attempt's call events instead of signalling them, if it recorded no more
-    # than this many (0: signal them, as a close before this field did).
+    # than this many (0, the default: signal them).
     return_events_up_to: int = Field(default=0, ge=0, le=4096)
     # The attempt resumed by replaying these earlier attempts' record (newest first): say
     # what it made of it.
@@ -166,7 +166,7 @@ async def close_attempt(request: Request, rollout_id: str, attempt: int) -> Clos
     closed = await gateway.delivery.close_attempt(
         rollout_id, attempt, return_up_to=body.return_events_up_to
     )
-    gateway.proxy.replayer.book.forget(rollout_id, attempt)
+    gateway.replays.forget(rollout_id, attempt)
     incidents = await gateway.incidents(rollout_id, attempt, body.started_at)
     failed = await gateway.store.failed_calls(rollout_id, attempt)
     replay = None

@@ -63,10 +63,10 @@ async def noting_incidents(
         response = await work
     except APIError as err:
         if err.status >= 500:
-            await gateway.proxy.note_incident(claims, f"{err.status} {err.message}")
+            await gateway.recorder.incident(claims, f"{err.status} {err.message}")
         raise
     if response.status_code >= 500:
-        await gateway.proxy.note_incident(
+        await gateway.recorder.incident(
             claims,
             f"{response.status_code} from the policy server: "
             f"{getattr(response, 'body', b'')[:300]!r}",
@@ -78,16 +78,16 @@ async def proxy_call(
     request: Request,
     endpoint: Endpoint,
     claims: TokenClaims,
-    spoken: type[Translation] | None = None,
+    agent_protocol: type[Translation] | None = None,
 ) -> Response:
-    """An agent's model call: in the endpoint's own shape, or in the protocol `spoken`
-    (translated to a chat call)."""
+    """An agent's model call: in the endpoint's own shape, or in `agent_protocol` (its
+    `Translation` turns it into a chat call)."""
     gateway = gateway_of(request)
     sent = await read_body(request, gateway.settings.max_body_bytes)
     # A chat call's messages pass through as sent, unread (see `sent_messages`).
-    body = read_chat(sent) if endpoint == CHAT and spoken is None else None
+    body = read_chat(sent) if endpoint == CHAT and agent_protocol is None else None
     work = gateway.proxy.handle(
-        request, endpoint, claims, json_object(sent) if body is None else body, spoken
+        request, endpoint, claims, json_object(sent) if body is None else body, agent_protocol
     )
     return await noting_incidents(gateway, claims, work)
 
@@ -99,7 +99,7 @@ async def report(gateway: Gateway, claims: TokenClaims, agent_report: AgentRepor
 
 
 async def models_listing(gateway: Gateway) -> dict[str, Any]:
-    names = await gateway.proxy.upstream_models.models()
+    names = await gateway.upstream_models.models()
     return {
         "object": "list",
         "data": [{"id": n, "object": "model", "owned_by": "darl"} for n in names],
@@ -142,7 +142,7 @@ async def count_tokens(request: Request, claims: RolloutClaims) -> dict[str, int
     body = await read_json_object(request, gateway.settings.max_body_bytes)
     counted = parse_request(CountTokensRequest, body, "count_tokens")
     chat = {"messages": chat_messages(counted), **chat_tools(counted)}
-    return {"input_tokens": await gateway.proxy.upstream_models.count_prompt_tokens(claims, chat)}
+    return {"input_tokens": await gateway.upstream_models.count_prompt_tokens(claims, chat)}
 
 
 @router.get("/rollouts/{rollout_id}/v1/models")

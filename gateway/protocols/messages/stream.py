@@ -5,17 +5,11 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from darl.gateway.protocols.messages.protocol import tool_input
-from darl.gateway.protocols.translation import (
-    ChatAnswer,
-    StreamTranslation,
-    sse_event,
-)
-
-if TYPE_CHECKING:
-    from darl.gateway.protocols.messages.translation import MessagesTranslation
+from darl.gateway.protocols.messages.answer import stop_of
+from darl.gateway.protocols.messages.protocol import MessagesRequest, tool_input
+from darl.gateway.protocols.stream import ChatAnswer, StreamTranslation, sse_event
 
 
 class MessagesStream(StreamTranslation):
@@ -29,8 +23,8 @@ class MessagesStream(StreamTranslation):
     from the recorded answer when the stream is done, as is any call the stream never showed.
     The agent assembles exactly the whole answer."""
 
-    def __init__(self, translation: MessagesTranslation, call_id: str) -> None:
-        self.t = translation
+    def __init__(self, request: MessagesRequest, call_id: str) -> None:
+        self.request = request
         self.call_id = call_id
         self.started = False
         self.blocks = 0
@@ -48,7 +42,7 @@ class MessagesStream(StreamTranslation):
             "type": "message",
             "role": "assistant",
             "content": [],
-            "model": str(chunk.get("model") or self.t.request.model or ""),
+            "model": str(chunk.get("model") or self.request.model or ""),
             "stop_reason": None,
             "stop_sequence": None,
             "usage": {
@@ -133,7 +127,7 @@ class MessagesStream(StreamTranslation):
         events = [] if self.started else self._start(response)
         events += self._calls(answer)
         events += self._close()
-        stop_reason, stop_sequence = self.t.stop(answer)
+        stop_reason, stop_sequence = stop_of(self.request, answer)
         events.append(
             sse_event(
                 "message_delta",

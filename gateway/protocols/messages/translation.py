@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from anthropic.types import Message, TextBlock, ToolUseBlock, Usage
-
 from darl.gateway.errors import anthropic_error_body
+from darl.gateway.protocols.messages.answer import message_of
 from darl.gateway.protocols.messages.protocol import (
     CONTENT_BLOCKS,
     ImageBlockParam,
@@ -23,12 +22,10 @@ from darl.gateway.protocols.messages.protocol import (
     ToolResultBlockParam,
     ToolUseBlockParam,
     UrlSourceParam,
-    tool_input,
 )
 from darl.gateway.protocols.messages.stream import MessagesStream
+from darl.gateway.protocols.stream import ChatAnswer, StreamTranslation
 from darl.gateway.protocols.translation import (
-    ChatAnswer,
-    StreamTranslation,
     Translation,
     assistant_message,
     chat_tool,
@@ -190,52 +187,12 @@ class MessagesTranslation(Translation):
         `claims` and `store` are not read)."""
         return cls(parse_request(MessagesRequest, body, "messages"))
 
-    def stop(self, answer: ChatAnswer) -> tuple[str, str | None]:
-        """Anthropic's (stop_reason, stop_sequence) for a chat finish reason."""
-        if answer.tool_calls:
-            return "tool_use", None
-        if answer.finish_reason == "length":
-            return "max_tokens", None
-        stops = self.request.stop_sequences or []
-        if isinstance(answer.stop_reason, str) and answer.stop_reason in stops:
-            return "stop_sequence", answer.stop_reason
-        return "end_turn", None
-
-    def message(self, answer: ChatAnswer, call_id: str) -> Message:
-        content: list[TextBlock | ToolUseBlock] = []
-        if answer.text:
-            content.append(TextBlock(type="text", text=answer.text))
-        content.extend(
-            ToolUseBlock(
-                type="tool_use",
-                id=str(c.get("id") or f"toolu_{call_id}_{i}"),
-                name=str((c.get("function") or {}).get("name") or ""),
-                input=tool_input(c),
-            )
-            for i, c in enumerate(answer.tool_calls)
-        )
-        stop_reason, stop_sequence = self.stop(answer)
-        return Message(
-            id=f"msg_{call_id}",
-            type="message",
-            role="assistant",
-            model=answer.model or self.request.model or "",
-            content=list(content),
-            stop_reason=stop_reason,  # type: ignore[arg-type]
-            stop_sequence=stop_sequence,
-            usage=Usage(
-                input_tokens=answer.prompt_tokens,
-                output_tokens=answer.completion_tokens,
-                cache_creation_input_tokens=0,
-                cache_read_input_tokens=0,
-            ),
-        )
-
     def answer(self, response: dict[str, Any], call_id: str) -> dict[str, Any]:
-        return self.message(ChatAnswer(response), call_id).model_dump(mode="json", warnings=False)
+        message = message_of(self.request, ChatAnswer(response), call_id)
+        return message.model_dump(mode="json", warnings=False)
 
     def streaming(self, call_id: str) -> StreamTranslation:
-        return MessagesStream(self, call_id)
+        return MessagesStream(self.request, call_id)
 
     def error_body(self, status: int, message: str, code: str) -> dict[str, Any]:
         return anthropic_error_body(status, message)

@@ -4,25 +4,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from darl.gateway.protocols.responses.protocol import LOGPROBS
-from darl.gateway.protocols.translation import (
-    ChatAnswer,
-    StreamTranslation,
-    sse_event,
-)
-
-if TYPE_CHECKING:
-    from darl.gateway.protocols.responses.translation import ResponsesTranslation
+from darl.gateway.protocols.responses.answer import call_item, message_item, response_of
+from darl.gateway.protocols.responses.protocol import LOGPROBS, ResponsesRequest
+from darl.gateway.protocols.stream import ChatAnswer, StreamTranslation, sse_event
 
 
 class ResponsesStream(StreamTranslation):
     """Chat chunks as the Responses event stream: `response.created`, then per output item
     `output_item.added`, its deltas and `.done`s, and `response.completed` once recorded."""
 
-    def __init__(self, translation: ResponsesTranslation, call_id: str) -> None:
-        self.t = translation
+    def __init__(self, request: ResponsesRequest, call_id: str) -> None:
+        self.request = request
         self.call_id = call_id
         self.sequence = 0
         self.started = False
@@ -41,7 +35,7 @@ class ResponsesStream(StreamTranslation):
 
     def _start(self, model: str) -> list[bytes]:
         self.started = True
-        skeleton = self.t.response(None, self.call_id, [], "in_progress")
+        skeleton = response_of(self.request, None, self.call_id, [], "in_progress")
         skeleton.model = model or skeleton.model
         body = skeleton.model_dump(mode="json", by_alias=True, warnings=False)
         return [
@@ -69,7 +63,7 @@ class ResponsesStream(StreamTranslation):
     def _close_message(self) -> list[bytes]:
         self.message_open = False
         text = "".join(self.text)
-        item = self.t.message_item(self.call_id, text, self.logprobs).model_dump(
+        item = message_item(self.request, self.call_id, text, self.logprobs).model_dump(
             mode="json", by_alias=True, warnings=False
         )
         ids = {"item_id": item["id"], "output_index": self.message_index}
@@ -97,7 +91,7 @@ class ResponsesStream(StreamTranslation):
                     events += self._open_message()
                 self.text.append(content)
                 self.logprobs.extend(logprobs)
-                shown = logprobs if LOGPROBS in self.t.request.include else []
+                shown = logprobs if LOGPROBS in self.request.include else []
                 events.append(
                     self._event(
                         "response.output_text.delta",
@@ -119,7 +113,7 @@ class ResponsesStream(StreamTranslation):
         if index not in self.calls:
             if self.message_open:
                 events += self._close_message()
-            item = self.t.call_item(
+            item = call_item(
                 self.call_id, index, {"id": part.get("id"), "function": function}
             ).model_dump(mode="json", by_alias=True, warnings=False)
             item.update(arguments="", status="in_progress")
@@ -153,11 +147,11 @@ class ResponsesStream(StreamTranslation):
             output.append(
                 (
                     self.message_index,
-                    self.t.message_item(self.call_id, "".join(self.text), self.logprobs),
+                    message_item(self.request, self.call_id, "".join(self.text), self.logprobs),
                 )
             )
         for index, call in enumerate(answer.tool_calls):
-            final = self.t.call_item(self.call_id, index, call)
+            final = call_item(self.call_id, index, call)
             opened = self.calls.get(index)
             if opened is None:  # a call the stream never showed: show it whole
                 opened = (self.items, {}, [])
@@ -189,7 +183,9 @@ class ResponsesStream(StreamTranslation):
                 )
             )
             output.append((opened[0], final))
-        built = self.t.response(answer, self.call_id, [o for _, o in sorted(output)], "completed")
+        built = response_of(
+            self.request, answer, self.call_id, [o for _, o in sorted(output)], "completed"
+        )
         kind = "response.incomplete" if built.status == "incomplete" else "response.completed"
         events.append(
             self._event(kind, response=built.model_dump(mode="json", by_alias=True, warnings=False))
@@ -198,7 +194,7 @@ class ResponsesStream(StreamTranslation):
 
     def error(self, message: str, code: str) -> bytes:
         # The SDK's stream reader wants `response.created` before anything else.
-        started = b"" if self.started else b"".join(self._start(self.t.request.model or ""))
+        started = b"" if self.started else b"".join(self._start(self.request.model or ""))
         # The Responses API's error event, with the `error` object the openai SDK raises
         # an APIError from (else it yields the event and the stream just ends).
         failure = {"message": message, "type": "server_error", "code": code}
