@@ -72,7 +72,7 @@ def event_of(record: CallRecord, ref: str) -> ModelCallEvent:
 
 
 @dataclass(frozen=True)
-class Closed:
+class ClosedAttempt:
     """What closing an attempt did: how many events it signalled, or the events it returns
     instead (None: it signalled them); and the attempt's calls it read from the store."""
 
@@ -82,7 +82,9 @@ class Closed:
 
 
 @dataclass
-class _Outbox:
+class _EventQueue:
+    """One attempt's call events waiting for their signal, and the flush that sends them."""
+
     pending: list[ModelCallEvent] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     timer: asyncio.Task[None] | None = None
@@ -104,7 +106,7 @@ class EventDelivery:
         self._metrics = metrics
         self._interval = interval_seconds
         self._retry = retry_seconds
-        self._outboxes: dict[Key, _Outbox] = {}
+        self._queues: dict[Key, _EventQueue] = {}
         # Attempts this process has looked in the store for (its first flush of each): what
         # another process left is looked for once. Again at every flush, a replica would read
         # the whole attempt each time another replica moved the delivered mark; what a replica
@@ -114,18 +116,20 @@ class EventDelivery:
     def enqueue(self, event: ModelCallEvent) -> None:
         """Queue a recorded call's event; a flush follows within the interval."""
         key = (event.rollout_id, event.attempt)
-        box = self._outboxes.setdefault(key, _Outbox())
-        box.pending.append(event)
-        if box.timer is None:
+        queue = self._queues.setdefault(key, _EventQueue())
+        queue.pending.append(event)
+        if queue.timer is None:
             # Jitter keeps the rollouts' flushes from falling due together (a burst of signals
             # is a burst of Temporal CPU that the gateway's calls then wait behind).
             delay = self._interval * random.uniform(0.8, 1.2)
-            box.timer = asyncio.create_task(self._flush_later(key, delay))
+            queue.timer = asyncio.create_task(self._flush_later(key, delay))
 
     def pending(self) -> int:
-        return sum(len(box.pending) for box in self._outboxes.values())
+        return sum(len(queue.pending) for queue in self._queues.values())
 
-    async def close_attempt(self, rollout_id: str, attempt: int, return_up_to: int = 0) -> Closed:
+    async def close_attempt(
+        self, rollout_id: str, attempt: int, return_up_to: int = 0
+    ) -> ClosedAttempt:
         """The attempt's agent has ended: refuse its further calls and hand over every event it
         left. The store's closed mark is exclusive with its appends: a call is in what this
         close reads, or refused (409), never recorded after it. With `return_up_to` > 0, and
@@ -138,47 +142,47 @@ class EventDelivery:
         self._registry.close_attempt(rollout_id, attempt)
         await self._store.mark_closed(rollout_id, attempt)
         key = (rollout_id, attempt)
-        box = self._outboxes.setdefault(key, _Outbox())
-        if box.timer is not None:
-            box.timer.cancel()
-            box.timer = None
+        queue = self._queues.setdefault(key, _EventQueue())
+        if queue.timer is not None:
+            queue.timer.cancel()
+            queue.timer = None
         records: list[CallRecord] = []
         events = None
         if return_up_to > 0:
-            records, events = await self._take_all(key, box, return_up_to)
+            records, events = await self._take_all(key, queue, return_up_to)
         delivered = 0
         if events is None:
-            records, delivered = await self._signal_all(key, box)
-        self._outboxes.pop(key, None)
+            records, delivered = await self._signal_all(key, queue)
+        self._queues.pop(key, None)
         self._recovered.pop(key, None)
         self._store.forget(rollout_id, attempt)
-        return Closed(delivered=delivered, events=events, records=records)
+        return ClosedAttempt(delivered=delivered, events=events, records=records)
 
     async def _take_all(
-        self, key: Key, box: _Outbox, most: int
+        self, key: Key, queue: _EventQueue, most: int
     ) -> tuple[list[CallRecord], list[ModelCallEvent] | None]:
         """The attempt's records and every recorded event, the queued ones taken out of the
         outbox; no events (nothing taken) when there are more than `most`."""
         rollout_id, attempt = key
-        async with box.lock:  # a flush under way finishes first
+        async with queue.lock:  # a flush under way finishes first
             records = await self._store.read(rollout_id, attempt)
             calls = committed(records)
             if len(calls) > most:
                 return records, None
             # Queued events were recorded first: they are among the records.
-            box.pending = []
+            queue.pending = []
         return records, [event_of(r, self._store.ref(r)) for r in calls]
 
-    async def _signal_all(self, key: Key, box: _Outbox) -> tuple[list[CallRecord], int]:
+    async def _signal_all(self, key: Key, queue: _EventQueue) -> tuple[list[CallRecord], int]:
         """Signal every recorded event of the attempt, read from the store, in batches of
         SIGNAL_BATCH. Not only those past the delivered mark: with replicas the mark is the
         highest sequence any of them delivered, and a lower one may still have been queued at
         another replica (which sends nothing for an attempt closed elsewhere). The workflow
         drops the ones it has by call id."""
         rollout_id, attempt = key
-        async with box.lock:
+        async with queue.lock:
             records = await self._store.read(rollout_id, attempt)
-            box.pending = []
+            queue.pending = []
             events = [event_of(r, self._store.ref(r)) for r in committed(records)]
             for start in range(0, len(events), SIGNAL_BATCH):
                 if not await self._signal(rollout_id, events[start : start + SIGNAL_BATCH]):
@@ -202,15 +206,15 @@ class EventDelivery:
         return True
 
     async def flush(self, key: Key) -> int:
-        box = self._outboxes.get(key)
-        if box is None:
+        queue = self._queues.get(key)
+        if queue is None:
             return 0
-        async with box.lock:
-            if not box.recovered and key not in self._recovered:
-                box.pending = await self._recover(key, box.pending) + box.pending
+        async with queue.lock:
+            if not queue.recovered and key not in self._recovered:
+                queue.pending = await self._recover(key, queue.pending) + queue.pending
                 self._recovered.put(key, True)
-            box.recovered = True
-            batch, box.pending = box.pending, []
+            queue.recovered = True
+            batch, queue.pending = queue.pending, []
             if not batch:
                 return 0
             rollout_id, attempt = key
@@ -218,22 +222,22 @@ class EventDelivery:
                 if not await self._signal(rollout_id, batch):
                     return 0
             except APIError:
-                box.pending = batch + box.pending
+                queue.pending = batch + queue.pending
                 raise
             await self._store.mark_delivered(rollout_id, attempt, max(e.sequence for e in batch))
-            if not box.pending and box.timer is None and self._outboxes.get(key) is box:
-                # Nothing left: forget the box (a later call starts a new one; the delivered
+            if not queue.pending and queue.timer is None and self._queues.get(key) is queue:
+                # Nothing left: forget the queue (a later call starts a new one; the delivered
                 # mark tells it there is nothing to recover), so memory follows live attempts.
-                del self._outboxes[key]
+                del self._queues[key]
             return len(batch)
 
     async def aclose(self) -> None:
         """Deliver everything pending (a graceful shutdown); what fails stays in the store."""
-        for key in list(self._outboxes):
-            box = self._outboxes[key]
-            if box.timer is not None:
-                box.timer.cancel()
-                box.timer = None
+        for key in list(self._queues):
+            queue = self._queues[key]
+            if queue.timer is not None:
+                queue.timer.cancel()
+                queue.timer = None
             try:
                 await self.flush(key)
             except APIError as err:
@@ -241,16 +245,16 @@ class EventDelivery:
 
     async def _flush_later(self, key: Key, delay: float) -> None:
         await asyncio.sleep(delay)
-        box = self._outboxes.get(key)
-        if box is None:
+        queue = self._queues.get(key)
+        if queue is None:
             return
-        box.timer = None
+        queue.timer = None
         try:
             await self.flush(key)
         except APIError as err:
             log.warning("delivering events of %s failed, retrying: %s", key[0], err.message)
-            if key in self._outboxes and box.timer is None:
-                box.timer = asyncio.create_task(self._flush_later(key, self._retry))
+            if key in self._queues and queue.timer is None:
+                queue.timer = asyncio.create_task(self._flush_later(key, self._retry))
 
     async def _recover(self, key: Key, pending: list[ModelCallEvent]) -> list[ModelCallEvent]:
         """Events in the store past the delivered mark and not already queued. Reads the store

@@ -81,7 +81,7 @@ class CallRecorder:
             return stored
         if call.claims.replay is not None:
             # The agent is about to see an answer the record never gave: its replay is over.
-            self._replays.went_live(call.claims.rollout_id, call.claims.attempt)
+            self._replays.end_replay(call.claims.rollout_id, call.claims.attempt)
         self._delivery.enqueue(event_of(stored, self._store.ref(stored)))
         return stored
 

@@ -94,11 +94,12 @@ def canonical_form(
 @dataclass(frozen=True)
 class Recorded:
     """A recorded call offered to the replay: the record (its request reduced to the model
-    that answered), its canonical form under the rollout's normalizer, and without it."""
+    that answered), its canonical form under the rollout's normalizer (what a request is
+    matched by), and without it (a request equal to it exactly goes first)."""
 
     record: CallRecord
-    form: str
-    strict: str
+    normalized_form: str
+    exact_form: str
 
 
 @dataclass(frozen=True)
@@ -166,51 +167,50 @@ class ReplaySession:
     def __init__(
         self,
         claim: ReplayClaim,
-        source: list[CallRecord],
-        done: list[CallRecord],
+        offered: list[CallRecord],
+        attempt_calls: list[CallRecord],
     ) -> None:
+        """`offered`: the recorded calls of the lineage (`offered_calls`); `attempt_calls`:
+        the calls this attempt has recorded so far (which of those it reproduces)."""
         self.normalizer = Normalizer(claim.normalize, claim.patterns)
-        used = {r.replayed_from for r in done if r.replayed_from is not None}
+        used = {r.replayed_from for r in attempt_calls if r.replayed_from is not None}
         self._unused: dict[str, deque[Recorded]] = {}
         # An answer no agent received goes after the received calls of its form: an agent
         # that asked again and got an answer continued from that one.
-        ordered = [r for r in source if not r.unreceived] + [r for r in source if r.unreceived]
+        ordered = [r for r in offered if not r.unreceived] + [r for r in offered if r.unreceived]
         for record in ordered:
             if record.call_id in used:
                 continue
-            strict = canonical_form(record.protocol, record.endpoint, record.request)
-            form = (
-                canonical_form(record.protocol, record.endpoint, record.request, self.normalizer)
-                if self.normalizer
-                else strict
-            )
+            exact, normalized = self._forms(record.protocol, record.endpoint, record.request)
             slim = replace(record, request={"model": record.request.get("model")})
-            self._unused.setdefault(form, deque()).append(Recorded(slim, form, strict))
+            self._unused.setdefault(normalized, deque()).append(Recorded(slim, normalized, exact))
         self.left = sum(len(q) for q in self._unused.values())
         # A live answer reached the agent: it is past what the record can answer.
-        self.live = any(_received_live(r) for r in done)
+        self.live = any(_received_live(r) for r in attempt_calls)
         self.diverged = False
+
+    def _forms(self, protocol: str, endpoint: str, forwarded: dict[str, Any]) -> tuple[str, str]:
+        """A request's canonical form exactly, and under the normalizer."""
+        exact = canonical_form(protocol, endpoint, forwarded)
+        if not self.normalizer:
+            return exact, exact
+        return exact, canonical_form(protocol, endpoint, forwarded, self.normalizer)
 
     def take(self, protocol: str, endpoint: str, forwarded: dict[str, Any]) -> Match | None:
         """The first unused recorded call this request equals, now taken; None when the
         replay is over or nothing recorded equals it (the call goes live)."""
         if self.live or not self.left:
             return None
-        strict = canonical_form(protocol, endpoint, forwarded)
-        form = (
-            canonical_form(protocol, endpoint, forwarded, self.normalizer)
-            if self.normalizer
-            else strict
-        )
-        queue = self._unused.get(form)
+        exact, normalized = self._forms(protocol, endpoint, forwarded)
+        queue = self._unused.get(normalized)
         if not queue:
             self.diverged = True
             return None
-        # Under a normalizer, a recorded call equal to the request strictly goes first.
-        chosen = next((r for r in queue if r.strict == strict), queue[0])
+        # Under a normalizer, a recorded call equal to the request exactly goes first.
+        chosen = next((r for r in queue if r.exact_form == exact), queue[0])
         queue.remove(chosen)
         self.left -= 1
-        return Match(chosen, normalized=chosen.strict != strict)
+        return Match(chosen, normalized=chosen.exact_form != exact)
 
     def served_elsewhere(self, call_ids: frozenset[str]) -> None:
         """The store says these recorded calls are served (through another replica, or before
@@ -225,10 +225,11 @@ class ReplaySession:
 
     def give_back(self, match: Match) -> None:
         """A taken call that could not be recorded: the agent may ask again."""
-        self._unused.setdefault(match.recorded.form, deque()).appendleft(match.recorded)
+        self._unused.setdefault(match.recorded.normalized_form, deque()).appendleft(match.recorded)
         self.left += 1
 
-    def went_live(self) -> None:
+    def end_replay(self) -> None:
+        """A live answer reached the agent: nothing more is replayed."""
         self.live = True
 
 
@@ -258,11 +259,11 @@ class ReplayBook:
         async with lock:
             held = self._sessions.peek(key)
             if held is None:
-                source = await offered_calls(
+                offered = await offered_calls(
                     self._store, claims.rollout_id, claim.sources, claim.prefix
                 )
-                done = await self._store.read(claims.rollout_id, claims.attempt)
-                held = ReplaySession(claim, source, done)
+                attempt_calls = await self._store.read(claims.rollout_id, claims.attempt)
+                held = ReplaySession(claim, offered, attempt_calls)
                 self._sessions.put(key, held)
                 log.info(
                     "%s attempt %d replays %d call(s) of attempt(s) %s%s",
@@ -277,11 +278,12 @@ class ReplayBook:
         self._loading.pop(key, None)
         return held
 
-    def went_live(self, rollout_id: str, attempt: int) -> None:
-        """A live call of the attempt is recorded and about to be answered."""
+    def end_replay(self, rollout_id: str, attempt: int) -> None:
+        """A live call of the attempt is recorded and about to be answered: its replay is
+        over."""
         held = self._sessions.peek((rollout_id, attempt))
         if held is not None:
-            held.went_live()
+            held.end_replay()
 
     def forget(self, rollout_id: str, attempt: int) -> None:
         self._sessions.pop((rollout_id, attempt), None)

@@ -176,7 +176,7 @@ class Replayer:
                     claims.rollout_id,
                     claims.attempt,
                 )
-                session.went_live()
+                session.end_replay()
                 return None
 
     async def _lineage_answered(

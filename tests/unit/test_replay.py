@@ -200,7 +200,7 @@ def test_a_request_the_record_lacks_diverges_and_a_live_answer_ends_the_replay()
     # A sibling already sent (before any live answer) still matches its record...
     assert replay.take(CHAT, CHAT, request("a")) is not None
     # ... but once a live answer reached the agent, nothing more is served from the record.
-    replay.went_live()
+    replay.end_replay()
     assert replay.take(CHAT, CHAT, request("b")) is None
 
 
