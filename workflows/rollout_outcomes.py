@@ -9,7 +9,14 @@ from typing import overload
 
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
-from darl.workflows.contracts import AgentExit, AgentReport, RolloutResult, RolloutSpec
+from darl.workflows.contracts import (
+    AgentExit,
+    AgentReport,
+    AgentScore,
+    RolloutResult,
+    RolloutSpec,
+    TrajectorySummary,
+)
 from darl.workflows.errors import WorkflowsError
 from darl.workflows.names import REWARD_SPEC_ERROR, ROLLOUT_ALREADY_RAN_ERROR
 
@@ -35,9 +42,14 @@ def error_type(err: ActivityError) -> str | None:
     return cause.type if isinstance(cause, ApplicationError) else None
 
 
-def raise_if_bad_reward(err: ActivityError) -> None:
-    """A reward that cannot work is bad input (rule 9): the workflow fails at once with the
-    reason, before any agent ran, as a run's start check fails a training run."""
+def raise_if_the_rollout_ends(err: ActivityError) -> None:
+    """An attempt's activity failed in a way that ends the rollout, not the attempt: the
+    rollout was cancelled, it already ran to a result (EarlierRunError), or its reward cannot
+    work. That is bad input (rule 9): the workflow fails at once with the reason, before any
+    agent ran, as a run's start check fails a training run."""
+    raise_if_cancelled(err)
+    if error_type(err) == ROLLOUT_ALREADY_RAN_ERROR:
+        raise earlier_run(err) from err
     if error_type(err) == REWARD_SPEC_ERROR:
         raise ApplicationError(cause_of(err), type=REWARD_SPEC_ERROR, non_retryable=True)
 
@@ -60,6 +72,19 @@ def incidents_message(incidents: list[str]) -> str:
 
 class RewardFailedError(WorkflowsError):
     """The reward function failed in await_agent (its message)."""
+
+
+def reward_computed_at_close(
+    score: AgentScore | None, summary: TrajectorySummary, answer: str | None
+) -> float | None:
+    """The reward await_agent computed, when it had exactly the inputs the workflow scores
+    with (the same calls, answer, report and metadata); None when it had other inputs or
+    computed none. Raises RewardFailedError with the reward function's error."""
+    if score is None or score.summary != summary or score.answer != answer:
+        return None
+    if score.reward is None:
+        raise RewardFailedError(score.error or "the reward function gave no reward")
+    return score.reward
 
 
 class EarlierRunError(WorkflowsError):

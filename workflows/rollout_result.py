@@ -13,6 +13,7 @@ from darl.workflows.contracts import (
     AgentReport,
     GradeReport,
     ReplayOutcome,
+    RolloutProgress,
     RolloutResult,
     RolloutSpec,
 )
@@ -52,12 +53,19 @@ class RolloutFindings:
         self.grade = None
         self.agent_claim = None
 
-    def take_exit(self, agent_exit: AgentExit) -> None:
-        """How the attempt's agent ended, as its close said."""
+    def take_exit(self, agent_exit: AgentExit, report: AgentReport | None, graded: bool) -> None:
+        """How the attempt's agent ended, as its close said, and what it reported (by signal
+        and in the close, merged). A `graded` rollout's reward is DARL's to decide: what the
+        agent says of itself is its claim, kept apart."""
         self.exit_code = agent_exit.exit_code
         self.failed_calls = list(agent_exit.failed_calls)
         count = agent_exit.failed_call_count
         self.failed_call_count = len(self.failed_calls) if count is None else count
+        if graded:
+            self.agent_claim = report
+        elif report is not None:
+            self.answer = report.answer
+            self.metadata = dict(report.metadata)
 
 
 def rollout_result(
@@ -101,4 +109,27 @@ def rollout_result(
         prefix_diverged_at=prefix_diverged_at(spec.prefix, found.replay),
         grade=found.grade,
         agent_claim=found.agent_claim,
+    )
+
+
+def rollout_progress(
+    spec: RolloutSpec,
+    *,
+    status: RolloutStatus,
+    attempt: int,
+    inbox: RolloutInbox,
+    found: RolloutFindings,
+) -> RolloutProgress:
+    """Where the rollout stands: the `status` query's answer."""
+    calls = inbox.calls
+    return RolloutProgress(
+        rollout_id=spec.rollout_id,
+        status=status,
+        attempt=attempt,
+        calls=len(calls),
+        prompt_tokens=sum(c.prompt_tokens for c in calls),
+        completion_tokens=sum(c.completion_tokens for c in calls),
+        reward=found.reward,
+        error=found.error,
+        replayed_calls=inbox.replayed_calls(),
     )

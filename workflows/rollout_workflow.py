@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeUpdate
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
 
 with workflow.unsafe.imports_passed_through():
@@ -53,7 +53,6 @@ with workflow.unsafe.imports_passed_through():
         LAUNCH_AGENT,
         MODEL_CALLS_SIGNAL,
         REPORT_ROLLOUT,
-        ROLLOUT_ALREADY_RAN_ERROR,
         ROLLOUT_FINISHED_SIGNAL,
         ROLLOUT_WORKFLOW,
         STATUS_QUERY,
@@ -61,43 +60,27 @@ with workflow.unsafe.imports_passed_through():
         WRONG_WORKFLOW_ID_ERROR,
     )
     from darl.workflows.rollout_history import no_room_for_another_attempt
-    from darl.workflows.rollout_inbox import RolloutInbox
     from darl.workflows.rollout_outcomes import (
         EarlierRunError,
         RewardFailedError,
         cause_of,
-        earlier_run,
         error_type,
         exit_message,
         incidents_message,
         merged,
-        raise_if_bad_reward,
         raise_if_cancelled,
+        raise_if_the_rollout_ends,
+        reward_computed_at_close,
         timeout_message,
     )
     from darl.workflows.rollout_replay import ReplayLineage
-    from darl.workflows.rollout_result import RolloutFindings, rollout_result
-    from darl.workflows.rollout_status import (
-        TRANSITIONS,
-        IllegalTransitionError,
-        RolloutStatus,
-        check_transition,
-    )
-    from darl.workflows.rollout_visibility import RolloutVisibility
+    from darl.workflows.rollout_state import RolloutState
+    from darl.workflows.rollout_status import TRANSITIONS, IllegalTransitionError, RolloutStatus
 
 # With one activity (`_one_activity`): await_agent's margin past the rollout timeout to close
 # the attempt and score it. Without: the workflow keeps a timer, and await_agent enforces its
 # own deadline this long after it, in case the workflow cannot cancel it (its workers down).
 RUNNER_DEADLINE_GRACE = timedelta(seconds=60)
-# The report's local activity: each try is a signal's round trip (batched), retried while the
-# trainer's Temporal is unreachable; past the last try the trainer looks the rollout up
-# (`reconcile_after_seconds`).
-REPORT_TRY_TIMEOUT = timedelta(seconds=30)
-REPORT_RETRIES = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=10,
-)
 # A launch is tried a few times; past them, the attempt is an infra failure and the next
 # attempt launches afresh. An agent spec that cannot start anything is not retried.
 LAUNCH_RETRY = RetryPolicy(
@@ -117,6 +100,15 @@ AWAIT_RETRY = RetryPolicy(
 STOP_RETRY = RetryPolicy(maximum_attempts=3)
 # compute_reward: a few tries; past them, the rollout failed for infra reasons.
 REWARD_RETRY = RetryPolicy(maximum_attempts=3)
+# The report's local activity: each try is a signal's round trip (batched), retried while the
+# trainer's Temporal is unreachable; past the last try the trainer looks the rollout up
+# (`reconcile_after_seconds`).
+REPORT_TRY_TIMEOUT = timedelta(seconds=30)
+REPORT_RETRIES = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=10,
+)
 
 
 # A ValidationError is input no retry can fix (a RolloutSpec the temporal CLI sent that does
@@ -128,12 +120,8 @@ class RolloutWorkflow:
     @workflow.init
     def __init__(self, spec: RolloutSpec) -> None:
         self._spec = spec
-        self._status = RolloutStatus.PENDING
-        self._attempt = 0
-        self._inbox = RolloutInbox(starts_from_prefix=spec.prefix is not None)
-        self._found = RolloutFindings()
+        self._state = RolloutState(spec)
         self._replay_lineage = ReplayLineage(spec.resume)
-        self._visibility = RolloutVisibility(spec)
         # The command sequence the spec's revision asks for (the table above CURRENT_REVISION
         # in contracts.py).
         self._one_activity = spec.revision >= ONE_ACTIVITY_REVISION
@@ -145,69 +133,57 @@ class RolloutWorkflow:
     async def run(self, spec: RolloutSpec) -> RolloutResult:
         self._check_workflow_id()
         started = workflow.now()
-        self._visibility.publish_start(self._status)
-        self._show_details()
+        state = self._state
+        state.publish_start()
         try:
             for attempt in range(1, spec.max_attempts + 1):
                 retry = await self._run_attempt(attempt)
-                if not retry or attempt == spec.max_attempts or self._history_full():
+                if not retry or attempt == spec.max_attempts:
                     break
-                self._replay_lineage.extend(attempt, its_calls_known=bool(self._inbox.calls))
+                if (no_room := no_room_for_another_attempt(attempt)) is not None:
+                    state.found.error = f"{state.found.error}; {no_room}"
+                    break
+                self._replay_lineage.extend(attempt, its_calls_known=bool(state.inbox.calls))
                 await workflow.sleep(timedelta(seconds=spec.timeouts.retry_backoff_seconds))
         except EarlierRunError as earlier:
             return self._result_of_earlier_run(earlier.result)
         except asyncio.CancelledError:
-            if self._status == RolloutStatus.LAUNCHING:
+            if state.status == RolloutStatus.LAUNCHING:
                 await self._stop_launched_agent()
-            if RolloutStatus.CANCELLED in TRANSITIONS[self._status]:
-                self._found.error = "rollout was cancelled"
-                self._transition(RolloutStatus.CANCELLED)
-                await self._report(self._result(started))
+            if RolloutStatus.CANCELLED in TRANSITIONS[state.status]:
+                state.finish_as(RolloutStatus.CANCELLED, "rollout was cancelled")
+                await self._report(state.result(self._seconds_since(started)))
             raise
-        result = self._result(started)
+        result = state.result(self._seconds_since(started))
         await self._report(result)
         return result
 
-    def _history_full(self) -> bool:
-        """Whether the history has no room for another attempt: the rollout then ends with
-        the failure it has, saying so."""
-        why = no_room_for_another_attempt(self._attempt)
-        if why is None:
-            return False
-        self._found.error = f"{self._found.error}; {why}"
-        return True
-
     async def _run_attempt(self, attempt: int) -> bool:
         """Run one attempt to its end. Returns True when it failed for infra reasons."""
-        self._start_attempt(attempt)
+        state = self._state
+        state.start_attempt(attempt)
         try:
             handle = await self._launch(attempt)
         except ActivityError as err:
-            raise_if_cancelled(err)
-            if error_type(err) == ROLLOUT_ALREADY_RAN_ERROR:
-                raise earlier_run(err) from err
-            raise_if_bad_reward(err)
+            raise_if_the_rollout_ends(err)
             if error_type(err) == AGENT_SPEC_ERROR:
-                self._finish_as(RolloutStatus.FAILED_AGENT, f"agent cannot start: {cause_of(err)}")
+                state.finish_as(RolloutStatus.FAILED_AGENT, f"agent cannot start: {cause_of(err)}")
                 return False
-            return self._infra_failure(f"launching the agent failed: {cause_of(err)}")
-        self._transition(RolloutStatus.RUNNING)
+            return state.infra_failure(f"launching the agent failed: {cause_of(err)}")
+        state.move_to(RolloutStatus.RUNNING)
         try:
             agent_exit = await self._await_agent(handle)
             if agent_exit is not None:
                 # Delivered by the close instead of a signal: taken like one.
-                self._take_calls(agent_exit.calls, by_signal=False)
-                self._found.replay = agent_exit.replay
+                state.take_calls(agent_exit.calls, by_signal=False)
+                state.found.replay = agent_exit.replay
         except ActivityError as err:
-            raise_if_cancelled(err)
-            if error_type(err) == ROLLOUT_ALREADY_RAN_ERROR:
-                raise earlier_run(err) from err
-            raise_if_bad_reward(err)
-            return self._infra_failure(f"lost the agent: {cause_of(err)}")
+            raise_if_the_rollout_ends(err)
+            return state.infra_failure(f"lost the agent: {cause_of(err)}")
         finally:
-            self._inbox.close()
+            state.inbox.close()
         if agent_exit is None:
-            self._finish_as(RolloutStatus.TIMED_OUT, timeout_message(self._spec))
+            state.finish_as(RolloutStatus.TIMED_OUT, timeout_message(self._spec))
             return False
         return await self._score(attempt, agent_exit)
 
@@ -241,7 +217,7 @@ class RolloutWorkflow:
         try:
             await workflow.execute_activity(
                 STOP_AGENT,
-                LaunchRequest(spec=self._spec, attempt=self._attempt),
+                LaunchRequest(spec=self._spec, attempt=self._state.attempt),
                 start_to_close_timeout=timedelta(seconds=self._spec.timeouts.launch_seconds),
                 retry_policy=STOP_RETRY,
             )
@@ -313,35 +289,29 @@ class RolloutWorkflow:
     async def _score(self, attempt: int, agent_exit: AgentExit) -> bool:
         """Score the attempt. Returns True when it failed for infra reasons: an agent that
         failed while DARL was unavailable to it gets a fresh attempt (rule 7)."""
-        found = self._found
-        found.take_exit(agent_exit)
-        report = merged(self._inbox.report(attempt), agent_exit.report)
+        state, found = self._state, self._state.found
+        report = merged(state.inbox.report(attempt), agent_exit.report)
         reward_spec = self._spec.reward
-        if reward_spec.grader is not None:
-            # DARL decides the reward: what the agent says of itself is its claim, kept apart.
-            found.agent_claim = report
-        elif report is not None:
-            found.answer = report.answer
-            found.metadata = dict(report.metadata)
+        found.take_exit(agent_exit, report, graded=reward_spec.grader is not None)
         if agent_exit.grade is not None:
             # A grade is of what the agent left however it ended (its exit status, its
             # timeout): no way out of the grade is left to the agent.
-            self._transition(RolloutStatus.SCORING)
+            state.move_to(RolloutStatus.SCORING)
             found.grade = agent_exit.grade
             found.reward = agent_exit.grade.reward
-            self._transition(RolloutStatus.SUCCEEDED, [sa.REWARD.value_set(found.reward)])
+            state.move_to(RolloutStatus.SUCCEEDED, [sa.REWARD.value_set(found.reward)])
             return False
         if agent_exit.timed_out:
-            self._finish_as(RolloutStatus.TIMED_OUT, timeout_message(self._spec))
+            state.finish_as(RolloutStatus.TIMED_OUT, timeout_message(self._spec))
             return False
         if agent_exit.exit_code != 0:
             return self._agent_failed(agent_exit, exit_message(agent_exit))
-        self._transition(RolloutStatus.SCORING)
+        state.move_to(RolloutStatus.SCORING)
         reward: float | None
         if reward_spec.grader is not None:
             # Not graded (graded, it was taken above): DARL's grading itself failed.
             why = agent_exit.grade_error or "the attempt was not graded"
-            self._finish_as(RolloutStatus.FAILED_INFRA, f"grading failed: {why}")
+            state.finish_as(RolloutStatus.FAILED_INFRA, f"grading failed: {why}")
             return False
         if reward_spec.function is None:
             reward = report.reward if report is not None else None
@@ -354,13 +324,13 @@ class RolloutWorkflow:
                 reward = await self._function_reward(attempt, agent_exit, report)
             except ActivityError as err:
                 raise_if_cancelled(err)
-                self._finish_as(RolloutStatus.FAILED_INFRA, f"reward failed: {cause_of(err)}")
+                state.finish_as(RolloutStatus.FAILED_INFRA, f"reward failed: {cause_of(err)}")
                 return False
             except RewardFailedError as err:
-                self._finish_as(RolloutStatus.FAILED_INFRA, f"reward failed: {err}")
+                state.finish_as(RolloutStatus.FAILED_INFRA, f"reward failed: {err}")
                 return False
         found.reward = reward
-        self._transition(RolloutStatus.SUCCEEDED, [sa.REWARD.value_set(reward)])
+        state.move_to(RolloutStatus.SUCCEEDED, [sa.REWARD.value_set(reward)])
         return False
 
     def _agent_failed(self, agent_exit: AgentExit, why: str) -> bool:
@@ -369,33 +339,30 @@ class RolloutWorkflow:
         incidents = agent_exit.infra_incidents
         if incidents:
             shown = incidents_message(incidents)
-            return self._infra_failure(f"{why}, while DARL was unavailable to it: {shown}")
-        self._finish_as(RolloutStatus.FAILED_AGENT, why)
+            return self._state.infra_failure(f"{why}, while DARL was unavailable to it: {shown}")
+        self._state.finish_as(RolloutStatus.FAILED_AGENT, why)
         return False
 
     async def _function_reward(
         self, attempt: int, agent_exit: AgentExit, report: AgentReport | None
     ) -> float:
-        """The reward function's value: the one await_agent computed when it had exactly the
-        inputs this workflow scores with (the same calls, answer, report and metadata), else
-        compute_reward's (a report came by signal, the close signalled the calls, an
-        await_agent that scored nothing: a revision before ONE_ACTIVITY_REVISION, a worker
-        that does not score, a function that failed unexpectedly there). Raises
-        RewardFailedError with the function's error."""
-        found = self._found
+        """The reward function's value: the one await_agent computed when it had the inputs
+        this workflow scores with, else compute_reward's (a report came by signal, the close
+        signalled the calls, or await_agent scored nothing: a revision before
+        ONE_ACTIVITY_REVISION, a worker that does not score, a function that failed
+        unexpectedly there). Raises RewardFailedError with the function's error."""
+        found = self._state.found
         summary = TrajectorySummary.of_calls(
             self._spec.rollout_id,
             attempt,
-            self._inbox.calls,
+            self._state.inbox.calls,
             agent_exit.exit_code,
             report,
             found.metadata,
         )
-        score = agent_exit.score
-        if score is not None and score.summary == summary and score.answer == found.answer:
-            if score.reward is None:
-                raise RewardFailedError(score.error or "the reward function gave no reward")
-            return score.reward
+        computed = reward_computed_at_close(agent_exit.score, summary, found.answer)
+        if computed is not None:
+            return computed
         reward: float = await workflow.execute_activity(
             COMPUTE_REWARD,
             RewardRequest(spec=self._spec, answer=found.answer, summary=summary),
@@ -440,29 +407,18 @@ class RolloutWorkflow:
     def model_calls(self, events: list[ModelCallEvent]) -> None:
         """Captured calls, in batches from the gateway. Idempotent by call id; calls of an
         earlier attempt or after the agent ended are counted as stale and kept out."""
-        self._take_calls(events)
+        self._state.take_calls(events)
 
     @workflow.signal(name=AGENT_RESULT_SIGNAL)
     def agent_result(self, report: AgentReport) -> None:
         """The agent's own report, merged into the attempt's earlier ones (RolloutInbox)."""
-        self._inbox.take_report(report)
+        self._state.inbox.take_report(report)
 
     @workflow.query(name=STATUS_QUERY)
     def status(self) -> RolloutProgress:
-        calls = self._inbox.calls
-        return RolloutProgress(
-            rollout_id=self._spec.rollout_id,
-            status=self._status,
-            attempt=self._attempt,
-            calls=len(calls),
-            prompt_tokens=sum(c.prompt_tokens for c in calls),
-            completion_tokens=sum(c.completion_tokens for c in calls),
-            reward=self._found.reward,
-            error=self._found.error,
-            replayed_calls=self._inbox.replayed_calls(),
-        )
+        return self._state.progress()
 
-    # --- state ---------------------------------------------------------------------------
+    # --- the rollout's one workflow id and one result --------------------------------------
 
     def _check_workflow_id(self) -> None:
         """The gateway, the workers and the trainer find a rollout by its one workflow id
@@ -485,56 +441,9 @@ class RolloutWorkflow:
             earlier.rollout_id,
             earlier.status,
         )
-        self._visibility.publish_earlier_result(earlier, self._serving_version())
+        self._state.show_earlier_result(earlier)
         return earlier
 
-    def _start_attempt(self, attempt: int) -> None:
-        self._attempt = attempt
-        self._inbox.open(attempt)
-        self._found.start_attempt()
-        self._transition(RolloutStatus.LAUNCHING)
-
-    def _take_calls(self, events: list[ModelCallEvent], by_signal: bool = True) -> None:
-        self._inbox.take_calls(events, by_signal)
-        self._show_details()
-
-    def _transition(
-        self, status: RolloutStatus, also: list[SearchAttributeUpdate[Any]] | None = None
-    ) -> None:
-        self._status = check_transition(self._status, status)
-        self._show_details()
-        self._visibility.publish_status(status, self._attempt, self._serving_version(), also)
-
-    def _infra_failure(self, error: str) -> bool:
-        self._found.error = error
-        self._transition(RolloutStatus.FAILED_INFRA)
-        workflow.logger.warning("rollout attempt %d: %s", self._attempt, error)
-        return True
-
-    def _finish_as(self, status: RolloutStatus, error: str) -> None:
-        self._found.error = error
-        self._transition(status)
-
-    def _serving_version(self) -> int:
-        return self._inbox.serving_version(at_start=self._spec.policy_version)
-
-    def _show_details(self) -> None:
-        self._visibility.show(
-            status=self._status,
-            attempt=self._attempt,
-            calls=len(self._inbox.calls),
-            replayed=self._inbox.replayed_calls(),
-            serving_version=self._serving_version(),
-            reward=self._found.reward,
-            error=self._found.error,
-        )
-
-    def _result(self, started: datetime) -> RolloutResult:
-        return rollout_result(
-            self._spec,
-            status=self._status,
-            attempts=self._attempt,
-            inbox=self._inbox,
-            found=self._found,
-            duration_seconds=(workflow.now() - started).total_seconds(),
-        )
+    @staticmethod
+    def _seconds_since(started: datetime) -> float:
+        return (workflow.now() - started).total_seconds()
