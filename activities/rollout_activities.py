@@ -2,9 +2,10 @@
 
 They pick the runner by the agent spec's kind, issue the attempt's agent contract, and close the
 attempt at the gateway when its agent has ended: the gateway then refuses stragglers' calls and
-hands over the attempt's call events before the workflow scores it. An attempt of the current
-workflow is one await_agent: the close's events come back in its result and a reward function
-is computed right there, so Temporal schedules nothing else for it.
+hands over the attempt's call events before the workflow scores it. For a workflow that runs an
+attempt as one activity (`AwaitRequest.one_activity`, revision 2 on), an attempt is one
+await_agent: the close's events come back in its result and a reward function is computed
+right there, so Temporal schedules nothing else for it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from darl.activities import rewards
 from darl.activities.agent_contract import AgentContract, ContractIssuer, TaskFieldError
 from darl.activities.errors import agent_spec_error, reward_spec_error
-from darl.activities.gateway_notifier import CLOSE_GIVE_UP_SECONDS, GatewayNotifier
+from darl.activities.gateway_attempts import CLOSE_GIVE_UP_SECONDS, GatewayAttempts
 from darl.activities.heartbeats import heartbeating
 from darl.activities.runners.base import AgentRunner, agent_heartbeat_interval
 from darl.activities.sandbox import GradingError, SandboxSpecError
@@ -148,12 +149,12 @@ class RolloutActivities:
         runners: Mapping[str, AgentRunner],
         issuer: ContractIssuer,
         client: Client,
-        notifier: GatewayNotifier | None = None,
+        gateway: GatewayAttempts | None = None,
     ) -> None:
         self._runners = dict(runners)
         self._issuer = issuer
         self._client = client
-        self._notifier = notifier
+        self._gateway = gateway
 
     def activities(self) -> list:
         return [
@@ -245,8 +246,8 @@ class RolloutActivities:
 
     async def _closed(self, request: AwaitRequest, agent_exit: AgentExit) -> AgentExit:
         """The agent has ended: close its attempt at the gateway (heartbeating: a slow
-        gateway must not time the activity out) and, for a workflow of the current release,
-        take the attempt's call events from the close and score it."""
+        gateway must not time the activity out) and, for a workflow that runs an attempt as
+        one activity, take the attempt's call events from the close and score it."""
         spec = request.spec
         interval = agent_heartbeat_interval(spec.timeouts.heartbeat_seconds)
         if request.one_activity and agent_exit.timed_out:
@@ -255,8 +256,8 @@ class RolloutActivities:
             await heartbeating(self._close_quietly(spec.rollout_id, request.attempt), interval)
             return agent_exit
         calls: list[ModelCallEvent] | None = []  # no gateway, no calls
-        if self._notifier is not None:
-            closing = self._notifier.close_attempt(
+        if self._gateway is not None:
+            closing = self._gateway.close_attempt(
                 spec.rollout_id,
                 request.attempt,
                 CLOSE_GIVE_UP_SECONDS,
@@ -343,7 +344,7 @@ class RolloutActivities:
         an attempt 1 the gateway already closed can be an earlier execution's (or this one's,
         retried after its close): then Temporal's visibility, which costs the server ~10 ms a
         query on the dev server's SQLite, is asked which it was."""
-        if self._notifier is None or await self._notifier.open_attempt(rollout_id, 1):
+        if self._gateway is None or await self._gateway.open_attempt(rollout_id, 1):
             await refuse_a_second_run(self._client, rollout_id)
 
     @contextlib.asynccontextmanager
@@ -360,10 +361,10 @@ class RolloutActivities:
 
     async def _close_quietly(self, rollout_id: str, attempt: int) -> None:
         """Close an attempt that ends without a result to score (cancelled, lost)."""
-        if self._notifier is None:
+        if self._gateway is None:
             return
         try:
-            await self._notifier.close_attempt(rollout_id, attempt, 10.0)
+            await self._gateway.close_attempt(rollout_id, attempt, 10.0)
         except ApplicationError as err:
             log.warning("%s", err)
 

@@ -15,7 +15,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from darl.activities.agent_contract import ContractIssuer
-from darl.activities.gateway_notifier import GatewayNotifier
+from darl.activities.gateway_attempts import GatewayAttempts
 from darl.activities.http import http_session
 from darl.activities.rollout_activities import RolloutActivities
 from darl.activities.runners.base import AgentRunner
@@ -29,7 +29,7 @@ from darl.workflows.rollout_workflow import RolloutWorkflow
 
 log = logging.getLogger(__name__)
 
-# The gateway's admin API: a close and a lookup per attempt, each a moment long. The gateway
+# The gateway's admin API: an open and a close per attempt, each a moment long. The gateway
 # keeps an idle connection 75 s (deploy/serving.py), longer than this pool does.
 ADMIN_CONNECTIONS = 64
 ADMIN_KEEP_ALIVE_SECONDS = 30.0
@@ -74,9 +74,9 @@ async def build_worker(
     runners: dict[str, AgentRunner] | None = None,
 ) -> AsyncIterator[Worker]:
     """The running worker. `admin_session` (borrowed; the worker keeps one of its own without
-    it) is for the gateway's admin API, whose calls (closing an attempt) join the rollout's
-    trace; agent HTTP services get a pool of their own (an attempt holds its connection while
-    its agent runs)."""
+    it) is for the gateway's admin API, whose calls (opening and closing an attempt) join the
+    rollout's trace; agent HTTP services get a pool of their own (an attempt holds its
+    connection while its agent runs)."""
     async with contextlib.AsyncExitStack() as resources:
         if admin_session is None:
             admin_session = await resources.enter_async_context(
@@ -93,15 +93,15 @@ async def build_worker(
             }
             if settings.kubernetes is not None:
                 runners[KubernetesJobRunner.kind] = KubernetesJobRunner(settings.kubernetes)
-        notifier = None
+        gateway = None
         if settings.admin_key:
-            notifier = GatewayNotifier(
+            gateway = GatewayAttempts(
                 settings.gateway_admin_url or settings.gateway_url,
                 settings.admin_key,
                 admin_session,
             )
         activities = RolloutActivities(
-            runners, ContractIssuer(settings.gateway_url, settings.token_secret), client, notifier
+            runners, ContractIssuer(settings.gateway_url, settings.token_secret), client, gateway
         )
         reports = ReportActivities(TrainerReports(client))
         worker = Worker(

@@ -1,6 +1,6 @@
-"""Opening an attempt at the gateway before its agent starts, and closing it once the agent
-has ended: the gateway then refuses the attempt's calls and hands over its call events (rule
-1), and says what DARL's infrastructure did to the attempt (rule 7)."""
+"""A rollout's attempts at the gateway, over its admin API: opened before the agent starts,
+closed once the agent has ended, when the gateway refuses the attempt's calls, hands over its
+call events (rule 1) and says what DARL's infrastructure did to the attempt (rule 7)."""
 
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ log = logging.getLogger(__name__)
 # Temporal retries it: the agent has exited, so the retry only closes again).
 CLOSE_GIVE_UP_SECONDS = 30.0
 CLOSE_TIMEOUT = aiohttp.ClientTimeout(total=30.0)
-LOOKUP_TIMEOUT = aiohttp.ClientTimeout(total=10.0)
+OPEN_TIMEOUT = aiohttp.ClientTimeout(total=10.0)
 
 
 @dataclass(frozen=True)
-class ClosedAttempt:
-    """What the gateway says of an attempt it closed."""
+class AttemptCloseReport:
+    """What the gateway answers when it closes an attempt."""
 
     # What DARL's infrastructure did to it (rule 7): its 5xx answers, the gateway's outages.
     incidents: list[str]
@@ -39,11 +39,11 @@ class ClosedAttempt:
     replay: ReplayOutcome | None = None
 
 
-class GatewayNotifier:
-    """Closes an attempt at the gateway once its agent has ended. The gateway then refuses the
-    attempt's calls and hands over its call events: in its answer, or signalled to the workflow
-    before it answers; await_agent returns only after that, so the workflow scores a complete
-    trajectory."""
+class GatewayAttempts:
+    """Opens an attempt at the gateway before its agent starts, and closes it once its agent
+    has ended. The gateway then refuses the attempt's calls and hands over its call events: in
+    its answer, or signalled to the workflow before it answers; await_agent returns only after
+    that, so the workflow scores a complete trajectory."""
 
     def __init__(self, admin_url: str, admin_key: str, session: aiohttp.ClientSession) -> None:
         """`session` is borrowed (not closed here)."""
@@ -60,7 +60,7 @@ class GatewayNotifier:
         return_events_up_to: int = 0,
         replay_from: list[int] | None = None,
         prefix: PrefixSpec | None = None,
-    ) -> ClosedAttempt:
+    ) -> AttemptCloseReport:
         """Close the attempt; returns what DARL's infrastructure did to it while its agent ran
         (since `started_at`, epoch seconds): the gateway's 5xx answers and outages; its model
         calls that got no answer; and, with `return_events_up_to` > 0, its call events (at
@@ -95,7 +95,7 @@ class GatewayNotifier:
                     closed = json.loads(content)
                     events = closed.get("events")
                     replay = closed.get("replay")
-                    return ClosedAttempt(
+                    return AttemptCloseReport(
                         list(closed.get("infra_incidents") or []),
                         list(closed.get("failed_calls") or []),
                         None
@@ -103,11 +103,11 @@ class GatewayNotifier:
                         else [ModelCallEvent.model_validate(e) for e in events],
                         None if replay is None else ReplayOutcome.model_validate(replay),
                     )
-                older = [key for key in ("return_events_up_to", "replay_from") if key in body]
-                if status in (400, 422) and older:
-                    # A gateway of an earlier release refuses fields it does not know: it
-                    # signals the events, and says nothing of a replay.
-                    for key in older:
+                optional = [key for key in ("return_events_up_to", "replay_from") if key in body]
+                if status in (400, 422) and optional:
+                    # A gateway that does not know these fields refuses them: closed without
+                    # them, it signals the events, and says nothing of a replay.
+                    for key in optional:
                         body.pop(key)
                     continue
                 text = content[:300].decode(errors="replace")
@@ -134,7 +134,7 @@ class GatewayNotifier:
         url = f"{self._admin_url}/admin/rollouts/{rollout_id}/attempts/{attempt}/open"
         try:
             async with self._session.post(
-                url, headers=self._headers, timeout=LOOKUP_TIMEOUT
+                url, headers=self._headers, timeout=OPEN_TIMEOUT
             ) as response:
                 if response.status != 200:
                     return True
