@@ -50,7 +50,10 @@ def version_in(headers: Mapping[str, str]) -> int | None:
 
 
 @dataclass
-class _Probe:
+class _VersionRead:
+    """A read of an upstream's version under way, shared by the calls that wait for it, and
+    when it started (monotonic)."""
+
     started: float
     read: asyncio.Future[int | None]
 
@@ -61,7 +64,7 @@ class UpstreamVersions:
     def __init__(self, forwarder: Forwarder) -> None:
         self._forwarder = forwarder
         self._kinds: dict[str, ServerKind] = {}
-        self._probes: dict[str, _Probe] = {}
+        self._probes: dict[str, _VersionRead] = {}
         self.stale: set[str] = set()
 
     async def version_after(self, upstream: str, since: float) -> int | None:
@@ -71,7 +74,7 @@ class UpstreamVersions:
         if probe is None or probe.started < since:
             # A task of its own: a caller that goes away does not take the read with it.
             read = asyncio.ensure_future(self._read(upstream))
-            probe = self._probes[upstream] = _Probe(time.monotonic(), read)
+            probe = self._probes[upstream] = _VersionRead(time.monotonic(), read)
         return await asyncio.shield(probe.read)
 
     def note(self, upstream: str, version: int | None, wanted: int) -> bool:

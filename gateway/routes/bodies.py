@@ -37,7 +37,7 @@ async def read_body(request: Request, limit: int) -> bytes:
             if size > limit:
                 raise BodyTooLargeError(f"request body over {limit} bytes")
     except ClientDisconnect as err:
-        # Not the server's error: it had been logged as one, with a traceback.
+        # The client's doing, not the server's: a typed error, not a logged traceback.
         raise ClientDisconnectedError(
             f"the client went away after sending {size} bytes of its request"
         ) from err

@@ -114,7 +114,7 @@ class Tail:
             return self.messages
         return self.sent_messages.read()
 
-    def close_here(self) -> None:
+    def close_at_next_sequence(self) -> None:
         """The attempt's close took the next sequence (the S3 store's mark): only answers
         their agents never received follow it."""
         self.closed = True

@@ -351,6 +351,6 @@ def _read_into(tail: Tail, data: bytes) -> CallRecord | None:
     """Advance `tail` past one object of the attempt's sequences: a call (returned), or the
     empty object of its close (None)."""
     if not data:
-        tail.close_here()
+        tail.close_at_next_sequence()
         return None
     return decode_into(tail, json.loads(data))

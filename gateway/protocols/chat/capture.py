@@ -160,7 +160,7 @@ class StreamAssembler:
         ends = bool(chunk.get("usage"))
         for part in chunk.get("choices") or []:
             choice = self._choices.setdefault(part.get("index", 0), self._new_choice())
-            self._fold(choice, part)
+            self._add_part(choice, part)
             if part.get("finish_reason") is not None:
                 choice["finish_reason"] = part["finish_reason"]
                 ends = True
@@ -196,7 +196,8 @@ class StreamAssembler:
             "has_logprobs": False,
         }
 
-    def _fold(self, choice: dict[str, Any], part: dict[str, Any]) -> None:
+    def _add_part(self, choice: dict[str, Any], part: dict[str, Any]) -> None:
+        """Add a chunk's part of one choice (its delta, ids and logprobs) to the choice."""
         choice["token_ids"].extend(part.get("token_ids") or [])
         if part.get("prompt_token_ids") is not None:
             choice["prompt_token_ids"] = list(part["prompt_token_ids"])
