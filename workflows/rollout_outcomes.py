@@ -1,6 +1,6 @@
 """What RolloutWorkflow makes of how an attempt ended: an activity's failure (its cause in words,
-the rollout's cancellation, a reward that cannot work, an earlier execution's result), the
-agent's exit in words, and a report merged into the last. Deterministic: used in the workflow."""
+the rollout's cancellation, a reward that cannot work), the agent's exit in words, the reward
+await_agent computed, and a report merged into the last. Deterministic: used in the workflow."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from darl.workflows.contracts import (
 )
 from darl.workflows.errors import WorkflowsError
 from darl.workflows.names import REWARD_SPEC_ERROR, ROLLOUT_ALREADY_RAN_ERROR
+from darl.workflows.rollout_identity import EarlierRunError
 
 # How much of each incident an infra failure's error quotes, and how many incidents.
 INCIDENT_CHARS = 500
@@ -45,8 +46,8 @@ def error_type(err: ActivityError) -> str | None:
 def raise_if_the_rollout_ends(err: ActivityError) -> None:
     """An attempt's activity failed in a way that ends the rollout, not the attempt: the
     rollout was cancelled, it already ran to a result (EarlierRunError), or its reward cannot
-    work. That is bad input (rule 9): the workflow fails at once with the reason, before any
-    agent ran, as a run's start check fails a training run."""
+    work. A reward that cannot work is bad input (rule 9): the workflow fails at once with the
+    reason, before any agent ran, as a run's start check fails a training run."""
     raise_if_cancelled(err)
     if error_type(err) == ROLLOUT_ALREADY_RAN_ERROR:
         raise earlier_run(err) from err
@@ -85,14 +86,6 @@ def reward_computed_at_close(
     if score.reward is None:
         raise RewardFailedError(score.error or "the reward function gave no reward")
     return score.reward
-
-
-class EarlierRunError(WorkflowsError):
-    """This rollout id already has a result, from an earlier execution: it is the result."""
-
-    def __init__(self, result: RolloutResult) -> None:
-        super().__init__(result.rollout_id)
-        self.result = result
 
 
 def earlier_run(err: ActivityError) -> EarlierRunError:

@@ -4,11 +4,13 @@ on the Web UI and each move published (rollout_visibility). Deterministic: workf
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeUpdate
 
+from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import ModelCallEvent, RolloutProgress, RolloutResult, RolloutSpec
 from darl.workflows.rollout_inbox import RolloutInbox
 from darl.workflows.rollout_result import RolloutFindings, rollout_progress, rollout_result
@@ -51,6 +53,10 @@ class RolloutState:
         self._show()
         self._visibility.publish_status(status, self.attempt, self._serving_version(), also)
 
+    def succeed(self, reward: float) -> None:
+        self.found.reward = reward
+        self.move_to(RolloutStatus.SUCCEEDED, [sa.REWARD.value_set(reward)])
+
     def finish_as(self, status: RolloutStatus, error: str) -> None:
         self.found.error = error
         self.move_to(status)
@@ -65,16 +71,22 @@ class RolloutState:
 
     def show_earlier_result(self, earlier: RolloutResult) -> None:
         """This execution returns the result of one that already ran the rollout."""
+        workflow.logger.warning(
+            "rollout %s already ran to %s; returning that result",
+            earlier.rollout_id,
+            earlier.status,
+        )
         self._visibility.publish_earlier_result(earlier, self._serving_version())
 
-    def result(self, duration_seconds: float) -> RolloutResult:
+    def result(self, started: datetime) -> RolloutResult:
+        """The rollout's result as it stands, for a run that started at `started`."""
         return rollout_result(
             self._spec,
             status=self.status,
             attempts=self.attempt,
             inbox=self.inbox,
             found=self.found,
-            duration_seconds=duration_seconds,
+            duration_seconds=(workflow.now() - started).total_seconds(),
         )
 
     def progress(self) -> RolloutProgress:

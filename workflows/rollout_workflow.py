@@ -9,23 +9,22 @@ What the server does per rollout bounds rollouts per second, so an attempt of an
 one activity: await_agent enforces the timeout and returns the calls the gateway's close handed
 over and the reward it computed; and the report to the trainer is a local activity in the last
 workflow task, which the worker batches with other rollouts'. Which command sequence a rollout
-runs is its `RolloutSpec.revision`: the table above CURRENT_REVISION in contracts.py.
+runs is its `RolloutSpec.revision`: the table in workflows/contracts/revisions.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError
+from temporalio.exceptions import ActivityError, CancelledError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from darl.workflows import search_attributes as sa
     from darl.workflows.contracts import (
         LOCAL_REPORT_REVISION,
         ONE_ACTIVITY_REVISION,
@@ -42,7 +41,6 @@ with workflow.unsafe.imports_passed_through():
         RolloutResult,
         RolloutSpec,
         TrajectorySummary,
-        rollout_workflow_id,
     )
     from darl.workflows.names import (
         AGENT_LOST_ERROR,
@@ -57,11 +55,10 @@ with workflow.unsafe.imports_passed_through():
         ROLLOUT_WORKFLOW,
         STATUS_QUERY,
         STOP_AGENT,
-        WRONG_WORKFLOW_ID_ERROR,
     )
     from darl.workflows.rollout_history import no_room_for_another_attempt
+    from darl.workflows.rollout_identity import EarlierRunError, check_workflow_id
     from darl.workflows.rollout_outcomes import (
-        EarlierRunError,
         RewardFailedError,
         cause_of,
         error_type,
@@ -122,8 +119,7 @@ class RolloutWorkflow:
         self._spec = spec
         self._state = RolloutState(spec)
         self._replay_lineage = ReplayLineage(spec.resume)
-        # The command sequence the spec's revision asks for (the table above CURRENT_REVISION
-        # in contracts.py).
+        # The command sequence the spec's revision asks for (workflows/contracts/revisions.py).
         self._one_activity = spec.revision >= ONE_ACTIVITY_REVISION
         self._local_report = spec.revision >= LOCAL_REPORT_REVISION
 
@@ -131,7 +127,7 @@ class RolloutWorkflow:
 
     @workflow.run
     async def run(self, spec: RolloutSpec) -> RolloutResult:
-        self._check_workflow_id()
+        check_workflow_id(spec.rollout_id)
         started = workflow.now()
         state = self._state
         state.publish_start()
@@ -146,15 +142,18 @@ class RolloutWorkflow:
                 self._replay_lineage.extend(attempt, its_calls_known=bool(state.inbox.calls))
                 await workflow.sleep(timedelta(seconds=spec.timeouts.retry_backoff_seconds))
         except EarlierRunError as earlier:
-            return self._result_of_earlier_run(earlier.result)
+            # No agent ran: the earlier execution's result is the rollout's one result, and
+            # it is not reported again.
+            state.show_earlier_result(earlier.result)
+            return earlier.result
         except asyncio.CancelledError:
             if state.status == RolloutStatus.LAUNCHING:
                 await self._stop_launched_agent()
             if RolloutStatus.CANCELLED in TRANSITIONS[state.status]:
                 state.finish_as(RolloutStatus.CANCELLED, "rollout was cancelled")
-                await self._report(state.result(self._seconds_since(started)))
+                await self._report(state.result(started))
             raise
-        result = state.result(self._seconds_since(started))
+        result = state.result(started)
         await self._report(result)
         return result
 
@@ -298,8 +297,7 @@ class RolloutWorkflow:
             # timeout): no way out of the grade is left to the agent.
             state.move_to(RolloutStatus.SCORING)
             found.grade = agent_exit.grade
-            found.reward = agent_exit.grade.reward
-            state.move_to(RolloutStatus.SUCCEEDED, [sa.REWARD.value_set(found.reward)])
+            state.succeed(agent_exit.grade.reward)
             return False
         if agent_exit.timed_out:
             state.finish_as(RolloutStatus.TIMED_OUT, timeout_message(self._spec))
@@ -329,8 +327,7 @@ class RolloutWorkflow:
             except RewardFailedError as err:
                 state.finish_as(RolloutStatus.FAILED_INFRA, f"reward failed: {err}")
                 return False
-        found.reward = reward
-        state.move_to(RolloutStatus.SUCCEEDED, [sa.REWARD.value_set(reward)])
+        state.succeed(reward)
         return False
 
     def _agent_failed(self, agent_exit: AgentExit, why: str) -> bool:
@@ -373,16 +370,14 @@ class RolloutWorkflow:
         return reward
 
     async def _report(self, result: RolloutResult) -> None:
-        """Tell the trainer (if any). A trainer that is gone does not undo the rollout.
-
-        Before the workflow completes: the server drops a signal-external still in flight
-        when its workflow completes. With `_local_report` a local activity sends it through
-        the worker's client, batched with the other rollouts' reports to the same trainer (one
-        signal, and one wait for the trainer's lock, per batch rather than per rollout), in
-        this last workflow task: no signal-external, no signalled event, no workflow task
-        after it. A workflow task that is retried reports the same result again, which the
-        trainer counts as a duplicate. Otherwise it awaits a signal-external. Either way the
-        trainer is told the result's outcome, the few hundred bytes it decides with."""
+        """Tell the trainer (if any) the result's outcome, the few hundred bytes it decides
+        with, before the workflow completes: the server drops a signal-external still in
+        flight when its workflow completes. A trainer that is gone does not undo the rollout.
+        With `_local_report` a local activity in this last workflow task sends it through the
+        worker's client, batched with other rollouts' reports to the same trainer (one signal
+        and one wait for the trainer's lock per batch): no signal-external, no event, no
+        workflow task after it. A retried workflow task reports the same result again, which
+        the trainer counts as a duplicate."""
         report_to = self._spec.report_to
         if not report_to:
             return
@@ -417,33 +412,3 @@ class RolloutWorkflow:
     @workflow.query(name=STATUS_QUERY)
     def status(self) -> RolloutProgress:
         return self._state.progress()
-
-    # --- the rollout's one workflow id and one result --------------------------------------
-
-    def _check_workflow_id(self) -> None:
-        """The gateway, the workers and the trainer find a rollout by its one workflow id
-        (rule 2): under any other id its agent's calls would be refused, so fail at once."""
-        expected = rollout_workflow_id(self._spec.rollout_id)
-        actual = workflow.info().workflow_id
-        if actual != expected:
-            raise ApplicationError(
-                f"rollout {self._spec.rollout_id!r} must run under the workflow id "
-                f"{expected!r}, not {actual!r} (start it with --workflow-id {expected})",
-                type=WRONG_WORKFLOW_ID_ERROR,
-                non_retryable=True,
-            )
-
-    def _result_of_earlier_run(self, earlier: RolloutResult) -> RolloutResult:
-        """This execution started after the rollout had already run to a result: that result
-        is the rollout's one result. No agent ran, nothing is reported again."""
-        workflow.logger.warning(
-            "rollout %s already ran to %s; returning that result",
-            earlier.rollout_id,
-            earlier.status,
-        )
-        self._state.show_earlier_result(earlier)
-        return earlier
-
-    @staticmethod
-    def _seconds_since(started: datetime) -> float:
-        return (workflow.now() - started).total_seconds()
