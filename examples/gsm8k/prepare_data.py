@@ -23,6 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import typer
 
+from darl.files import write_atomically
+
 COLUMNS = ("question", "answer")
 # verl's examples/data_preprocess/gsm8k.py: the first "#### <number>", commas dropped.
 _GROUND_TRUTH = re.compile(r"#### (\-?[0-9\.\,]+)")
@@ -87,11 +89,9 @@ def tasks(table: pa.Table, split: str) -> list[dict[str, Any]]:
 
 
 def write_tasks(rows: list[dict[str, Any]], path: Path) -> None:
-    """JSON lines, written beside and renamed, so a reader never sees half a file."""
+    """JSON lines, written whole, so a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-    partial.replace(path)
+    write_atomically(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 def prepare(train: Path, test: Path, out: Path) -> dict[str, int]:

@@ -45,6 +45,7 @@ from darl.examples.swe.mirrors import (
 from darl.examples.swe.mutations import Mutant, mutants
 from darl.examples.swe.problem_statements import Failure, problem_statement, reproduction_lines
 from darl.examples.swe.pytest_runs import PytestServer, PytestServerError, PytestServers
+from darl.files import write_atomically
 
 TASKS = Path(__file__).parent / "tasks.jsonl"
 CREATED_AT = "2026-01-01T00:00:00Z"
@@ -328,10 +329,8 @@ def make_tasks(count: int, repos: Path = REPOS) -> tuple[list[dict[str, Any]], d
 
 
 def write_tasks(rows: list[dict[str, Any]], path: Path) -> None:
-    """JSON lines, written beside and renamed, so a reader never sees half a file."""
-    partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-    partial.replace(path)
+    """JSON lines, written whole, so a reader never sees half a file."""
+    write_atomically(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 app = typer.Typer(
