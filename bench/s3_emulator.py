@@ -8,7 +8,6 @@ writes `{"url": ..., "bucket": ...}` to the ready file once serving.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import threading
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import boto3
 from moto.server import ThreadedMotoServer
+
+from darl.files import write_ready_file
 
 
 def main() -> None:
@@ -38,9 +39,7 @@ def main() -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    tmp = args.ready_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"url": url, "bucket": args.bucket}))
-    tmp.replace(args.ready_file)
+    write_ready_file(args.ready_file, {"url": url, "bucket": args.bucket})
     stop.wait()
     server.stop()
 
