@@ -1,6 +1,6 @@
-"""What a rollout's workflow returns: the facts its attempts found (reward, answer, exit code,
-error, failed calls, replay, grade), kept as they come, and the RolloutResult assembled from them
-and from the final attempt's calls. Deterministic: workflow state."""
+"""What a rollout's workflow says of it: the facts its attempts found (reward, answer, exit code,
+error, failed calls, replay, grade), kept as they come, and, assembled from them and the final
+attempt's calls, the RolloutResult it returns and the `status` query's answer."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def rollout_result(
     status: RolloutStatus,
     attempts: int,
     inbox: RolloutInbox,
-    found: RolloutFindings,
+    findings: RolloutFindings,
     duration_seconds: float,
 ) -> RolloutResult:
     """The rollout's one result: what it found, and the final attempt's calls."""
@@ -86,8 +86,8 @@ def rollout_result(
         group_id=spec.group_id,
         mode=spec.mode,
         status=status,
-        reward=found.reward,
-        answer=found.answer,
+        reward=findings.reward,
+        answer=findings.answer,
         attempts=attempts,
         calls=len(calls),
         prompt_tokens=sum(c.prompt_tokens for c in calls),
@@ -95,20 +95,20 @@ def rollout_result(
         policy_versions=sorted({c.policy_version for c in calls}),
         call_ids=call_ids,
         events_digest=hashlib.sha256("\n".join(call_ids).encode()).hexdigest(),
-        exit_code=found.exit_code,
-        error=found.error,
+        exit_code=findings.exit_code,
+        error=findings.error,
         duration_seconds=duration_seconds,
         duplicate_signals=inbox.duplicate_signals,
         stale_signals=inbox.stale_signals,
-        metadata=found.metadata,
-        failed_calls=found.failed_call_count,
-        failed_call_errors=found.failed_calls[:FAILED_CALLS_SHOWN],
+        metadata=findings.metadata,
+        failed_calls=findings.failed_call_count,
+        failed_call_errors=findings.failed_calls[:FAILED_CALLS_SHOWN],
         replayed_calls=inbox.replayed_calls(),
-        replay_diverged_at=found.replay.diverged_at if found.replay is not None else None,
-        prefix_calls=prefix_calls(found.replay, inbox.prefix_replays()),
-        prefix_diverged_at=prefix_diverged_at(spec.prefix, found.replay),
-        grade=found.grade,
-        agent_claim=found.agent_claim,
+        replay_diverged_at=findings.replay.diverged_at if findings.replay is not None else None,
+        prefix_calls=prefix_calls(findings.replay, inbox.prefix_replays()),
+        prefix_diverged_at=prefix_diverged_at(spec.prefix, findings.replay),
+        grade=findings.grade,
+        agent_claim=findings.agent_claim,
     )
 
 
@@ -118,7 +118,7 @@ def rollout_progress(
     status: RolloutStatus,
     attempt: int,
     inbox: RolloutInbox,
-    found: RolloutFindings,
+    findings: RolloutFindings,
 ) -> RolloutProgress:
     """Where the rollout stands: the `status` query's answer."""
     calls = inbox.calls
@@ -129,7 +129,7 @@ def rollout_progress(
         calls=len(calls),
         prompt_tokens=sum(c.prompt_tokens for c in calls),
         completion_tokens=sum(c.completion_tokens for c in calls),
-        reward=found.reward,
-        error=found.error,
+        reward=findings.reward,
+        error=findings.error,
         replayed_calls=inbox.replayed_calls(),
     )

@@ -20,14 +20,14 @@ from darl.workflows.rollout_visibility import RolloutVisibility
 
 class RolloutState:
     """One rollout's standing, owned by its workflow. `inbox` holds the current attempt's
-    calls and reports; `found` what the attempts found, which the result says."""
+    calls and reports; `findings` what the attempts found, which the result says."""
 
     def __init__(self, spec: RolloutSpec) -> None:
         self._spec = spec
         self.status = RolloutStatus.PENDING
         self.attempt = 0
         self.inbox = RolloutInbox(starts_from_prefix=spec.prefix is not None)
-        self.found = RolloutFindings()
+        self.findings = RolloutFindings()
         self._visibility = RolloutVisibility(spec)
 
     def publish_start(self) -> None:
@@ -37,7 +37,7 @@ class RolloutState:
     def start_attempt(self, attempt: int) -> None:
         self.attempt = attempt
         self.inbox.open(attempt)
-        self.found.start_attempt()
+        self.findings.start_attempt()
         self.move_to(RolloutStatus.LAUNCHING)
 
     def take_calls(self, events: list[ModelCallEvent], by_signal: bool = True) -> None:
@@ -54,17 +54,17 @@ class RolloutState:
         self._visibility.publish_status(status, self.attempt, self._serving_version(), also)
 
     def succeed(self, reward: float) -> None:
-        self.found.reward = reward
+        self.findings.reward = reward
         self.move_to(RolloutStatus.SUCCEEDED, [sa.REWARD.value_set(reward)])
 
     def finish_as(self, status: RolloutStatus, error: str) -> None:
-        self.found.error = error
+        self.findings.error = error
         self.move_to(status)
 
     def infra_failure(self, error: str) -> bool:
         """The attempt failed for DARL's reasons: FAILED_INFRA, which a next attempt may
         follow. Returns True: the attempt is to be retried."""
-        self.found.error = error
+        self.findings.error = error
         self.move_to(RolloutStatus.FAILED_INFRA)
         workflow.logger.warning("rollout attempt %d: %s", self.attempt, error)
         return True
@@ -85,13 +85,17 @@ class RolloutState:
             status=self.status,
             attempts=self.attempt,
             inbox=self.inbox,
-            found=self.found,
+            findings=self.findings,
             duration_seconds=(workflow.now() - started).total_seconds(),
         )
 
     def progress(self) -> RolloutProgress:
         return rollout_progress(
-            self._spec, status=self.status, attempt=self.attempt, inbox=self.inbox, found=self.found
+            self._spec,
+            status=self.status,
+            attempt=self.attempt,
+            inbox=self.inbox,
+            findings=self.findings,
         )
 
     def _serving_version(self) -> int:
@@ -104,6 +108,6 @@ class RolloutState:
             calls=len(self.inbox.calls),
             replayed=self.inbox.replayed_calls(),
             serving_version=self._serving_version(),
-            reward=self.found.reward,
-            error=self.found.error,
+            reward=self.findings.reward,
+            error=self.findings.error,
         )

@@ -136,8 +136,9 @@ class RolloutWorkflow:
                 retry = await self._run_attempt(attempt)
                 if not retry or attempt == spec.max_attempts:
                     break
+                # Rule 12: no attempt that could carry the history past Temporal's limit.
                 if (no_room := no_room_for_another_attempt(attempt)) is not None:
-                    state.found.error = f"{state.found.error}; {no_room}"
+                    state.findings.error = f"{state.findings.error}; {no_room}"
                     break
                 self._replay_lineage.extend(attempt, its_calls_known=bool(state.inbox.calls))
                 await workflow.sleep(timedelta(seconds=spec.timeouts.retry_backoff_seconds))
@@ -175,7 +176,7 @@ class RolloutWorkflow:
             if agent_exit is not None:
                 # Delivered by the close instead of a signal: taken like one.
                 state.take_calls(agent_exit.calls, by_signal=False)
-                state.found.replay = agent_exit.replay
+                state.findings.replay = agent_exit.replay
         except ActivityError as err:
             raise_if_the_rollout_ends(err)
             return state.infra_failure(f"lost the agent: {cause_of(err)}")
@@ -288,15 +289,15 @@ class RolloutWorkflow:
     async def _score(self, attempt: int, agent_exit: AgentExit) -> bool:
         """Score the attempt. Returns True when it failed for infra reasons: an agent that
         failed while DARL was unavailable to it gets a fresh attempt (rule 7)."""
-        state, found = self._state, self._state.found
+        state, findings = self._state, self._state.findings
         report = merged(state.inbox.report(attempt), agent_exit.report)
         reward_spec = self._spec.reward
-        found.take_exit(agent_exit, report, graded=reward_spec.grader is not None)
+        findings.take_exit(agent_exit, report, graded=reward_spec.grader is not None)
         if agent_exit.grade is not None:
             # A grade is of what the agent left however it ended (its exit status, its
             # timeout): no way out of the grade is left to the agent.
             state.move_to(RolloutStatus.SCORING)
-            found.grade = agent_exit.grade
+            findings.grade = agent_exit.grade
             state.succeed(agent_exit.grade.reward)
             return False
         if agent_exit.timed_out:
@@ -348,21 +349,21 @@ class RolloutWorkflow:
         signalled the calls, or await_agent scored nothing: a revision before
         ONE_ACTIVITY_REVISION, a worker that does not score, a function that failed
         unexpectedly there). Raises RewardFailedError with the function's error."""
-        found = self._state.found
+        findings = self._state.findings
         summary = TrajectorySummary.of_calls(
             self._spec.rollout_id,
             attempt,
             self._state.inbox.calls,
             agent_exit.exit_code,
             report,
-            found.metadata,
+            findings.metadata,
         )
-        computed = reward_computed_at_close(agent_exit.score, summary, found.answer)
+        computed = reward_computed_at_close(agent_exit.score, summary, findings.answer)
         if computed is not None:
             return computed
         reward: float = await workflow.execute_activity(
             COMPUTE_REWARD,
-            RewardRequest(spec=self._spec, answer=found.answer, summary=summary),
+            RewardRequest(spec=self._spec, answer=findings.answer, summary=summary),
             result_type=float,
             start_to_close_timeout=timedelta(seconds=self._spec.timeouts.reward_seconds),
             retry_policy=REWARD_RETRY,
