@@ -1,2 +1,3 @@
-"""The Anthropic Messages API: its requests (`protocol.py`), their translation to and from a chat
-completion (`translation.py`), and the event stream (`stream.py`)."""
+"""The Anthropic Messages API: its requests (`protocol.py`), the Message a chat answer becomes
+(`answer.py`), their translation to and from a chat completion (`translation.py`), and the
+event stream (`stream.py`), which reads the answer module, never the translation."""
