@@ -15,10 +15,11 @@ revision  what the workflow does                       what branches on it
           `rollout_finished` signal-external
 
 2         an attempt is one activity: no timer (the     RolloutWorkflow._one_activity:
-          runner ends the agent at the rollout timeout  _await_agent, _transition;
-          itself); a function reward or a grade comes   AwaitRequest.one_activity:
-          back in await_agent's result; a first         RolloutActivities.await_agent,
-          attempt leaves RUNNING to the status query    _graded, _closed; agent_deadline
+          runner ends the agent at the rollout timeout  _await_agent;
+          itself); a function reward or a grade comes   RolloutVisibility.publish_status;
+          back in await_agent's result; a first         AwaitRequest.one_activity:
+          attempt leaves RUNNING to the status query    RolloutActivities.await_agent,
+                                                        _graded, _closed; agent_deadline
 
 3         as 2, and the outcome reaches `report_to` by  RolloutWorkflow._local_report:
           the local activity `report_rollout` in the    _report; activities/
