@@ -1,7 +1,7 @@
 """The bounded LRU maps of the gateway's hot path, per operation: `darl.gateway.lru.LRUCache`
-against `cachetools.LRUCache` and the OrderedDict code written out inline, as each cache of the
-gateway held it before. Prints nanoseconds per get (a hit), put (a key already held) and put
-that evicts (a new key into a full map); asserts nothing.
+against `cachetools.LRUCache` and an OrderedDict moved and trimmed inline (no call of its own:
+the floor). Prints nanoseconds per get (a hit), put (a key already held) and put that evicts
+(a new key into a full map); asserts nothing.
 
     .venv/bin/python -m bench.lru_bench [--bound 100000] [--ops 200000] [--repeat 5]
 """
