@@ -135,7 +135,7 @@ class ModelCall:
 
     def proven_version(self) -> int:
         """The version to record: only ever the one the policy server proved (a call whose
-        answer came without one is never recorded; see the proxy's `_behind`)."""
+        answer came without one is never recorded; see `UpstreamExchange.behind`)."""
         if self.served_version is None:
             raise RuntimeError("recording a call whose weights' version is unknown")
         return self.served_version
