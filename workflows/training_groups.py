@@ -1,11 +1,9 @@
 """The trainer's book of GRPO groups: which rollouts are out, which groups are complete and
-trainable, and where every rollout ended up. Pure and deterministic (no Temporal calls), so
-the TrainingWorkflow's state lives in one object that survives continue-as-new as data."""
+trainable, and where every rollout ended up. Pure and deterministic (no Temporal calls): it
+works on the TrainingState, which survives continue-as-new as data."""
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass
 from enum import StrEnum
 
 from temporalio.exceptions import ApplicationError
@@ -17,34 +15,22 @@ from darl.workflows.contracts import (
 )
 from darl.workflows.names import BRANCH_POINT_ERROR
 from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.training_batches import BatchStats, batch_stats, train_group, trainable
 from darl.workflows.training_config import TrainingConfig, TrainingMode
-from darl.workflows.training_messages import (
-    RolloutStart,
-    SyncResult,
-    TrainGroup,
-    TrainMember,
-    TrainStepResult,
-)
+from darl.workflows.training_group_ids import closed_group, rollout_id, train_group_id
+from darl.workflows.training_messages import RolloutStart, TrainGroup
 from darl.workflows.training_state import (
     MAX_HELD,
     GroupState,
     Member,
-    StepRecord,
     TaskRow,
     TrainingState,
-    ValTally,
 )
-
-
-@dataclass(frozen=True)
-class BatchStats:
-    rollouts: int
-    groups: int
-    reward_mean: float
-    reward_std: float
-    success_rate: float
-    response_tokens_mean: float
-    staleness_mean: float
+from darl.workflows.training_validation import (
+    count_validation,
+    finish_validation,
+    open_validation,
+)
 
 
 class Dropped(StrEnum):
@@ -59,30 +45,23 @@ class Dropped(StrEnum):
     EQUAL_REWARDS = "equal rewards"
 
 
-# Rollouts per minute is measured over this many steps back.
-RATE_WINDOW_STEPS = 3
-# A group id is `<run>.e<epoch>.t<position>` (train) or `<run>.v<step>.t<position>` (validation).
-POSITION_MARK = ".t"
-
-
-def _trainable(result: RolloutOutcome | Member) -> bool:
-    """Only rollouts that ended with a reward are trained: a crashed or timed-out agent is a
-    result to count, never a reward of 0 to learn from."""
-    return result.status == RolloutStatus.SUCCEEDED and result.reward is not None
-
-
 def can_branch(seed: Member) -> bool:
     """A seed's branches start from its prefix only if it has one to give: a trained
     trajectory (a failed seed's calls are no state worth comparing continuations of) with
     a call after the prefix's first."""
-    return _trainable(seed) and seed.calls >= 2
+    return trainable(seed) and seed.calls >= 2
 
 
 class GroupBook:
+    """The run's groups as the TrainingState holds them, and every rule of their lives: a
+    group opens, its rollouts report (or are found lost), it completes and is trained,
+    dropped or tallied, and the run's end counts what is left."""
+
     def __init__(self, config: TrainingConfig, state: TrainingState) -> None:
         self.config = config
         self.state = state
-        self._owner: dict[str, str] = {
+        # Rollout id -> its group's id, for every rollout out.
+        self._group_of: dict[str, str] = {
             rollout_id: group.group_id
             for group in state.groups.values()
             for rollout_id in group.pending
@@ -108,7 +87,7 @@ class GroupBook:
                 return 0
             room = config.batch_size - self.inflight_groups() - len(state.ready)
         else:
-            room = (state.knobs.max_inflight - self._reserved()) // config.group_size
+            room = (state.knobs.max_inflight - self._train_rollouts_booked()) // config.group_size
         return max(0, min(room, within_budget))
 
     def open_groups(
@@ -120,12 +99,15 @@ class GroupBook:
         (`open_branches`). A step's validation rollouts are one book group with a tally."""
         config, state = self.config, self.state
         if mode == RolloutMode.VAL:
-            return self._open_validation(rows, size, now)
+            starts, validation = open_validation(config.run_id, state, rows, size, now)
+            if validation is not None:
+                self.add_group(validation)
+            return starts
         branching = config.groups.mode == "branch" and size > 1
         starts: list[RolloutStart] = []
         for row in rows:
-            group_id = f"{config.run_id}.e{row.epoch}{POSITION_MARK}{row.position}"
-            rollout_ids = [f"{group_id}.{k}" for k in range(size)]
+            group_id = train_group_id(config.run_id, row.epoch, row.position)
+            rollout_ids = [rollout_id(group_id, k) for k in range(size)]
             group = GroupState(
                 group_id=group_id,
                 policy_version=state.policy_version,
@@ -137,46 +119,19 @@ class GroupBook:
                 group.seed, group.row = rollout_ids[0], row
             self.add_group(group)
             starts += [
-                RolloutStart(rollout_id=rollout_id, group_id=group_id, mode=mode, row=row)
-                for rollout_id in group.pending
+                RolloutStart(rollout_id=pending, group_id=group_id, mode=mode, row=row)
+                for pending in group.pending
             ]
-        return starts
-
-    def _open_validation(self, rows: list[TaskRow], size: int, now: float) -> list[RolloutStart]:
-        state = self.state
-        validation_id = f"{self.config.run_id}.v{state.step}"
-        starts = [
-            RolloutStart(
-                rollout_id=f"{validation_id}{POSITION_MARK}{row.position}.{k}",
-                group_id=f"{validation_id}{POSITION_MARK}{row.position}",
-                mode=RolloutMode.VAL,
-                row=row,
-            )
-            for row in rows
-            for k in range(size)
-        ]
-        if starts:
-            self.add_group(
-                GroupState(
-                    group_id=validation_id,
-                    mode=RolloutMode.VAL,
-                    step=state.step,
-                    policy_version=state.policy_version,
-                    pending=[s.rollout_id for s in starts],
-                    started_at=now,
-                    tally=ValTally(),
-                )
-            )
         return starts
 
     def add_group(self, group: GroupState) -> None:
         self.state.groups[group.group_id] = group
-        for rollout_id in group.pending:
-            self._owner[rollout_id] = group.group_id
+        for pending in group.pending:
+            self._group_of[pending] = group.group_id
         self.state.counters.rollouts_started += len(group.pending)
 
     def pending_rollouts(self) -> list[str]:
-        return list(self._owner)
+        return list(self._group_of)
 
     def inflight(self, mode: RolloutMode | None = None) -> int:
         return sum(
@@ -188,7 +143,7 @@ class GroupBook:
             1 for g in self.state.groups.values() if (g.pending or g.unopened) and g.mode == mode
         )
 
-    def _reserved(self) -> int:
+    def _train_rollouts_booked(self) -> int:
         """Train rollouts out or booked: a branching group holds room for its branches from
         its start, so they never wait for room when their seed reports."""
         return sum(
@@ -211,7 +166,7 @@ class GroupBook:
         """A rollout's report. Duplicates (a report sent again: a rollout's last workflow task
         retried after its report went out) and strangers are counted."""
         counters = self.state.counters
-        group_id = self._owner.pop(result.rollout_id, None)
+        group_id = self._group_of.pop(result.rollout_id, None)
         if group_id is None:
             if self._reported_before(result):
                 counters.duplicate_reports += 1
@@ -221,7 +176,7 @@ class GroupBook:
         group = self.state.groups[group_id]
         group.pending.remove(result.rollout_id)
         if group.tally is not None:
-            self._tally(group.tally, result)
+            count_validation(group.tally, result, self.config.success_threshold)
         else:
             group.results.append(Member.model_validate(result.model_dump()))
         # A branch's prefix is replayed too, but that is no resumption: counted apart.
@@ -236,53 +191,44 @@ class GroupBook:
         counters.branches_broken += result.prefix_diverged_at is not None
         if result.status == RolloutStatus.CANCELLED:
             counters.rollouts_cancelled += 1
-        elif not _trainable(result):
+        elif not trainable(result):
             counters.rollouts_failed += 1
             self.state.failed_in_a_row += 1
             self.state.last_failure = f"{result.rollout_id} {result.status}: {result.error}"
         else:
             self.state.failed_in_a_row = 0
-            counters.rollouts_broken_branches += self._dropped_broken(result)
+            counters.rollouts_broken_branches += self._broken_branch_dropped(result)
         if not group.pending and not group.unopened:
             self._complete(group)
 
-    def _dropped_broken(self, result: RolloutOutcome | Member) -> bool:
+    def _broken_branch_dropped(self, result: RolloutOutcome | Member) -> bool:
         """A branch whose prefix could not be replayed, which `broken_branches: drop` leaves
         out of its group (the agent did not rebuild the state the group compares)."""
         return (
             result.prefix_diverged_at is not None and self.config.groups.broken_branches == "drop"
         )
 
-    def _members(self, group: GroupState) -> list[Member]:
+    def _trained_members(self, group: GroupState) -> list[Member]:
         """The group's results that train: a reward, and a branch whose prefix held (or is
         kept anyway)."""
-        return [r for r in group.results if _trainable(r) and not self._dropped_broken(r)]
+        return [r for r in group.results if trainable(r) and not self._broken_branch_dropped(r)]
 
     def _reported_before(self, result: RolloutOutcome) -> bool:
         group = self.state.groups.get(result.group_id)
         if group is None:
-            return self._closed_earlier(result.group_id)
-        return any(r.rollout_id == result.rollout_id for r in group.results)
-
-    def _closed_earlier(self, group_id: str) -> bool:
-        """Whether this run opened `group_id` and has closed it since (trained, dropped or
-        validated), read off the id: a train group's place in the dataset is behind the
-        cursor, a validation group's step is done."""
-        prefix = f"{self.config.run_id}."
-        if not group_id.startswith(prefix):
-            return False
-        where, mark, position = group_id[len(prefix) :].partition(POSITION_MARK)
-        kind, number = where[:1], where[1:]
-        if not (mark and position.isdigit() and number.isdigit()):
-            return False
-        if kind == "e":
             state = self.state
-            return (int(number), int(position)) < (state.epoch, state.cursor)
-        return kind == "v" and int(number) <= self.state.step
+            return closed_group(
+                result.group_id,
+                run_id=self.config.run_id,
+                epoch=state.epoch,
+                cursor=state.cursor,
+                step=state.step,
+            )
+        return any(r.rollout_id == result.rollout_id for r in group.results)
 
     def record_lost(self, rollout_id: str, why: str) -> None:
         """A rollout that closed without reporting (terminated by hand): an infra failure."""
-        group_id = self._owner.get(rollout_id)
+        group_id = self._group_of.get(rollout_id)
         if group_id is None:
             return
         group = self.state.groups[group_id]
@@ -341,42 +287,28 @@ class GroupBook:
             prefix = PrefixSpec(rollout_id=seed.rollout_id, attempt=seed.attempts, calls=at)
         rollout_ids, group.unopened = group.unopened, []
         group.pending = rollout_ids
-        for rollout_id in rollout_ids:
-            self._owner[rollout_id] = group_id
+        for booked in rollout_ids:
+            self._group_of[booked] = group_id
         counters.rollouts_started += len(rollout_ids)
+        # A group state without its row holds its task itself (`GroupState.task`).
         row = group.row
-        if row is None:  # state carried by a release before task references
+        if row is None:
             row = TaskRow(epoch=0, position=0, task=group.task)
         return [
             RolloutStart(
-                rollout_id=rollout_id, group_id=group_id, mode=group.mode, row=row, prefix=prefix
+                rollout_id=booked, group_id=group_id, mode=group.mode, row=row, prefix=prefix
             )
-            for rollout_id in rollout_ids
+            for booked in rollout_ids
         ]
 
-    def _masked_calls(self, group: GroupState, result: Member) -> int:
-        """A member's first calls that are context only: a branch's replayed prefix, and the
-        seed's own prefix unless `train_seed_prefix`."""
-        if result.rollout_id != group.seed:
-            return result.prefix_calls
-        if group.branch_point is None or self.config.groups.train_seed_prefix:
-            return 0
-        return group.branch_point
-
-    def _tally(self, tally: ValTally, result: RolloutOutcome | Member) -> None:
-        tally.results += 1
-        if _trainable(result):
-            reward = float(result.reward or 0.0)
-            tally.rewarded += 1
-            tally.reward_sum += reward
-            tally.successes += reward >= self.config.success_threshold
+    # --- complete groups ------------------------------------------------------------------
 
     def _complete(self, group: GroupState) -> None:
         counters = self.state.counters
-        good = self._members(group)
+        good = self._trained_members(group)
         if group.mode == RolloutMode.VAL:
             counters.rollouts_validated += len(good) + (group.tally.rewarded if group.tally else 0)
-            self._note_val(group.step)
+            finish_validation(self.state, group.step, self.config.success_threshold)
             return
         rewards = {r.reward for r in good}
         if self._stale(group):
@@ -390,7 +322,7 @@ class GroupBook:
 
     def _drop(self, group: GroupState, why: Dropped) -> None:
         counters = self.state.counters
-        counters.rollouts_in_dropped_groups += len(self._members(group))
+        counters.rollouts_in_dropped_groups += len(self._trained_members(group))
         match why:
             case Dropped.TOO_SMALL:
                 counters.groups_dropped_small += 1
@@ -404,7 +336,7 @@ class GroupBook:
         """The run ends: what is complete but untrained is counted as left over."""
         for group in list(self.state.groups.values()):
             if not group.pending:
-                self.state.counters.rollouts_left_over += len(self._members(group))
+                self.state.counters.rollouts_left_over += len(self._trained_members(group))
                 del self.state.groups[group.group_id]
         self.state.ready.clear()
 
@@ -420,73 +352,8 @@ class GroupBook:
 
     # --- validation -----------------------------------------------------------------------
 
-    def _note_val(self, step: int) -> None:
-        """A validation step is done when its last group is (complete groups wait in the
-        state until then); its outcome joins the step's record, to be written again."""
-        groups = [
-            g for g in self.state.groups.values() if g.mode == RolloutMode.VAL and g.step == step
-        ]
-        if any(g.pending for g in groups):
-            return
-        tally = ValTally()
-        for group in groups:
-            for member in group.results:  # groups of state carried by earlier releases
-                self._tally(tally, member)
-            if group.tally is not None:
-                tally.results += group.tally.results
-                tally.rewarded += group.tally.rewarded
-                tally.reward_sum += group.tally.reward_sum
-                tally.successes += group.tally.successes
-            del self.state.groups[group.group_id]
-        for i, record in enumerate(self.state.recent_steps):
-            if record.step == step:
-                updated = record.model_copy(
-                    update={
-                        "val_reward_mean": (
-                            tally.reward_sum / tally.rewarded if tally.rewarded else 0.0
-                        ),
-                        "val_success_rate": (
-                            tally.successes / tally.results if tally.results else 0.0
-                        ),
-                    }
-                )
-                self.state.recent_steps[i] = updated
-                self.state.unwritten_records.append(updated)
-
     def validating(self) -> bool:
         return any(g.mode == RolloutMode.VAL and g.pending for g in self.state.groups.values())
-
-    def step_record(
-        self,
-        step: int,
-        stats: BatchStats,
-        trained: TrainStepResult,
-        synced: SyncResult,
-        now: float,
-    ) -> StepRecord:
-        ended = self.state.counters.ended()
-        window = self.state.recent_steps[-RATE_WINDOW_STEPS:]
-        since, ended_then = (
-            (window[0].time, window[0].rollouts_ended) if window else (self.state.started_at, 0)
-        )
-        minutes = max(now - since, 1e-6) / 60
-        return StepRecord(
-            step=step,
-            policy_version=step,
-            time=now,
-            rollouts=stats.rollouts,
-            groups=stats.groups,
-            reward_mean=stats.reward_mean,
-            reward_std=stats.reward_std,
-            success_rate=stats.success_rate,
-            response_tokens_mean=stats.response_tokens_mean,
-            staleness_mean=stats.staleness_mean,
-            paused_seconds=synced.paused_seconds,
-            rollouts_per_minute=(ended - ended_then) / minutes,
-            rollouts_ended=ended,
-            train_seconds=trained.seconds,
-            trainer=trained.metrics,
-        )
 
     # --- batches --------------------------------------------------------------------------
 
@@ -510,48 +377,13 @@ class GroupBook:
         """The oldest `batch_size` ready groups, out of the book."""
         taken = [self.state.groups.pop(g) for g in self.state.ready[: self.config.batch_size]]
         del self.state.ready[: self.config.batch_size]
-        groups: list[TrainGroup] = []
-        results: list[Member] = []
-        for group in taken:
-            good = self._members(group)
-            results += good
-            groups.append(
-                TrainGroup(
-                    group_id=group.group_id,
-                    members=[
-                        TrainMember(
-                            rollout_id=r.rollout_id,
-                            attempt=r.attempts,
-                            calls=r.calls,
-                            digest=r.events_digest,
-                            reward=float(r.reward or 0.0),
-                            masked_calls=self._masked_calls(group, r),
-                        )
-                        for r in good
-                    ],
-                )
-            )
-        self.state.counters.rollouts_trained += len(results)
+        members = [self._trained_members(group) for group in taken]
+        seed_prefix = self.config.groups.train_seed_prefix
+        groups = [train_group(g, good, seed_prefix) for g, good in zip(taken, members, strict=True)]
+        trained = [member for good in members for member in good]
+        self.state.counters.rollouts_trained += len(trained)
         self.state.counters.groups_trained += len(groups)
-        rewards = [float(r.reward or 0.0) for r in results]
-        versions = {g.group_id: g.policy_version for g in taken}
-        stats = BatchStats(
-            rollouts=len(results),
-            groups=len(groups),
-            reward_mean=statistics.fmean(rewards) if rewards else 0.0,
-            reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-            success_rate=(
-                sum(1 for x in rewards if x >= self.config.success_threshold) / len(rewards)
-                if rewards
-                else 0.0
-            ),
-            response_tokens_mean=(
-                statistics.fmean(r.completion_tokens for r in results) if results else 0.0
-            ),
-            staleness_mean=statistics.fmean(
-                self.state.policy_version - versions[g.group_id] for g in groups
-            )
-            if groups
-            else 0.0,
+        stats = batch_stats(
+            taken, trained, self.state.policy_version, self.config.success_threshold
         )
         return groups, stats

@@ -128,7 +128,8 @@ class RolloutStart(Contract):
 class StartRolloutsRequest(Contract):
     """Rollouts to start, each a `RolloutSpec` the activity builds from what they share (the
     run's rollout settings) and what each is (`RolloutStart`), with its task read from the
-    dataset. `specs`: rollouts whole, as releases before task references sent them."""
+    dataset. `specs`: rollouts as whole specs, tasks included, which the activity starts as
+    they are (a recorded history may hold them; the trainer sends `rollouts`)."""
 
     task_queue: str
     run_id: str = ""
@@ -146,7 +147,8 @@ class StartRolloutsRequest(Contract):
 class TrainMember(Contract):
     """A member of a group to train: its final attempt's committed calls, read from the store
     as the first `calls` of the attempt, checked against their `digest` (the rollout's
-    `events_digest`). `call_ids`: the calls named, as releases before this sent them."""
+    `events_digest`). `call_ids`: the calls named one by one instead, read without the
+    count and digest check (a recorded history may hold them; the trainer sends none)."""
 
     rollout_id: str
     attempt: int

@@ -44,8 +44,8 @@ class TaskRow(Contract):
     by reference, row `index` of the run's dataset (its validation dataset for a validation
     group), so that no task enters the trainer's history (a row can be hundreds of KB, a step
     hundreds of rows): the rollouts' start reads it and checks its `digest` (a file rewritten
-    under a run is refused, never read as other tasks). Rows read by releases before
-    references carry the `task` itself."""
+    under a run is refused, never read as other tasks). A row with the `task` itself, as
+    carried state and recorded histories may hold, still reads; the trainer writes none."""
 
     epoch: int
     position: int
@@ -64,8 +64,8 @@ class TaskRow(Contract):
 class Member(Contract):
     """A group member that reported, as the run's state keeps it: what its group's
     completion, its batch and its step's figures need (its outcome as it came is told once,
-    `TrainingWorkflow.rollouts_finished`). A whole result, as state carried by releases
-    before outcomes held it, reads as its member."""
+    `TrainingWorkflow.rollouts_finished`). A whole `RolloutResult` in carried state reads
+    as its member (what a member does not keep is ignored)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -114,8 +114,8 @@ class GroupState(State):
     unopened: list[str] = Field(default_factory=list)
     row: TaskRow | None = None
     branch_point: int | None = None
-    # Read from state that releases before task references carried: the task itself, and
-    # the per-call figures a branch point was chosen from. Never written now.
+    # Read, never written: a group carried with its task itself rather than its `row`, and
+    # the per-call figures its branch point was chosen from.
     task: Task | None = None
     surprisal: list[float] = Field(default_factory=list)
     # A step's validation (`mode` val): one book group for all its rollouts, each a group of
