@@ -99,10 +99,10 @@ class GroupBook:
         (`open_branches`). A step's validation rollouts are one book group with a tally."""
         config, state = self.config, self.state
         if mode == RolloutMode.VAL:
-            starts, validation = open_validation(config.run_id, state, rows, size, now)
+            val_starts, validation = open_validation(config.run_id, state, rows, size, now)
             if validation is not None:
                 self.add_group(validation)
-            return starts
+            return val_starts
         branching = config.groups.mode == "branch" and size > 1
         starts: list[RolloutStart] = []
         for row in rows:
