@@ -31,6 +31,9 @@ class Decision(NamedTuple):
 
 
 def decide_next(run: TrainingRun) -> Decision:
+    """The first that holds: a feeding loop failed, too many rollouts failed in a row, a
+    stop, the last step done, a pause (wait), continue-as-new due, a batch ready, the dataset
+    used up (its last groups trained, then finish)."""
     state, book, config = run.state, run.book, run.config
     if run.feeding_failed():
         return Decision(NextAction.FEEDING_FAILED)

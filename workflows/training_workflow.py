@@ -87,6 +87,9 @@ class TrainingWorkflow:
         run.publish()
         if not run.state.initialized:
             await initialize(run)
+        # The loops beside the steps, until the run ends or continues as new: the feeder keeps
+        # rollouts going, the brancher starts seeded groups' branches, the weight guard puts
+        # the run's weights back on a server that lost them.
         run.feeder = asyncio.create_task(feed(run))
         if run.config.groups.mode == "branch":
             run.brancher = asyncio.create_task(branch(run))
