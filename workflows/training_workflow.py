@@ -10,7 +10,7 @@ whichever run of a continue-as-new chain is current (rule 6).
 
 A history replays under later code through `workflow.patched` markers, each naming a change
 of the command sequence (a rollout's own sequence is its `RolloutSpec.revision` instead, the
-table above CURRENT_REVISION in contracts.py):
+table in workflows/contracts/revisions.py):
 
     "a-cancelling-stop-cuts-the-grace"   a stop that cancels rollouts ends the wait of an
                                          earlier stop's grace (`training_ending`)
