@@ -15,13 +15,16 @@ D = TypeVar("D")
 
 
 class LRUCache(Generic[K, V]):
-    """At most `bound` entries; `get` and `put` make an entry the most recently used, `peek`
-    and `in` do not. An entry `in_use` says is busy is never evicted, nor the one just put:
-    the cache then holds more than `bound` until they are free."""
+    """At most `bound` (at least 1) entries; `get` and `put` make an entry the most recently
+    used, `peek`, `in` and `pop` do not. An entry `in_use` says is busy is never evicted, nor
+    the one just put: while too few are free, the cache holds more than `bound`, and each `put`
+    looks through the busy ones for an entry to evict."""
 
     __slots__ = ("_entries", "_in_use", "bound")
 
     def __init__(self, bound: int, *, in_use: Callable[[V], bool] | None = None) -> None:
+        if bound < 1:
+            raise ValueError(f"an LRUCache holds at least one entry, not {bound}")
         self.bound = bound
         self._entries: OrderedDict[K, V] = OrderedDict()
         self._in_use = in_use
