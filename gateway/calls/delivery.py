@@ -161,8 +161,8 @@ class EventDelivery:
     async def _take_all(
         self, key: Key, queue: _EventQueue, most: int
     ) -> tuple[list[CallRecord], list[ModelCallEvent] | None]:
-        """The attempt's records and every recorded event, the queued ones taken out of the
-        outbox; no events (nothing taken) when there are more than `most`."""
+        """The attempt's records and every recorded event, the queued ones taken out of its
+        queue; no events (nothing taken) when there are more than `most`."""
         rollout_id, attempt = key
         async with queue.lock:  # a flush under way finishes first
             records = await self._store.read(rollout_id, attempt)

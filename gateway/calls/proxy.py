@@ -108,10 +108,9 @@ class ModelCallProxy:
     ) -> Response:
         """One agent call: `body` as the endpoint's own (a chat call's messages as sent, maybe:
         `SentMessages`), or in `agent_protocol`, the protocol whose `Translation` turns it into
-        a chat call. A
-        call that fails is recorded as failed (status, error, latency, retries) before the
-        agent hears of it. An attempt that resumes by replay gets the recorded answer to a
-        request the record holds (rule 10)."""
+        a chat call. A call that fails is recorded as failed (status, error, latency, retries)
+        before the agent hears of it. An attempt that resumes by replay gets the recorded
+        answer to a request the record holds (rule 10)."""
         started = time.monotonic()
         call: ModelCall | None = None
         protocol = protocol_of(endpoint, agent_protocol)
