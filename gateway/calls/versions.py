@@ -59,26 +59,28 @@ class _VersionRead:
 
 
 class UpstreamVersions:
-    """Reads upstreams' versions (shared probes) and keeps the set found stale."""
+    """Reads upstreams' versions (each read shared by the calls that wait for it) and keeps
+    the set found stale."""
 
     def __init__(self, forwarder: Forwarder) -> None:
         self._forwarder = forwarder
         self._kinds: dict[str, ServerKind] = {}
-        self._probes: dict[str, _VersionRead] = {}
+        self._reads: dict[str, _VersionRead] = {}
         self.stale: set[str] = set()
 
     async def version_after(self, upstream: str, since: float) -> int | None:
-        """The upstream's version as read by a probe that started at or after `since`
+        """The upstream's version as a read begun at or after `since` found it
         (time.monotonic()); None for a vLLM no one has labelled (it restarted on its own)."""
-        probe = self._probes.get(upstream)
-        if probe is None or probe.started < since:
+        under_way = self._reads.get(upstream)
+        if under_way is None or under_way.started < since:
             # A task of its own: a caller that goes away does not take the read with it.
             read = asyncio.ensure_future(self._read(upstream))
-            probe = self._probes[upstream] = _VersionRead(time.monotonic(), read)
-        return await asyncio.shield(probe.read)
+            under_way = self._reads[upstream] = _VersionRead(time.monotonic(), read)
+        return await asyncio.shield(under_way.read)
 
     def note(self, upstream: str, version: int | None, wanted: int) -> bool:
-        """Record what an answer or a probe said; True when the upstream is behind `wanted`."""
+        """Record what an answer or a read of the version said; True when the upstream is
+        behind `wanted`."""
         behind = version is None or version < wanted
         if behind and upstream not in self.stale:
             log.warning(
