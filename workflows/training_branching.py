@@ -15,9 +15,9 @@ from darl.workflows.training_activity_options import (
     HEARTBEAT,
     START_TO_CLOSE,
 )
-from darl.workflows.training_feeding import start_rollouts
 from darl.workflows.training_groups import can_branch
 from darl.workflows.training_messages import BranchPoint, BranchPointRequest
+from darl.workflows.training_rollout_starts import start_rollouts
 from darl.workflows.training_run import TrainingRun
 
 

@@ -17,7 +17,6 @@ from darl.workflows.training_activity_options import (
     START_TO_CLOSE,
 )
 from darl.workflows.training_batches import step_record
-from darl.workflows.training_feeding import start_groups
 from darl.workflows.training_messages import (
     InitializeRequest,
     ReadValTasksRequest,
@@ -25,6 +24,7 @@ from darl.workflows.training_messages import (
     TrainStepRequest,
     TrainStepResult,
 )
+from darl.workflows.training_rollout_starts import start_groups
 from darl.workflows.training_run import TrainingRun
 from darl.workflows.training_state import TaskRow
 from darl.workflows.training_weights import sync_weights

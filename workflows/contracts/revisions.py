@@ -32,7 +32,7 @@ In every revision the close's call events come back in await_agent's result (up 
 RETURNED_EVENTS_CAP; more are signalled).
 
 The starter says the revision: the TrainingWorkflow starts CURRENT_REVISION
-(`StartRolloutsRequest.revision`, set in `training_feeding.start_rollouts`); `darl rollout`
+(`StartRolloutsRequest.revision`, set in `training_rollout_starts.start_rollouts`); `darl rollout`
 starts what the spec file says, CURRENT_REVISION if it says none; the temporal CLI starts what
 the file says (the rollout files under examples/ say 3).
 `RolloutSpec.revision` defaults to 1, so a spec that names none, and every history recorded
