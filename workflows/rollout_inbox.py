@@ -1,11 +1,12 @@
 """What a rollout's workflow takes in from the gateway: its model calls (by signal or in the
-close's result, each once by call id) and its agent's reports, only for the attempt that is
-running; what comes twice or late is counted and kept out. Deterministic: workflow state."""
+close's result, each once by call id) and its agent's reports (`merged` into one), only for
+the attempt that is running; what comes twice or late is counted and kept out. Deterministic."""
 
 from __future__ import annotations
 
+from typing import overload
+
 from darl.workflows.contracts import AgentReport, ModelCallEvent
-from darl.workflows.rollout_outcomes import merged
 
 
 class RolloutInbox:
@@ -94,3 +95,22 @@ class RolloutInbox:
         if not self._starts_from_prefix or source is None:
             return False
         return source not in self._seen_call_ids or source in self._prefix_replays
+
+
+@overload
+def merged(earlier: AgentReport | None, later: AgentReport) -> AgentReport: ...
+@overload
+def merged(earlier: AgentReport | None, later: AgentReport | None) -> AgentReport | None: ...
+def merged(earlier: AgentReport | None, later: AgentReport | None) -> AgentReport | None:
+    """A later report overrides the fields it sets and keeps those it leaves out, while the
+    two together fit one report's budget (REPORT_MAX_BYTES); past it the later one stands
+    alone, so reports with new metadata keys each cannot grow the rollout's result."""
+    if earlier is None or later is None:
+        return later or earlier
+    both = AgentReport(
+        attempt=later.attempt or earlier.attempt,
+        reward=later.reward if later.reward is not None else earlier.reward,
+        answer=later.answer if later.answer is not None else earlier.answer,
+        metadata={**earlier.metadata, **later.metadata},
+    )
+    return later if both.over_budget() else both

@@ -1,17 +1,15 @@
 """What RolloutWorkflow makes of how an attempt ended: an activity's failure (its cause in words,
-the rollout's cancellation, a reward that cannot work), the agent's exit in words, the reward
-await_agent computed, and a report merged into the last. Deterministic: used in the workflow."""
+the rollout's cancellation, a reward that cannot work, an earlier run's result), the agent's
+exit in words, and the reward await_agent computed. Deterministic: used in the workflow."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import overload
 
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 from darl.workflows.contracts import (
     AgentExit,
-    AgentReport,
     AgentScore,
     RolloutResult,
     RolloutSpec,
@@ -97,22 +95,3 @@ def earlier_run(err: ActivityError) -> EarlierRunError:
     if details and isinstance(details[0], dict):
         return EarlierRunError(RolloutResult.model_validate(details[0]))
     raise ApplicationError(cause_of(err), type=ROLLOUT_ALREADY_RAN_ERROR, non_retryable=True)
-
-
-@overload
-def merged(earlier: AgentReport | None, later: AgentReport) -> AgentReport: ...
-@overload
-def merged(earlier: AgentReport | None, later: AgentReport | None) -> AgentReport | None: ...
-def merged(earlier: AgentReport | None, later: AgentReport | None) -> AgentReport | None:
-    """A later report overrides the fields it sets and keeps those it leaves out, while the
-    two together fit one report's budget (REPORT_MAX_BYTES); past it the later one stands
-    alone, so reports with new metadata keys each cannot grow the rollout's result."""
-    if earlier is None or later is None:
-        return later or earlier
-    both = AgentReport(
-        attempt=later.attempt or earlier.attempt,
-        reward=later.reward if later.reward is not None else earlier.reward,
-        answer=later.answer if later.answer is not None else earlier.answer,
-        metadata={**earlier.metadata, **later.metadata},
-    )
-    return later if both.over_budget() else both

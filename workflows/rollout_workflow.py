@@ -58,13 +58,13 @@ with workflow.unsafe.imports_passed_through():
     )
     from darl.workflows.rollout_history import no_room_for_another_attempt
     from darl.workflows.rollout_identity import EarlierRunError, check_workflow_id
+    from darl.workflows.rollout_inbox import merged
     from darl.workflows.rollout_outcomes import (
         RewardFailedError,
         cause_of,
         error_type,
         exit_message,
         incidents_message,
-        merged,
         raise_if_cancelled,
         raise_if_the_rollout_ends,
         reward_computed_at_close,

@@ -17,7 +17,7 @@ from darl.workflows.rollout_status import RolloutStatus
 # 50 MB. So a report (its answer and metadata, as JSON) is at most REPORT_MAX_BYTES, an
 # attempt sends at most REPORTS_PER_ATTEMPT of them (a flood of signals would fill the history
 # until Temporal ended the rollout, a zero turned into an infra failure), and reports merged
-# stay within one report's budget (`rollout_outcomes.merged`).
+# stay within one report's budget (`rollout_inbox.merged`).
 REPORT_MAX_BYTES = 64 * 1024
 REPORTS_PER_ATTEMPT = 32
 # The most model calls one attempt makes: each is an event of a few hundred bytes in its
