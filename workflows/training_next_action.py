@@ -13,6 +13,8 @@ from darl.workflows.training_run import TrainingRun
 
 
 class NextAction(StrEnum):
+    """What the TrainingWorkflow's loop does next (`decide_next`)."""
+
     WAIT = "wait"
     TRAIN = "train"
     CONTINUE_AS_NEW = "continue"
@@ -25,6 +27,8 @@ class NextAction(StrEnum):
 
 
 class Decision(NamedTuple):
+    """The next action, and for FINISH why."""
+
     action: NextAction
     # Why the run finishes (FINISH): the TrainingSummary's reason.
     reason: str = ""
@@ -74,6 +78,7 @@ async def wait_for_work(run: TrainingRun) -> Decision:
 
 
 def continue_as_new_due(run: TrainingRun) -> bool:
+    """Temporal suggests it, or the history has reached `continue_as_new_after_events`."""
     info = workflow.info()
     return (
         info.is_continue_as_new_suggested()
