@@ -361,12 +361,15 @@ async def run_sandboxed(
 async def _wait_or_kill(
     proc: asyncio.subprocess.Process, deadline: float, heartbeater: Heartbeater
 ) -> bool:
-    """Await the process, heartbeating; at the deadline kill its group: True if it did."""
+    """Await the process, heartbeating; at the deadline kill its group: True if it did (a
+    process that has ended by the deadline was not killed, however late it is awaited)."""
     try:
         async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
             await heartbeater(proc.wait())
         return False
     except TimeoutError:
+        if proc.returncode is not None:
+            return False
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()

@@ -1,17 +1,20 @@
 """The one decorator that makes an activity heartbeat while it runs (`heartbeats_throughout`):
 Temporal still reads the activity's signature through it, and it heartbeats, without details,
-at the cadence of the activity's heartbeat timeout."""
+at the cadence of the activity's heartbeat timeout; and a `Heartbeater` as the sandbox's test
+run awaits through it, killed at its deadline and only then."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from datetime import timedelta
 
 from temporalio import activity
 from temporalio.testing import ActivityEnvironment
 
 from darl.activities.heartbeats import Heartbeater, heartbeats_throughout
+from darl.activities.sandbox.bubblewrap import _wait_or_kill
 
 
 @activity.defn(name="slow")
@@ -61,3 +64,17 @@ async def test_a_heartbeater_beats_while_each_step_runs_and_gives_its_result() -
     assert beats == []
     assert await heartbeater(step(0.28)) == 0.28
     assert 3 <= len(beats) <= 6
+
+
+async def test_a_sandboxed_run_is_killed_at_its_deadline_and_only_then() -> None:
+    """The grading's test run waits through a Heartbeater: a process past its deadline is
+    killed and says so; one that ended by the deadline was not killed, even awaited late."""
+    beats: list[None] = []
+    heartbeater = Heartbeater(lambda *_: beats.append(None), every=0.05)
+    sleeper = await asyncio.create_subprocess_exec("sleep", "30", start_new_session=True)
+    assert await _wait_or_kill(sleeper, time.monotonic() + 0.3, heartbeater) is True
+    assert sleeper.returncode == -9 and beats
+    ended = await asyncio.create_subprocess_exec("true", start_new_session=True)
+    await ended.wait()
+    assert await _wait_or_kill(ended, time.monotonic() - 1, heartbeater) is False
+    assert ended.returncode == 0
