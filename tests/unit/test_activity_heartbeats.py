@@ -52,28 +52,36 @@ async def test_a_quick_activity_sends_no_heartbeat() -> None:
 
 
 async def test_a_heartbeater_beats_while_each_step_runs_and_gives_its_result() -> None:
-    """The steps of a grading each heartbeat through the one `Heartbeater` handed to them."""
+    """The steps of a grading each heartbeat through the one `Heartbeater` handed to them: a
+    step that is done at once beats never; one that can only end after three beats gets them
+    (no clock in the claim: the step waits for the beats themselves)."""
     beats: list[tuple[object, ...]] = []
-    heartbeater = Heartbeater(lambda *details: beats.append(details), every=0.05)
+    three_beats = asyncio.Event()
 
-    async def step(seconds: float) -> float:
-        await asyncio.sleep(seconds)
-        return seconds
+    def beat(*details: object) -> None:
+        beats.append(details)
+        if len(beats) == 3:
+            three_beats.set()
 
-    assert await heartbeater(step(0.0)) == 0.0
+    heartbeater = Heartbeater(beat, every=0.01)
+    assert await heartbeater(asyncio.sleep(0, "at once")) == "at once"
     assert beats == []
-    assert await heartbeater(step(0.28)) == 0.28
-    assert 3 <= len(beats) <= 6
+
+    async def step() -> str:
+        await three_beats.wait()
+        return "after three beats"
+
+    assert await asyncio.wait_for(heartbeater(step()), 30) == "after three beats"
+    assert len(beats) >= 3 and all(details == () for details in beats)
 
 
 async def test_a_sandboxed_run_is_killed_at_its_deadline_and_only_then() -> None:
     """The grading's test run waits through a Heartbeater: a process past its deadline is
     killed and says so; one that ended by the deadline was not killed, even awaited late."""
-    beats: list[None] = []
-    heartbeater = Heartbeater(lambda *_: beats.append(None), every=0.05)
+    heartbeater = Heartbeater(lambda *_: None, every=0.05)
     sleeper = await asyncio.create_subprocess_exec("sleep", "30", start_new_session=True)
     assert await _wait_or_kill(sleeper, time.monotonic() + 0.3, heartbeater) is True
-    assert sleeper.returncode == -9 and beats
+    assert sleeper.returncode == -9
     ended = await asyncio.create_subprocess_exec("true", start_new_session=True)
     await ended.wait()
     assert await _wait_or_kill(ended, time.monotonic() - 1, heartbeater) is False
