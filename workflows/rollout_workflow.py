@@ -19,7 +19,6 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, CancelledError, FailureError
 
 with workflow.unsafe.imports_passed_through():
@@ -43,7 +42,6 @@ with workflow.unsafe.imports_passed_through():
         TrajectorySummary,
     )
     from darl.workflows.names import (
-        AGENT_LOST_ERROR,
         AGENT_RESULT_SIGNAL,
         AGENT_SPEC_ERROR,
         AWAIT_AGENT,
@@ -55,6 +53,15 @@ with workflow.unsafe.imports_passed_through():
         ROLLOUT_WORKFLOW,
         STATUS_QUERY,
         STOP_AGENT,
+    )
+    from darl.workflows.rollout_activity_options import (
+        AWAIT_RETRY,
+        LAUNCH_RETRY,
+        REPORT_RETRIES,
+        REPORT_TRY_TIMEOUT,
+        REWARD_RETRY,
+        RUNNER_DEADLINE_GRACE,
+        STOP_RETRY,
     )
     from darl.workflows.rollout_history import no_room_for_another_attempt
     from darl.workflows.rollout_identity import EarlierRunError, check_workflow_id
@@ -74,38 +81,9 @@ with workflow.unsafe.imports_passed_through():
     from darl.workflows.rollout_state import RolloutState
     from darl.workflows.rollout_status import TRANSITIONS, IllegalTransitionError, RolloutStatus
 
-# With one activity (`_one_activity`): await_agent's margin past the rollout timeout to close
-# the attempt and score it. Without: the workflow keeps a timer, and await_agent enforces its
-# own deadline this long after it, in case the workflow cannot cancel it (its workers down).
-RUNNER_DEADLINE_GRACE = timedelta(seconds=60)
-# A launch is tried a few times; past them, the attempt is an infra failure and the next
-# attempt launches afresh. An agent spec that cannot start anything is not retried.
-LAUNCH_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    maximum_attempts=3,
-    non_retryable_error_types=[AGENT_SPEC_ERROR],
-)
-# A retry after a lost heartbeat re-attaches to the running agent (rule 3); an agent gone
-# without an exit status is the attempt's infra failure at once.
-AWAIT_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=20,
-    non_retryable_error_types=[AGENT_LOST_ERROR],
-)
-# Stopping an agent whose launch was cancelled: a few tries, then a warning.
-STOP_RETRY = RetryPolicy(maximum_attempts=3)
-# compute_reward: a few tries; past them, the rollout failed for infra reasons.
-REWARD_RETRY = RetryPolicy(maximum_attempts=3)
-# The report's local activity: each try is a signal's round trip (batched), retried while the
-# trainer's Temporal is unreachable; past the last try the trainer looks the rollout up
-# (`reconcile_after_seconds`).
-REPORT_TRY_TIMEOUT = timedelta(seconds=30)
-REPORT_RETRIES = RetryPolicy(
-    initial_interval=timedelta(seconds=1),
-    maximum_interval=timedelta(seconds=10),
-    maximum_attempts=10,
-)
+# The retry policies and timeouts live in rollout_activity_options; RUNNER_DEADLINE_GRACE,
+# LAUNCH_RETRY and AWAIT_RETRY are read from here too (activities/runners, their tests).
+__all__ = ["AWAIT_RETRY", "LAUNCH_RETRY", "RUNNER_DEADLINE_GRACE", "RolloutWorkflow"]
 
 
 # A ValidationError is input no retry can fix (a RolloutSpec the temporal CLI sent that does
