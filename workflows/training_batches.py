@@ -96,6 +96,8 @@ def step_record(
     synced: SyncResult,
     now: float,
 ) -> StepRecord:
+    """The record of `step`, trained at `now`: its batch's figures, the trainer's and the
+    sync's, and the rollouts ended per minute over the last RATE_WINDOW_STEPS steps."""
     ended = state.counters.ended()
     window = state.recent_steps[-RATE_WINDOW_STEPS:]
     since, ended_then = (

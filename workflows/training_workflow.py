@@ -1,12 +1,13 @@
 """TrainingWorkflow: one RL training run, durable from the first rollout to the last step.
 
 Reads as the story of a run: put the initial policy on the servers (`training_step`), keep
-rollouts going (the feeder, `training_feeding`; the brancher, `training_branching`) and the
-servers' weights current (the weight guard, `training_weights`), and whenever a batch of
-complete groups is ready, train a step (`training_step`), until the run finishes or continues
-as new (`training_ending`). What to do next is `training_next_action`; what the loops share,
-`training_run`. Rollouts report back by signal on the run's workflow id, so a report reaches
-whichever run of a continue-as-new chain is current (rule 6).
+rollouts going (the feeder, `training_feeding`; the brancher, `training_branching`; both
+start them through `training_rollout_starts`) and the servers' weights current (the weight
+guard, `training_weights`), and whenever a batch of complete groups is ready, train a step
+(`training_step`), until the run finishes or continues as new (`training_ending`). What to do
+next is `training_next_action`; what the loops share, `training_run`. Rollouts report back by
+signal on the run's workflow id, so a report reaches whichever run of a continue-as-new chain
+is current (rule 6).
 
 A history replays under later code through `workflow.patched` markers, each naming a change
 of the command sequence (a rollout's own sequence is its `RolloutSpec.revision` instead, the
