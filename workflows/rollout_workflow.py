@@ -81,10 +81,6 @@ with workflow.unsafe.imports_passed_through():
     from darl.workflows.rollout_state import RolloutState
     from darl.workflows.rollout_status import TRANSITIONS, IllegalTransitionError, RolloutStatus
 
-# The retry policies and timeouts live in rollout_activity_options; RUNNER_DEADLINE_GRACE,
-# LAUNCH_RETRY and AWAIT_RETRY are read from here too (activities/runners, their tests).
-__all__ = ["AWAIT_RETRY", "LAUNCH_RETRY", "RUNNER_DEADLINE_GRACE", "RolloutWorkflow"]
-
 
 # A ValidationError is input no retry can fix (a RolloutSpec the temporal CLI sent that does
 # not validate): the workflow fails at once with pydantic's message (rule 9).

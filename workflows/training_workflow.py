@@ -47,7 +47,6 @@ with workflow.unsafe.imports_passed_through():
         TRAINING_WORKFLOW,
         UPDATE_KNOBS,
     )
-    from darl.workflows.training_activity_options import BATCH
     from darl.workflows.training_branching import branch
     from darl.workflows.training_config import TrainingConfig
     from darl.workflows.training_ending import continue_as_new, finish
@@ -60,13 +59,11 @@ with workflow.unsafe.imports_passed_through():
         TrainingSummary,
     )
     from darl.workflows.training_next_action import NextAction, wait_for_work
-    from darl.workflows.training_run import RECENT_STEPS, TrainingRun
+    from darl.workflows.training_run import TrainingRun
     from darl.workflows.training_state import Knobs, StepRecord
     from darl.workflows.training_step import initialize, train_step
     from darl.workflows.training_weights import guard_weights
 
-# BATCH and RECENT_STEPS are read here too (tests/unit/test_payload_budgets.py).
-__all__ = ["BATCH", "KNOB_UPDATE_ERROR", "RECENT_STEPS", "TrainingWorkflow"]
 
 # A knob update refused (by its fields' rules or the run's): sending it again cannot help.
 KNOB_UPDATE_ERROR = "KnobUpdateError"

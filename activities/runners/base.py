@@ -20,7 +20,7 @@ from darl.workflows.contracts import (
     LaunchRequest,
 )
 from darl.workflows.heartbeats import Heartbeat, heartbeat_interval
-from darl.workflows.rollout_workflow import RUNNER_DEADLINE_GRACE
+from darl.workflows.rollout_activity_options import RUNNER_DEADLINE_GRACE
 
 LOG_TAIL_BYTES = 4096
 

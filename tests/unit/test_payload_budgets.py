@@ -47,6 +47,7 @@ from darl.workflows.contracts import (
     TrajectorySummary,
 )
 from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.training_activity_options import BATCH
 from darl.workflows.training_config import (
     CONFIG_MAX_BYTES,
     PATH_MAX_CHARS,
@@ -69,6 +70,7 @@ from darl.workflows.training_messages import (
     TrainMember,
     TrainStepRequest,
 )
+from darl.workflows.training_run import RECENT_STEPS
 from darl.workflows.training_state import (
     MAX_HELD,
     MAX_VALIDATION_TASKS,
@@ -80,7 +82,6 @@ from darl.workflows.training_state import (
     TrainingState,
     ValTally,
 )
-from darl.workflows.training_workflow import BATCH, RECENT_STEPS
 
 # Temporal's default limit on one payload (the server's `limit.blobSize.error`).
 PAYLOAD_LIMIT = 2 * 1024 * 1024

@@ -30,7 +30,7 @@ from darl.workflows.contracts import (
     RolloutSpec,
     RolloutTimeouts,
 )
-from darl.workflows.rollout_workflow import AWAIT_RETRY, LAUNCH_RETRY
+from darl.workflows.rollout_activity_options import AWAIT_RETRY, LAUNCH_RETRY
 
 
 class NoTemporal:
