@@ -1,7 +1,8 @@
 """Contracts of the rollout path: what a rollout is asked to do and what it reports.
 
 JSON-friendly pydantic models (sent through Temporal with `temporalio.contrib.pydantic`), so
-`temporal workflow start --type RolloutWorkflow --input @rollout.json` works with plain JSON.
+`temporal workflow start --type RolloutWorkflow --task-queue darl-rollouts --workflow-id
+rollout/<rollout_id> --input-file rollout.json` works with plain JSON.
 Every name is importable from here; each lives in the module of its kind:
 
 - `base`: the `Contract` base model, rollout ids, `RolloutMode`

@@ -21,12 +21,21 @@ class SandboxLimits(Contract):
     process that hit it is refused or killed, and a workspace over its limit grades 0."""
 
     memory_mb: int = Field(default=8192, ge=64)
+    """MiB of address space each process may use (8192 by default, 64 at least)."""
     processes: int = Field(default=512, ge=16)
+    """Processes and threads the sandbox runs at once, at most (512 by default)."""
     cpu_seconds: int = Field(default=3600, ge=1)
+    """Seconds of CPU time each process may use (3600 by default)."""
     file_size_mb: int = Field(default=1024, ge=1)
+    """MiB: the largest file a process may write (1024 by default)."""
     tmp_mb: int = Field(default=1024, ge=1)
+    """MiB the sandbox's private /tmp holds (1024 by default)."""
     workspace_mb: int = Field(default=2048, ge=1)
+    """MiB: the largest workspace the grader copies (2048 by default); a larger one grades
+    0."""
     workspace_files: int = Field(default=200_000, ge=100)
+    """Entries (files, directories, links) of the largest workspace the grader copies
+    (200,000 by default); more grade 0."""
 
 
 class SandboxSpec(Contract):
@@ -47,14 +56,24 @@ class SandboxSpec(Contract):
     """
 
     repos_dir: str
+    """The directory on the worker holding a git repository per task repository, named
+    `<repo with "/" as "__">` (relative: to the worker's working directory)."""
     repo: str = "input.repo"
+    """The task field naming the repository, as `input.<path>` (`input.repo` by default)."""
     commit: str = "input.base_commit"
+    """The task field naming the commit to check out, as `input.<path>`
+    (`input.base_commit` by default)."""
     workdir: str = "/testbed"
+    """Where the agent sees its workspace (its working directory); `/testbed` by default."""
     isolation: Literal["bubblewrap", "none"] = "bubblewrap"
-    # Paths the agent sees read-only, at the same place, besides the system directories
-    # (/usr, the /etc files programs need): its harness's virtual environment, its own code.
+    """`bubblewrap` (the default) runs the agent in `bwrap`: only the workspace and a
+    private /tmp writable, no network but the gateway. `none`: no isolation."""
     read_only: list[str] = Field(default_factory=list)
+    """Paths the agent sees read-only, at the same place, besides the system directories
+    (/usr, the /etc files programs need): its harness's virtual environment, its own code.
+    Empty by default."""
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
+    """What the sandbox may use (memory, processes, CPU time, file sizes, /tmp)."""
 
     @field_validator("repo", "commit")
     @classmethod
@@ -77,13 +96,23 @@ class LocalAgentSpec(Contract):
     """
 
     kind: Literal["local"] = "local"
+    """`local`: the agent is a process on the rollout worker."""
     command: list[str] | None = None
+    """The agent's argv (`["{python}", "-m", "my_agent"]`); None when `entrypoint` is given."""
     entrypoint: str | None = None
+    """An Agent Lightning style agent, `module:Class` or `module.Class`; None when `command`
+    is given."""
     env: dict[str, str] = Field(default_factory=dict)
+    """More environment variables of the agent (`{python}`, `{prefix}`, `{cwd}` expand).
+    Empty by default."""
     env_map: dict[str, str] = Field(default_factory=dict)
+    """Environment variables from the task: `"input"` the task, `"input.<path>"` a value in
+    it, anything else itself. Empty by default."""
     cwd: str | None = None
-    # A fresh, isolated workspace per attempt (the agent's working directory; `cwd` unset).
+    """The agent's working directory; None (the default): the worker's."""
     sandbox: SandboxSpec | None = None
+    """A fresh, isolated workspace per attempt, the agent's working directory (`cwd` then
+    unset). None (the default): no sandbox."""
 
     @model_validator(mode="after")
     def _one_way_to_start(self) -> LocalAgentSpec:
@@ -102,9 +131,14 @@ class HttpAgentSpec(Contract):
     <rollout>/<attempt>`; a service that honours it never runs an attempt twice."""
 
     kind: Literal["http"] = "http"
+    """`http`: the agent is a service DARL POSTs each attempt to."""
     url: str
+    """The URL DARL POSTs the rollout to."""
     headers: dict[str, str] = Field(default_factory=dict)
+    """More HTTP headers of the request (an API key, say). Empty by default."""
     env_map: dict[str, str] = Field(default_factory=dict)
+    """Values from the task sent in the request body's `env`, mapped as
+    `LocalAgentSpec.env_map` maps environment variables. Empty by default."""
 
 
 class KubernetesAgentSpec(Contract):
@@ -128,14 +162,25 @@ class KubernetesAgentSpec(Contract):
     """
 
     kind: Literal["kubernetes"] = "kubernetes"
+    """`kubernetes`: the agent is a Kubernetes Job, one per attempt."""
     job_template: str | None = None
+    """A Job manifest template (YAML with Jinja placeholders) on the worker's disk; None
+    when `image` is given."""
     image: str | None = None
+    """The container image of a one-container Job; None when `job_template` is given."""
     command: list[str] | None = None
+    """The container's command (argv) with `image`; None: the image's own entrypoint."""
     env: dict[str, str] = Field(default_factory=dict)
+    """More environment variables of the agent's container. Empty by default."""
     env_map: dict[str, str] = Field(default_factory=dict)
+    """Environment variables from the task, as `LocalAgentSpec.env_map`. Empty by default."""
     workdir: str = "/testbed"
+    """With a reward `grader`: the image's directory holding the repository the agent works
+    on, put on the attempt's volume (`/testbed` by default)."""
     test_python: str = "python"
+    """With a reward `grader`: the image's Python that has pytest (`python` by default)."""
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
+    """With a reward `grader`: what grading may use (memory, /tmp, what the grader copies)."""
 
     @model_validator(mode="after")
     def _one_way_to_start(self) -> KubernetesAgentSpec:

@@ -17,9 +17,15 @@ def rollout_workflow_id(rollout_id: str) -> str:
 
 
 class Contract(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """The base of every contract: frozen, and strict about its fields (an unknown field is an
+    error, never ignored). Each field's description is the attribute docstring under it, so
+    the reference pages and the models' JSON schema say the same."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class RolloutMode(StrEnum):
+    """What a rollout is for: `train` rollouts are trained on, `val` rollouts only measured."""
+
     TRAIN = "train"
     VAL = "val"

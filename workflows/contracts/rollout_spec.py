@@ -1,6 +1,7 @@
 """What a rollout is asked to do: `RolloutSpec`, its task and byte budgets, and the parts it
 holds besides the agent (reward, grader, timeouts, replay matching, a prefix to start from).
-Sent as JSON, so `temporal workflow start --type RolloutWorkflow --input @rollout.json` works."""
+Sent as JSON: `temporal workflow start --type RolloutWorkflow --task-queue darl-rollouts
+--workflow-id rollout/<rollout_id> --input-file rollout.json` starts one."""
 
 from __future__ import annotations
 
@@ -73,12 +74,21 @@ class GraderSpec(Contract):
     """
 
     kind: Literal["swe_tests", "command"] = "swe_tests"
+    """`swe_tests` (the default) runs the task's SWE-bench tests; `command` runs `command`."""
     command: list[str] | None = None
+    """The grading command as an argv list, for `kind: command` only (required there); it
+    grades 1 when it exits 0, else 0. None for `swe_tests`."""
     env_map: dict[str, str] = Field(default_factory=dict)
+    """Environment variables of the grading command, as `LocalAgentSpec.env_map` maps them
+    (`"input.<path>"` a task field, anything else itself). Empty by default."""
     partial_credit: float = Field(default=0.0, ge=0.0, le=1.0)
+    """From 0 to 1: the reward when not every test passes is this times the share of tests
+    that passed. 0 (the default): all or nothing."""
     hidden_fields: list[str] = Field(
         default_factory=lambda: ["patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS"]
     )
+    """Task fields the agent never sees (left out of DARL_TASK, the task file, `env_map` and
+    the Agent Lightning rollout route); by default SWE-bench's gold patch and its tests."""
 
     @model_validator(mode="after")
     def _command_for_command(self) -> GraderSpec:
@@ -99,9 +109,17 @@ class RewardSpec(Contract):
     """
 
     function: str | None = None
+    """`exact_match`, `numeric_match` or `module:function`, computed after the agent exits.
+    None (the default): the agent reports its reward itself (or a `grader` computes it)."""
     answer_key: str = "answer"
+    """The task field holding the reference answer a reward function compares with
+    (`task[answer_key]`); `answer` by default."""
     missing_reward: float | None = None
+    """The reward of an agent that exits 0 without one. None (the default): such a rollout
+    fails."""
     grader: GraderSpec | None = None
+    """A reward DARL computes in the attempt's sandbox after the agent exits (`GraderSpec`);
+    None (the default): none. Not together with `function`."""
 
     @model_validator(mode="after")
     def _one_source(self) -> RewardSpec:
@@ -111,11 +129,21 @@ class RewardSpec(Contract):
 
 
 class RolloutTimeouts(Contract):
+    """How long each part of a rollout's attempt may take, in seconds."""
+
     agent_seconds: float = Field(default=600.0, gt=0)
+    """Seconds: the rollout timeout, the longest one attempt's agent may run (from its
+    launch); past it the agent is killed and the attempt times out. 600 by default."""
     heartbeat_seconds: float = Field(default=30.0, gt=0)
+    """Seconds: a worker running the agent that has not heartbeat for this long is taken as
+    lost, and the attempt is retried (on another worker). 30 by default."""
     launch_seconds: float = Field(default=60.0, gt=0)
+    """Seconds: the longest starting the agent may take (a process, a Job, an HTTP request;
+    a sandbox's workspace copy included). 60 by default."""
     reward_seconds: float = Field(default=60.0, gt=0)
+    """Seconds: the longest a reward function or a grader's tests may take. 60 by default."""
     retry_backoff_seconds: float = Field(default=5.0, ge=0)
+    """Seconds the rollout waits between a failed attempt and the next. 5 by default."""
 
 
 class ReplaySpec(Contract):
@@ -129,7 +157,11 @@ class ReplaySpec(Contract):
     prompt that differed in those spans: slightly off-policy, as a stale call is)."""
 
     normalize: list[str] = Field(default_factory=list)
+    """Preset normalizers: `durations`, `iso_timestamps`, `temp_paths`, `hex_ids`, `pids`.
+    Empty (the default): strict matching."""
     patterns: list[str] = Field(default_factory=list)
+    """The rollout's own regular expressions (Python `re` syntax): spans they match are
+    ignored when requests are compared. Empty by default."""
 
     @field_validator("normalize")
     @classmethod
@@ -168,35 +200,61 @@ class PrefixSpec(Contract):
     (`RolloutResult.prefix_diverged_at`)."""
 
     rollout_id: str = Field(pattern=ROLLOUT_ID_PATTERN)
+    """The rollout whose recorded calls are the prefix (another rollout than this one)."""
     attempt: int = Field(default=1, ge=1, le=20)
+    """Which attempt of that rollout recorded them (1 to 20; 1 by default)."""
     calls: int = Field(ge=1, le=100_000)
+    """How many of that attempt's first calls, in order, the prefix is (1 to 100,000)."""
 
 
 class RolloutSpec(Contract):
+    """One rollout: a task, the agent that works on it and where its reward comes from. The
+    input of a `RolloutWorkflow`, whose workflow id must be `rollout/<rollout_id>`."""
+
     run_id: str = Field(pattern=ROLLOUT_ID_PATTERN)
+    """The run the rollout belongs to (the `DarlRun` search attribute). URL-safe: letters,
+    digits, `.`, `_`, `-`; at most 200 characters."""
     rollout_id: str = Field(pattern=ROLLOUT_ID_PATTERN)
+    """The rollout's id, unique on its Temporal namespace: the workflow id is
+    `rollout/<rollout_id>`. URL-safe, at most 200 characters."""
     group_id: str = ""
+    """The GRPO group the rollout belongs to (its rewards are compared within it), handed to
+    the agent as DARL_GROUP_ID; empty (the default) for a rollout of its own."""
     task: Task
+    """The task: any JSON value but null (an object, a list, a string, a number, a
+    boolean), at most 768 KiB as JSON (`TASK_MAX_BYTES`)."""
     mode: RolloutMode = RolloutMode.TRAIN
+    """`train` (the default) or `val`: a validation rollout is measured, never trained on."""
     agent: AgentSpec
+    """How the agent runs: `kind` `local` (a process), `http` (a service) or `kubernetes`
+    (a Job per attempt)."""
     reward: RewardSpec = Field(default_factory=RewardSpec)
+    """Where the reward comes from; by default the agent reports it."""
     timeouts: RolloutTimeouts = Field(default_factory=RolloutTimeouts)
+    """How long each part of an attempt may take (seconds)."""
     policy_version: int = 0
+    """The policy version current when the rollout was started (the trainer's step; 0 by
+    default); each call records the version that answered it."""
     max_attempts: int = Field(default=3, ge=1, le=20)
-    # The workflow (the trainer) told the rollout's outcome, in the way its revision says
-    # (contracts/revisions.py).
+    """Attempts at most (1 to 20; 3 by default): an attempt that DARL's infrastructure lost
+    or failed is retried, an agent's own failure is not."""
     report_to: str | None = None
-    # The command sequence the rollout's workflow runs: the table in contracts/revisions.py.
+    """The workflow id told the rollout's outcome when it finishes (its trainer's,
+    `train/<run_id>`), in the way its `revision` says. None (the default): nobody."""
     revision: int = Field(default=1, ge=1, le=CURRENT_REVISION)
-    # What an attempt after an infrastructure failure does with the calls the attempt before
-    # recorded: `replay` answers the agent's requests that equal them from the record, so it
-    # is back where it was lost without asking the policy again (rule 10); `restart` starts
-    # the episode over.
+    """The command sequence the rollout's workflow runs (the table in
+    `darl.workflows.contracts.revisions`). 1 by default, so that old histories replay; say
+    3 (`CURRENT_REVISION`) in a spec of your own."""
     resume: Literal["replay", "restart"] = "replay"
+    """What an attempt after an infrastructure failure does with the calls the attempt
+    before recorded: `replay` (the default) answers the agent's requests that equal them
+    from the record, so it is back where it was lost without asking the policy again;
+    `restart` starts the episode over."""
     replay: ReplaySpec = Field(default_factory=ReplaySpec)
-    # Start from another rollout's recorded calls (a branch): PrefixSpec. Every attempt
-    # replays it, `resume: restart` included.
+    """How `replay` matches requests against the record; strict by default."""
     prefix: PrefixSpec | None = None
+    """Start from another rollout's recorded calls (a branch, `PrefixSpec`); every attempt
+    replays it, `resume: restart` included. None (the default): start from the task."""
 
     @field_validator("task")
     @classmethod
