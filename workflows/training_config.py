@@ -51,6 +51,10 @@ ServerPauseMode = Literal["keep", "wait", "abort"]
 
 
 class TrainingMode(StrEnum):
+    """`sync`: on-policy, one batch rolled out by the policy it trains, then the step.
+    `async`: rollouts keep going while a step trains (up to `knobs.max_inflight`), groups at
+    most `knobs.max_staleness` versions behind are trained."""
+
     SYNC = "sync"
     ASYNC = "async"
 
@@ -59,18 +63,30 @@ class DatasetSpec(Contract):
     """Rows of tasks: a Parquet file or JSON lines, shuffled per epoch by `seed`."""
 
     path: str = Field(min_length=1, max_length=PATH_MAX_CHARS)
+    """The dataset file (`.parquet`, or JSON lines `.jsonl`: one task a line), on the trainer
+    worker's disk; relative: to the worker's working directory (`darl train` makes it
+    absolute)."""
     shuffle: bool = True
+    """Whether each epoch takes the rows in a new order (True by default); False: file
+    order."""
     seed: int = 0
+    """The shuffle's seed: an epoch's order is the same for the same seed (0 by default)."""
 
 
 class RolloutSettings(Contract):
     """How each rollout runs: the same agent, reward and timeouts for every task."""
 
     agent: AgentSpec
+    """How each rollout's agent runs (`RolloutSpec.agent`)."""
     reward: RewardSpec = Field(default_factory=RewardSpec)
+    """Where each rollout's reward comes from (`RolloutSpec.reward`); by default the agent
+    reports it."""
     timeouts: RolloutTimeouts = Field(default_factory=RolloutTimeouts)
+    """How long each part of an attempt may take, in seconds (`RolloutSpec.timeouts`)."""
     max_attempts: int = Field(default=3, ge=1, le=20)
+    """Attempts per rollout at most (1 to 20; 3 by default): `RolloutSpec.max_attempts`."""
     task_queue: str = ROLLOUT_TASK_QUEUE
+    """The task queue the rollout workers poll (`darl-rollouts` by default)."""
 
     @model_validator(mode="after")
     def _grader_reaches_the_sandbox(self) -> RolloutSettings:
@@ -83,8 +99,13 @@ class ValidationSpec(Contract):
     off. `path` None takes the first `tasks` rows of the training dataset, unshuffled."""
 
     every_steps: int = Field(default=0, ge=0)
+    """Validate after every this many steps; 0 (the default): never."""
     path: str | None = Field(default=None, min_length=1, max_length=PATH_MAX_CHARS)
+    """The validation dataset (as `DatasetSpec.path`); None (the default): the training
+    dataset."""
     tasks: int = Field(default=32, ge=1, le=MAX_VALIDATION_TASKS)
+    """Rollouts per validation: its first this many rows, unshuffled (32 by default, 1536
+    at most)."""
 
 
 class PolicyServerSpec(Contract):
@@ -96,8 +117,12 @@ class PolicyServerSpec(Contract):
     (`darl vllm-server`) the launcher restarts it on the new weights, as CPU builds need."""
 
     kind: Literal["reference", "vllm"] = "reference"
+    """`reference` (the default): DARL's CPU server. `vllm`: a vLLM OpenAI server."""
     url: str
+    """The server's base URL (`http://host:port`), as the trainer and the gateway reach it."""
     launcher_url: str | None = None
+    """The `darl vllm-server` launcher that restarts the server on new weights; None (the
+    default): the weights are reloaded in place."""
 
     @property
     def restarts_to_load(self) -> bool:
@@ -127,16 +152,31 @@ class WeightSyncSettings(Contract):
     balancer, never these addresses."""
 
     gateway_admin_url: str | None = None
+    """The admin API of the one gateway (`http://host:port`); None when
+    `gateway_admin_urls` gives the replicas. One of the two is required."""
     gateway_admin_urls: list[str] = Field(default_factory=list)
+    """The admin API of every gateway replica: `http(s)://host:port` each, or
+    `dns+http(s)://name:port` for every address of a name. Empty with `gateway_admin_url`."""
     policy_servers: list[PolicyServerSpec] = Field(min_length=1)
+    """The policy servers the weights are loaded into (one at least); a plain URL is a
+    `reference` server."""
     inflight: InflightMode = "drain"
+    """What happens to calls in flight at a sync: `drain` (the default) lets them finish on
+    the old weights; `keep` freezes them on the policy server and continues them on the new
+    weights."""
     drain_timeout_seconds: float = Field(default=60.0, ge=0, le=3600)
+    """Seconds a `drain` sync waits for the calls in flight before the weights change
+    anyway (60 by default, 3600 at most)."""
     pause_mode: PauseMode = "hold"
+    """How the gateway treats new calls while the weights change: `hold` (the default)
+    makes them wait; `reject` answers 429 with Retry-After."""
     register_upstreams: bool = True
-    # Between syncs, how often the trainer looks whether every policy server still holds the
-    # run's weights and loads them again on one that does not (it restarted on other weights,
-    # a vLLM that nothing restored): the gateway records no call from it meanwhile.
+    """Whether each sync makes `policy_servers` the gateway's upstreams (True by default);
+    turn it off when the gateway reaches them by other addresses than the trainer does."""
     check_every_seconds: float = Field(default=30.0, gt=0)
+    """Seconds between the trainer's checks, between syncs, that every policy server still
+    holds the run's weights; one that does not (it restarted on other weights) is loaded
+    again, and the gateway records no call from it meanwhile. 30 by default."""
 
     @model_validator(mode="after")
     def _the_gateway_is_given_once(self) -> WeightSyncSettings:
@@ -194,14 +234,19 @@ class AggregationSpec(Contract):
     row of each call."""
 
     mode: Literal["transition", "trajectory"] = "trajectory"
-    # Tokens; a longer prompt keeps its last tokens (the system prompt is lost first).
+    """`trajectory` (the default): a rollout's calls merged into as few rows as their
+    tokens allow; `transition`: a row per call."""
     max_prompt_length: int = Field(default=512, ge=1)
-    # Tokens; a longer response is cut at the end (later turns are lost first).
+    """Tokens of a row's prompt at most (512 by default); a longer prompt keeps its last
+    tokens (the system prompt is lost first)."""
     max_response_length: int = Field(default=256, ge=1)
-    # Calls a resumed attempt replayed under the rollout's normalizers (rule 10): their answer
-    # was sampled from a prompt that differed in the ignored spans. `keep` trains them like
-    # any call; `drop` leaves their tokens in the row as context, not trained (mask 0).
+    """Tokens of a row's response at most (256 by default); a longer response is cut at the
+    end (later turns are lost first)."""
     replay_normalized: Literal["keep", "drop"] = "keep"
+    """Calls a resumed attempt replayed under the rollout's normalizers (rule 10), whose
+    answer was sampled from a prompt that differed in the ignored spans: `keep` (the
+    default) trains them like any call; `drop` leaves their tokens in the row as context,
+    not trained (mask 0)."""
 
 
 class GroupsSpec(Contract):
@@ -214,15 +259,21 @@ class GroupsSpec(Contract):
     share of the seed's calls, rounded."""
 
     mode: Literal["independent", "branch"] = "independent"
+    """`independent` (the default): every member runs whole from the task. `branch`: the
+    members after the seed start from a prefix of the seed's calls."""
     branch_at: Literal["uniform", "surprisal", "fraction"] = "uniform"
+    """How the branch point k is chosen: `uniform` (the default) at random, `surprisal` the
+    call with the highest mean -logprob, `fraction` that share of the seed's calls."""
     fraction: float = Field(default=0.5, gt=0, lt=1)
-    # A branch whose agent left the prefix before its k calls (`prefix_diverged_at`): `drop`
-    # leaves it out of its group, `keep` trains it as a member whose masked calls are those
-    # it did reproduce.
+    """The share of the seed's calls the prefix is under `branch_at: fraction`, between 0
+    and 1 exclusive (0.5 by default)."""
     broken_branches: Literal["drop", "keep"] = "drop"
-    # Whether the seed's own first k calls are trained; by default the prefix is masked in
-    # every member, so the group compares the continuations only.
+    """A branch whose agent left the prefix before its k calls (`prefix_diverged_at`):
+    `drop` (the default) leaves it out of its group, `keep` trains it as a member whose
+    masked calls are those it did reproduce."""
     train_seed_prefix: bool = False
+    """Whether the seed's own first k calls are trained; False (the default): the prefix is
+    masked in every member, so the group compares the continuations only."""
 
     def branch_point(self, calls: int, rng: random.Random) -> int:
         """The prefix length k, 1 <= k < `calls`, of a seed of `calls` (2 or more) calls under
@@ -254,51 +305,84 @@ class BackendSpec(Contract):
     backend, verl's names: `lr`, `clip_ratio_low`, `ppo_epochs`, ...)."""
 
     name: Literal["reference", "verl"] = "reference"
+    """`reference` (the default): DARL's CPU backend for the tiny model. `verl`: verl's FSDP
+    actor workers (docs/backends.md)."""
     model_dir: str
+    """The model to start from: a directory on the trainer worker (a Hugging Face
+    checkpoint; relative: to the worker's working directory)."""
     settings: dict[str, Any] = Field(default_factory=dict)
+    """The backend's own settings, in its own keys: for `reference` verl's names, flat
+    (`lr`, `clip_ratio_low`, `ppo_epochs`, ...), for `verl` its `ppo_trainer` keys as on its
+    command line. Empty: the backend's defaults."""
 
 
 class TrainingConfig(Contract):
-    # The rollouts' ids extend it (`<run_id>.e<epoch>.t<position>.<k>`).
+    """A training run: the input of a `TrainingWorkflow`, whose workflow id must be
+    `train/<run_id>`. At most 128 KiB as JSON (`CONFIG_MAX_BYTES`), `carried_state` apart."""
+
     run_id: str = Field(pattern=ROLLOUT_ID_PATTERN, max_length=RUN_ID_MAX_CHARS)
+    """The run's id: URL-safe (letters, digits, `.`, `_`, `-`), at most 64 characters. The
+    rollouts' ids extend it (`<run_id>.e<epoch>.t<position>.<k>`)."""
     dataset: DatasetSpec
+    """The tasks to train on."""
     rollout: RolloutSettings
+    """How each rollout runs: the agent, the reward and the timeouts every task shares."""
     backend: BackendSpec
+    """The trainer backend, the model it starts from and its settings."""
     weight_sync: WeightSyncSettings
+    """How new weights reach the policy servers after each step."""
     mode: TrainingMode = TrainingMode.SYNC
-    # GRPO: `group_size` rollouts per task; a step trains `batch_size` groups.
+    """`sync` (the default): on-policy steps. `async`: rollouts go on while a step trains."""
     group_size: int = Field(default=8, ge=1, le=1024)
+    """GRPO: rollouts per task, one group (8 by default, 1024 at most)."""
     batch_size: int = Field(default=8, ge=1, le=10_000)
-    # A group that lost members (their rollouts failed) is still trained with this many.
+    """Groups a step trains (8 by default)."""
     min_group_size: int | None = Field(default=None, ge=1)
-    # Groups whose rewards are all equal carry no GRPO signal: train them or drop them.
+    """A group that lost members (their rollouts failed) is still trained with this many;
+    fewer drop it. None (the default): `group_size`, every member."""
     equal_reward_groups: Literal["train", "drop"] = "drop"
+    """Groups whose rewards are all equal carry no GRPO signal: `drop` (the default) leaves
+    them out of the step, `train` trains them."""
     total_steps: int | None = Field(default=None, ge=1)
+    """The run finishes after this many steps; None (the default): when `epochs` are done."""
     epochs: int = Field(default=1, ge=1)
-    # A rollout whose reward reaches this counts as a success in the metrics.
+    """Passes over the dataset (1 by default)."""
     success_threshold: float = 1.0
+    """A rollout whose reward reaches this counts as a success in the metrics (1.0 by
+    default)."""
     knobs: Knobs = Field(default_factory=Knobs)
+    """What the `update_knobs` update can change while the run goes: their starting values."""
     aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
+    """How a rollout's calls become training rows."""
     groups: GroupsSpec = Field(default_factory=GroupsSpec)
+    """How a group's rollouts are made: independently (the default) or as branches."""
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
-    # Where checkpoints and metrics go; None: `<runs dir of the trainer worker>/<run_id>`.
+    """Validation rollouts every few steps; off by default."""
     run_dir: str | None = None
-    # Continue-as-new at a step boundary once the history is this long (or Temporal says so).
+    """Where checkpoints and metrics go, on the trainer worker; None (the default):
+    `<runs dir of the trainer worker>/<run_id>`."""
     continue_as_new_after_events: int = Field(default=10_000, ge=100)
-    # A rollout not heard of for this long is looked up (its report may have been lost).
+    """Continue-as-new at a step boundary once the workflow's history holds this many events
+    (or Temporal suggests it): 10,000 by default."""
     reconcile_after_seconds: float = Field(default=300.0, gt=0, le=MAX_WAIT_SECONDS)
-    # Seconds to wait for in-flight rollouts when stopping before they are cancelled.
+    """Seconds: a rollout not heard of for this long is looked up (its report may have been
+    lost). 300 by default, a week at most."""
     stop_grace_seconds: float = Field(default=0.0, ge=0, le=MAX_WAIT_SECONDS)
-    # How long the end of a run waits for its cancelled rollouts to report.
+    """Seconds a stop that lets rollouts finish waits for them before they are cancelled
+    (0 by default; `StopRequest.grace_seconds` overrides it)."""
     cancel_wait_seconds: float = Field(default=600.0, ge=0, le=MAX_WAIT_SECONDS)
-    # A trainer worker that dies mid-step is noticed after this long and the step retried.
+    """Seconds the end of a run waits for its cancelled rollouts to report (600 by
+    default)."""
     train_heartbeat_seconds: float = Field(default=60.0, gt=0)
-    # A run whose rollouts keep failing (an agent that cannot start, a reward that cannot be
-    # computed, a service that is gone) fails after this many failures in a row, with the
-    # last one's error, instead of going on without ever training (rule 9).
+    """Seconds: a trainer worker that dies mid-step is noticed after this long without a
+    heartbeat and the step retried (60 by default)."""
     max_failed_rollouts_in_a_row: int = Field(default=256, ge=1)
-    # Set by continue-as-new (the run's state handed to the next run); leave it out.
+    """A run whose rollouts keep failing (an agent that cannot start, a reward that cannot
+    be computed, a service that is gone) fails after this many failures in a row, with the
+    last one's error, instead of going on without ever training (rule 9). 256 by default."""
     carried_state: TrainingState | None = None
+    """Set by continue-as-new (the run's state handed to the next run of its chain); leave
+    it out."""
 
     @model_validator(mode="before")
     @classmethod

@@ -31,23 +31,38 @@ from darl.workflows.training_state import MAX_INFLIGHT, Counters, Knobs, StepRec
 
 
 class StopRequest(Contract):
-    """`cancel_inflight` False lets running rollouts finish (they are not trained): the run
+    """The `stop` signal's input (`darl stop`): end the run.
+    `cancel_inflight` False lets running rollouts finish (they are not trained): the run
     waits up to `grace_seconds` for them (None: the config's `stop_grace_seconds`), then
     cancels the ones still out."""
 
     cancel_inflight: bool = True
+    """True (the default): cancel the rollouts out at once. False: let them finish first,
+    within `grace_seconds`."""
     grace_seconds: float | None = Field(
         default=None, ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False
     )
+    """Seconds to wait for the rollouts out when `cancel_inflight` is False (a week at
+    most); None (the default): the config's `stop_grace_seconds`."""
 
 
 class KnobUpdate(Contract):
+    """The `update_knobs` update's input: the knobs to change, the others left as they are
+    (at least one). It answers with the knobs now in force (`Knobs`)."""
+
     learning_rate: float | None = Field(default=None, gt=0, le=1)
+    """The learning rate of the next steps (above 0, at most 1); None: unchanged."""
     max_inflight: int | None = Field(default=None, ge=1, le=MAX_INFLIGHT)
+    """`async` mode: train rollouts out at once, at most (1 to 2048, one group at least);
+    None: unchanged."""
     max_staleness: int | None = Field(default=None, ge=0, le=1000)
+    """`async` mode: versions behind a group may be and still train (0 to 1000); None:
+    unchanged."""
 
 
 class TrainingPhase(StrEnum):
+    """What a training run is doing now (`TrainingProgress.phase`)."""
+
     STARTING = "starting"
     ROLLING_OUT = "rolling_out"
     TRAINING = "training"
@@ -59,37 +74,64 @@ class TrainingPhase(StrEnum):
 
 
 class TrainingProgress(Contract):
-    """The answer of the `status` query."""
+    """The answer of the `status` query (`darl status`)."""
 
     run_id: str
+    """The run."""
     phase: TrainingPhase
+    """What the run is doing now."""
     step: int
+    """Steps trained so far."""
     policy_version: int
+    """The policy version the policy servers serve."""
     epoch: int
+    """The epoch the dataset is read in (from 0)."""
     cursor: int
+    """The next row's place in the epoch's order."""
     inflight_rollouts: int
+    """Rollouts started and not yet reported."""
     ready_groups: int
+    """Complete groups waiting for a step."""
     paused: bool
+    """Whether the run is paused."""
     knobs: Knobs
+    """The knobs in force."""
     counters: Counters
+    """The run's counts of rollouts and groups."""
     runs: int
+    """Runs of the workflow's continue-as-new chain so far (1 for the first)."""
     history_length: int
+    """Events in the current run's history (it continues as new past
+    `continue_as_new_after_events`)."""
     last: StepRecord | None = None
+    """The last step's record; None before the first step."""
 
 
 class TrainingSummary(Contract):
+    """The TrainingWorkflow's result: how the run ended."""
+
     run_id: str
+    """The run."""
     steps: int
+    """Steps trained."""
     policy_version: int
+    """The last policy version."""
     stopped: bool
+    """Whether a stop ended it."""
     reason: str
+    """Why it ended (`completed 50 steps`, `dataset exhausted`, `stopped by request`)."""
     counters: Counters
-    # Rollouts still out when the run ended (they did not report within cancel_wait_seconds).
+    """The run's counts of rollouts and groups."""
     inflight_at_end: int = 0
+    """Rollouts still out when the run ended (they did not report within
+    `cancel_wait_seconds`)."""
     last: StepRecord | None = None
+    """The last step's record; None: no step."""
     run_dir: str | None = None
-    # From the run's start (the first run of its chain) to its end, in workflow time.
+    """Where its checkpoints and metrics are, on the trainer worker."""
     seconds: float | None = None
+    """Seconds from the run's start (the first run of its chain) to its end, in workflow
+    time."""
 
 
 # --- activity inputs and outputs -------------------------------------------------------------
