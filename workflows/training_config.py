@@ -22,15 +22,18 @@ from darl.workflows.contracts import (
 from darl.workflows.names import ROLLOUT_TASK_QUEUE
 from darl.workflows.training_state import MAX_HELD, MAX_VALIDATION_TASKS, Knobs, TrainingState
 
-# The longest a run's own timers wait (a week): a timer past what a timedelta holds would
-# fail every workflow task of the run instead of being refused when it is asked for.
 MAX_WAIT_SECONDS = 7 * 24 * 3600.0
-# A file path (Linux's PATH_MAX), and a config without its carried state, at most: the
-# config travels with every continue-as-new and in its activities' inputs.
+"""Seconds: the longest a run's own timers wait (a week). A timer past what a timedelta
+holds would fail every workflow task of the run instead of being refused when it is asked
+for."""
 PATH_MAX_CHARS = 4096
+"""Characters: the longest file path a config names (Linux's PATH_MAX)."""
 CONFIG_MAX_BYTES = 128 * 1024
-# A run id is at most this long: its rollouts' ids, which extend it, stay short and bounded.
+"""Bytes: the largest config as JSON, without its carried state (128 KiB): the config
+travels with every continue-as-new and in its activities' inputs."""
 RUN_ID_MAX_CHARS = 64
+"""Characters: the longest run id, so that its rollouts' ids, which extend it, stay short
+and bounded."""
 
 
 def training_workflow_id(run_id: str) -> str:
@@ -39,15 +42,16 @@ def training_workflow_id(run_id: str) -> str:
     return f"train/{run_id}"
 
 
-# How the gateway holds new calls while the weights change: `hold` makes them wait, `reject`
-# answers 429 with Retry-After.
 PauseMode = Literal["hold", "reject"]
-# What happens to calls in flight at a sync: `drain` lets them finish on the old weights,
-# `keep` freezes them on the policy server and continues them on the new weights.
+"""How the gateway holds new calls while the weights change: `hold` makes them wait, `reject`
+answers 429 with Retry-After."""
 InflightMode = Literal["drain", "keep"]
-# How a policy server pauses (vLLM's `/pause?mode=`): `keep` freezes decoding to continue it
-# after the load, `wait` finishes what is running, `abort` ends it with finish reason `abort`.
+"""What happens to calls in flight at a sync: `drain` lets them finish on the old weights,
+`keep` freezes them on the policy server and continues them on the new weights."""
 ServerPauseMode = Literal["keep", "wait", "abort"]
+"""How a policy server pauses (vLLM's `/pause?mode=`): `keep` freezes decoding to continue
+it after the load, `wait` finishes what is running, `abort` ends it with finish reason
+`abort`."""
 
 
 class TrainingMode(StrEnum):
@@ -129,8 +133,9 @@ class PolicyServerSpec(Contract):
         return self.launcher_url is not None
 
 
-# `dns+`: every A/AAAA record of the name is a gateway replica (resolved at each sync).
 GATEWAY_ADMIN_SCHEMES = ("http", "https", "dns+http", "dns+https")
+"""The schemes of a gateway admin URL. `dns+`: every A/AAAA record of the name is a gateway
+replica (resolved at each sync)."""
 
 
 class WeightSyncSettings(Contract):
@@ -296,8 +301,9 @@ class GroupsSpec(Contract):
 
 
 VERL_ROLLOUT_N = "actor_rollout_ref.rollout.n"
-# verl's settings that the run's own fields decide.
+"""verl's setting of the answers per prompt: the run's `group_size`."""
 VERL_KEYS_OF_THE_RUN = {VERL_ROLLOUT_N: "group_size", "data.train_batch_size": "batch_size"}
+"""verl's settings that the run's own fields decide (verl key: the config field)."""
 
 
 class BackendSpec(Contract):

@@ -17,15 +17,16 @@ from pydantic import (
 from darl.workflows.contracts import Contract, RolloutMode, Task
 from darl.workflows.rollout_status import RolloutStatus
 
-# The most rollouts a run's state holds at once: running, booked (a branching group's
-# branches) or back and waiting for their group's step. Each is a few hundred bytes of the
-# state carried across continue-as-new, one Temporal payload of at most 2 MB (the budgets:
-# docs/architecture.md; tests/unit/test_payload_budgets.py builds the worst case).
 MAX_HELD = 2048
+"""The most rollouts a run's state holds at once: running, booked (a branching group's
+branches) or back and waiting for their group's step. Each is a few hundred bytes of the
+state carried across continue-as-new, one Temporal payload of at most 2 MB (the budgets:
+docs/architecture.md; tests/unit/test_payload_budgets.py builds the worst case)."""
 MAX_INFLIGHT = MAX_HELD
-# The most rollouts a step's validation starts (a pending id each in the state, their
-# rewards tallied: `ValTally`).
+"""The largest `knobs.max_inflight`."""
 MAX_VALIDATION_TASKS = 1536
+"""The most rollouts a step's validation starts (a pending id each in the state, their
+rewards tallied: `ValTally`)."""
 
 
 class Knobs(Contract):

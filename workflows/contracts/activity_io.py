@@ -84,9 +84,10 @@ class AgentScore(Contract):
     """The reward function's error; None when it returned a reward."""
 
 
-# The most failed calls, and incidents, an attempt's close hands its workflow (each a line of
-# up to a few KB; an agent can make thousands of calls that fail): AgentExit stays in budget.
 CLOSE_LISTED = 16
+"""The most failed calls, and incidents, an attempt's close hands its workflow (each a line
+of up to a few KB; an agent can make thousands of calls that fail): AgentExit stays in
+budget."""
 
 
 class AgentExit(Contract):

@@ -192,3 +192,5 @@ class KubernetesAgentSpec(Contract):
 AgentSpec = Annotated[
     LocalAgentSpec | HttpAgentSpec | KubernetesAgentSpec, Field(discriminator="kind")
 ]
+"""How the agent runs, chosen by its `kind`: `local` (`LocalAgentSpec`), `http`
+(`HttpAgentSpec`) or `kubernetes` (`KubernetesAgentSpec`)."""

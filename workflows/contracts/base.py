@@ -7,8 +7,10 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-# Rollout ids travel in URL paths (/rollouts/<id>/v1) and file names, so they stay URL-safe.
 ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+"""The form of a run id and a rollout id: letters, digits, `.`, `_`, `-`, at most 200
+characters, not starting with a punctuation mark. Rollout ids travel in URL paths
+(`/rollouts/<id>/v1`) and file names, so they stay URL-safe."""
 
 
 def rollout_workflow_id(rollout_id: str) -> str:

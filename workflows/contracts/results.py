@@ -12,18 +12,18 @@ from pydantic import ConfigDict, Field, field_validator
 from darl.workflows.contracts.base import Contract, RolloutMode
 from darl.workflows.rollout_status import RolloutStatus
 
-# What an agent may report of one attempt. Each report is a signal to the rollout's workflow
-# and its fields reach the rollout's result: Temporal payloads, 2 MB at most, in a history of
-# 50 MB. So a report (its answer and metadata, as JSON) is at most REPORT_MAX_BYTES, an
-# attempt sends at most REPORTS_PER_ATTEMPT of them (a flood of signals would fill the history
-# until Temporal ended the rollout, a zero turned into an infra failure), and reports merged
-# stay within one report's budget (`rollout_inbox.merged`).
 REPORT_MAX_BYTES = 64 * 1024
+"""Bytes: the largest report of an agent, its answer and metadata as JSON (64 KiB). Each
+report is a signal to the rollout's workflow and its fields reach the rollout's result:
+Temporal payloads, 2 MB at most, in a history of 50 MB. Reports merged stay within one
+report's budget (`rollout_inbox.merged`)."""
 REPORTS_PER_ATTEMPT = 32
-# The most model calls one attempt makes: each is an event of a few hundred bytes in its
-# rollout's history (and a call id in its result), across up to 20 attempts (the gateway
-# refuses the next call with a 400 `calls_exhausted`).
+"""The most reports one attempt sends: a flood of signals would fill the history until
+Temporal ended the rollout, a zero turned into an infra failure."""
 MAX_CALLS_PER_ATTEMPT = 2048
+"""The most model calls one attempt makes: each is an event of a few hundred bytes in its
+rollout's history (and a call id in its result), across up to 20 attempts (the gateway
+refuses the next call with a 400 `calls_exhausted`)."""
 
 
 class AgentReport(Contract):
@@ -284,8 +284,9 @@ class RolloutResult(Contract):
         return RolloutOutcome.model_validate(self.model_dump())
 
 
-# The most of a rollout's error its outcome carries (the full error is in its result).
 OUTCOME_ERROR_CHARS = 1000
+"""Characters: the most of a rollout's error its outcome carries (the full error is in its
+result)."""
 
 
 class RolloutOutcome(Contract):

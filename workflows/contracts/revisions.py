@@ -46,5 +46,10 @@ upsert would cost every rollout two history events. The TrainingWorkflow, one pe
 from __future__ import annotations
 
 ONE_ACTIVITY_REVISION = 2
+"""The revision from which an attempt is one activity (the table above)."""
 LOCAL_REPORT_REVISION = 3
+"""The revision from which the outcome reaches `report_to` by the local activity
+`report_rollout`."""
 CURRENT_REVISION = LOCAL_REPORT_REVISION
+"""The revision the TrainingWorkflow and `darl rollout` start: say it in a spec of your
+own."""

@@ -22,18 +22,20 @@ def _present(task: JsonValue) -> JsonValue:
     return task
 
 
-# A task is any JSON value, as Agent Lightning's rollout `input` is: an object, a list, a
-# string, a number or a boolean. Null is refused: it is far more often a missing task.
 Task = Annotated[JsonValue, AfterValidator(_present)]
+"""A task is any JSON value, as Agent Lightning's rollout `input` is: an object, a list, a
+string, a number or a boolean. Null is refused: it is far more often a missing task."""
 
 
-# A task travels whole only to its own rollout: in its workflow's start and in each attempt's
-# launch (Temporal payloads of 2 MB at most), to a Kubernetes agent in a Secret (1 MiB). The
-# trainer's workflow holds tasks by reference (`TaskRow`), never the rows themselves.
 TASK_MAX_BYTES = 768 * 1024
-# A whole rollout spec: its task and what the run sets (an agent, a reward; a training config
-# holds at most 128 KiB): the largest input of a rollout's workflow and its activities.
+"""Bytes: the largest task, as compact JSON (768 KiB). A task travels whole only to its own
+rollout: in its workflow's start and in each attempt's launch (Temporal payloads of 2 MB at
+most), to a Kubernetes agent in a Secret (1 MiB). The trainer's workflow holds tasks by
+reference (`TaskRow`), never the rows themselves."""
 SPEC_MAX_BYTES = 1024 * 1024
+"""Bytes: the largest rollout spec as JSON (1 MiB): its task and what the run sets (an
+agent, a reward; a training config holds at most 128 KiB), the largest input of a rollout's
+workflow and its activities."""
 
 
 def task_size(task: JsonValue) -> int:
