@@ -1,6 +1,7 @@
 """A training run's config: the TrainingConfig a user starts a TrainingWorkflow with (YAML for
 `darl train`, JSON for `temporal workflow start --type TrainingWorkflow --task-queue
-darl-trainer --input-file config.json`) and the settings it is made of."""
+darl-trainer --workflow-id train/<run_id> --input-file config.json`) and the settings it is
+made of."""
 
 from __future__ import annotations
 
@@ -130,6 +131,7 @@ class PolicyServerSpec(Contract):
 
     @property
     def restarts_to_load(self) -> bool:
+        """Whether the server restarts to load new weights (it has a `launcher_url`)."""
         return self.launcher_url is not None
 
 
@@ -323,8 +325,9 @@ class BackendSpec(Contract):
 
 
 class TrainingConfig(Contract):
-    """A training run: the input of a `TrainingWorkflow`, whose workflow id must be
-    `train/<run_id>`. At most 128 KiB as JSON (`CONFIG_MAX_BYTES`), `carried_state` apart."""
+    """A training run: the input of a `TrainingWorkflow`, started under the workflow id
+    `train/<run_id>` (the one `darl status`, `pause` and `stop` look for). At most 128 KiB as
+    JSON (`CONFIG_MAX_BYTES`), `carried_state` apart."""
 
     run_id: str = Field(pattern=ROLLOUT_ID_PATTERN, max_length=RUN_ID_MAX_CHARS)
     """The run's id: URL-safe (letters, digits, `.`, `_`, `-`), at most 64 characters. The
@@ -445,4 +448,6 @@ class TrainingConfig(Contract):
 
     @property
     def least_group_size(self) -> int:
+        """The fewest trainable members a group is trained with: `min_group_size`, or
+        `group_size` when that is None."""
         return self.min_group_size if self.min_group_size is not None else self.group_size
