@@ -138,33 +138,55 @@ class TrainingSummary(Contract):
 
 
 class ReadTasksRequest(Contract):
+    """The `read_tasks` activity's input: the next rows to start groups for."""
+
     dataset: DatasetSpec
+    """The run's dataset."""
     epoch: int
+    """The epoch to read from (from 0)."""
     cursor: int
+    """The place in the epoch's order to read from."""
     count: int
+    """Rows to read at most."""
     epochs: int
+    """The run's epochs (`TrainingConfig.epochs`): reading stops when they run out."""
 
 
 class TaskBatch(Contract):
+    """What `read_tasks` read: rows by reference, and where the next read starts."""
+
     rows: list[TaskRow]
+    """The rows read, in order."""
     epoch: int
+    """The epoch the next read starts in."""
     cursor: int
+    """The place in that epoch's order the next read starts at."""
     exhausted: bool
+    """Whether every epoch has been read."""
 
 
 class ReadValTasksRequest(Contract):
+    """The `read_val_tasks` activity's input: the rows of a step's validation."""
+
     dataset: DatasetSpec
+    """The run's dataset (the validation's, when `validation.path` is None)."""
     validation: ValidationSpec
+    """The run's validation settings."""
 
 
 class RolloutStart(Contract):
     """One rollout to start: its ids, its task row, and the prefix it branches from."""
 
     rollout_id: str
+    """The rollout's id (`<run_id>.e<epoch>.t<position>.<k>`)."""
     group_id: str
+    """Its group."""
     mode: RolloutMode
+    """`train` or `val`."""
     row: TaskRow
+    """The task's row, read from the dataset when the rollout starts."""
     prefix: PrefixSpec | None = None
+    """The seed's prefix a branch starts from; None: from the task."""
 
 
 class StartRolloutsRequest(Contract):
@@ -174,16 +196,26 @@ class StartRolloutsRequest(Contract):
     they are (a recorded history may hold them; the trainer sends `rollouts`)."""
 
     task_queue: str
+    """The rollout workers' task queue."""
     run_id: str = ""
+    """The run the rollouts belong to."""
     settings: RolloutSettings | None = None
-    # The files the rows index: train groups', and validation groups'.
+    """The run's rollout settings, shared by every rollout; None with `specs`."""
     dataset: str | None = None
+    """The file train groups' rows index."""
     val_dataset: str | None = None
+    """The file validation groups' rows index."""
     policy_version: int = 0
+    """The policy version the rollouts start at."""
     report_to: str | None = None
+    """The workflow id the rollouts report to (the run's)."""
     revision: int = CURRENT_REVISION
+    """The rollouts' `RolloutSpec.revision`."""
     rollouts: list[RolloutStart] = Field(default_factory=list)
+    """The rollouts to start, each built from `settings` and its row."""
     specs: list[RolloutSpec] = Field(default_factory=list)
+    """Rollouts as whole specs, started as they are (recorded histories); the trainer sends
+    none."""
 
 
 class TrainMember(Contract):
@@ -193,29 +225,44 @@ class TrainMember(Contract):
     count and digest check (a recorded history may hold them; the trainer sends none)."""
 
     rollout_id: str
+    """The member's rollout."""
     attempt: int
+    """Its final attempt, the one trained."""
     calls: int = Field(default=0, ge=0)
+    """The attempt's committed calls (`RolloutResult.calls`): the first this many are read."""
     digest: str = ""
+    """`RolloutResult.events_digest`, which the calls read are checked against."""
     call_ids: list[str] | None = None
+    """The calls named one by one instead (recorded histories); None: by count and digest."""
     reward: float
-    # How many of its first calls are context only, never trained (a branch's replayed
-    # prefix, and the seed's unless `groups.train_seed_prefix`).
+    """The member's reward."""
     masked_calls: int = Field(default=0, ge=0)
+    """How many of its first calls are context only, never trained (a branch's replayed
+    prefix, and the seed's unless `groups.train_seed_prefix`)."""
 
 
 class TrainGroup(Contract):
+    """A group to train: its members, whose rewards are compared."""
+
     group_id: str
+    """The group."""
     members: list[TrainMember]
+    """Its members that train."""
 
 
 class BranchPointRequest(Contract):
     """A seed rollout's final attempt and its committed calls (read as `TrainMember`'s are)."""
 
     rollout_id: str
+    """The seed rollout."""
     attempt: int
+    """Its final attempt."""
     calls: int = Field(default=0, ge=0)
+    """The attempt's committed calls, read as `TrainMember.calls` are."""
     digest: str = ""
+    """Their digest, as `TrainMember.digest`."""
     call_ids: list[str] | None = None
+    """The calls named one by one instead, as `TrainMember.call_ids`."""
 
 
 class BranchPoint(Contract):
@@ -224,63 +271,104 @@ class BranchPoint(Contract):
     tokens, in call order, that it chose from."""
 
     at: int | None
+    """The prefix length k; None: the seed cannot branch."""
     surprisal: list[float]
+    """The mean -logprob of each call's sampled tokens, in call order."""
 
 
 class TrainStepRequest(Contract):
+    """The `train_step` activity's input: one step's groups."""
+
     run_id: str
+    """The run."""
     run_dir: str | None
+    """`TrainingConfig.run_dir`."""
     step: int
+    """The step to train (from 1)."""
     backend: BackendSpec
+    """The run's backend."""
     aggregation: AggregationSpec
+    """How the calls become rows."""
     groups: list[TrainGroup]
+    """The groups to train."""
     learning_rate: float | None = None
+    """`knobs.learning_rate`; None: the backend's own setting."""
 
 
 class TrainStepResult(Contract):
+    """What `train_step` made: the step's checkpoint and the backend's metrics."""
+
     step: int
+    """The step trained."""
     policy_path: str
+    """The checkpoint the policy servers load."""
     metrics: dict[str, float]
+    """The backend's metrics of the step."""
     seconds: float
+    """Seconds the step took."""
 
 
 class InitializeRequest(Contract):
+    """The `initialize_policy` activity's input: the run's starting checkpoint."""
+
     run_id: str
+    """The run."""
     run_dir: str | None
+    """`TrainingConfig.run_dir`."""
     backend: BackendSpec
+    """The run's backend and the model it starts from."""
 
 
 class SyncRequest(Contract):
+    """The `sync_weights` activity's input: load a checkpoint into the policy servers."""
+
     weight_sync: WeightSyncSettings
+    """The run's weight sync settings."""
     policy_path: str
+    """The checkpoint to load."""
     policy_version: int
+    """The version it is."""
 
 
 class SyncResult(Contract):
+    """What a weight sync did."""
+
     paused_seconds: float
+    """Seconds the gateway held or refused new calls."""
     drained: bool | None = None
+    """`drain`: whether every call in flight finished within `drain_timeout_seconds`;
+    None under `keep`."""
 
 
 class RestoreResult(Contract):
     """What `restore_weights` found: the servers that were behind and were loaded again."""
 
     restored: list[str] = Field(default_factory=list)
+    """The URLs of the servers loaded again."""
 
 
 class RecordStepRequest(Contract):
+    """The `record_step` activity's input: a step record to append to `metrics.jsonl`."""
+
     run_id: str
+    """The run."""
     run_dir: str | None
+    """`TrainingConfig.run_dir`."""
     record: StepRecord
+    """The record."""
 
 
 class RolloutLookup(Contract):
     """What `check_rollouts` finds of a rollout the trainer has not heard from."""
 
     rollout_id: str
+    """The rollout."""
     result: RolloutOutcome | None = None
+    """Its outcome, when it finished with one."""
     running: bool = False
-    # How it closed when it left no result (terminated, failed, timed_out, not found).
+    """Whether it is still running."""
     closed_as: str | None = None
+    """How it closed when it left no result (terminated, failed, timed_out, not found)."""
 
 
 TrainingConfig.model_rebuild()
