@@ -4,11 +4,14 @@ pages (mkdocstrings renders the attribute docstring under a field) and the model
 
 from __future__ import annotations
 
+import inspect
 import typing
 from collections.abc import Iterator
+from types import ModuleType
 
 from pydantic import BaseModel
 
+from darl.workflows import contracts, training_config, training_messages, training_state
 from darl.workflows.contracts import Contract, RolloutResult, RolloutSpec
 from darl.workflows.training_messages import (
     KnobUpdate,
@@ -57,7 +60,7 @@ def undescribed(roots: list[type[BaseModel]]) -> list[str]:
     description."""
     missing = []
     for model in reachable(roots):
-        properties = model.model_json_schema()["properties"]
+        properties = model.model_json_schema().get("properties", {})
         for name, schema in properties.items():
             if not str(schema.get("description", "")).strip():
                 missing.append(f"{model.__name__}.{name}")
@@ -70,6 +73,26 @@ def test_every_field_a_user_meets_is_described() -> None:
     names = {m.__name__ for m in models}
     assert {"SandboxLimits", "GraderSpec", "GroupState", "Counters", "StepRecord"} <= names
     assert undescribed(ROOTS) == []
+
+
+def defined_in(*modules: ModuleType) -> list[type[BaseModel]]:
+    """The public models the modules define (or, for a package, export)."""
+    return [
+        value
+        for module in modules
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and inspect.isclass(value)
+        and issubclass(value, BaseModel)
+        and value.__module__.startswith("darl.")
+    ]
+
+
+def test_every_contract_and_training_message_is_described_too() -> None:
+    """The activities' inputs and outputs as well: what a recorded history shows."""
+    assert (
+        undescribed(defined_in(contracts, training_config, training_state, training_messages)) == []
+    )
 
 
 class Planted(Contract):
