@@ -137,8 +137,9 @@ class RolloutTimeouts(Contract):
     """Seconds: the rollout timeout, the longest one attempt's agent may run (from its
     launch); past it the agent is killed and the attempt times out. 600 by default."""
     heartbeat_seconds: float = Field(default=30.0, gt=0)
-    """Seconds: a worker running the agent that has not heartbeat for this long is taken as
-    lost, and the attempt is retried (on another worker). 30 by default."""
+    """Seconds: a worker waiting on the agent that has not heartbeat for this long is taken
+    as lost; the wait is retried and re-attaches to the running agent (an agent gone without
+    an exit status fails the attempt as infra, and a new attempt starts). 30 by default."""
     launch_seconds: float = Field(default=60.0, gt=0)
     """Seconds: the longest starting the agent may take (a process, a Job, an HTTP request;
     a sandbox's workspace copy included). 60 by default."""
