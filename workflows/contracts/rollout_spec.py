@@ -141,8 +141,8 @@ class RolloutTimeouts(Contract):
     as lost; the wait is retried and re-attaches to the running agent (an agent gone without
     an exit status fails the attempt as infra, and a new attempt starts). 30 by default."""
     launch_seconds: float = Field(default=60.0, gt=0)
-    """Seconds: the longest starting the agent may take (a process, a Job, an HTTP request;
-    a sandbox's workspace copy included). 60 by default."""
+    """Seconds: the longest the `launch_agent` activity may take to start the agent (its
+    start-to-close timeout). 60 by default."""
     reward_seconds: float = Field(default=60.0, gt=0)
     """Seconds: the longest a reward function or a grader's tests may take. 60 by default."""
     retry_backoff_seconds: float = Field(default=5.0, ge=0)
