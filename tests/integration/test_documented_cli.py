@@ -161,7 +161,8 @@ def run(command: str, stack: Stack) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(600)
 async def test_the_documented_rollout_starts_run(rollout_worker: Stack) -> None:
     """Each page's start and result lines, exactly as shown (the temporal CLI finds the dev
-    server by TEMPORAL_ADDRESS); the rollout's result is then read as a RolloutResult."""
+    server by TEMPORAL_ADDRESS); the rollout's result is then read as a RolloutResult. Pages
+    that show the same rollout id get its first result again, as a repeated start does."""
     blocks = [b for b in shell_blocks() if any(starts_a_rollout(a) for a in b.starts())]
     assert {b.page for b in blocks} >= ROLLOUT_PAGES
     for block in blocks:
@@ -182,3 +183,4 @@ async def test_the_documented_rollout_starts_run(rollout_worker: Stack) -> None:
             result = await handle.result()
             assert result.status == RolloutStatus.SUCCEEDED, (block.page, result.error)
             assert workflow_id == rollout_workflow_id(result.rollout_id)
+            assert result.calls >= 1, result  # its agent ran through the gateway
