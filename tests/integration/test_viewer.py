@@ -6,7 +6,10 @@ ids, a store that lost a rollout's file, what the trainer would see, and a real 
 The module's training run is paused as soon as it starts, so the browser test sees it train
 whatever the machine's speed: it opens the run's page, resumes the run and waits for a step
 the page did not have. The other tests resume it too, if the browser test has not, and wait for
-its end."""
+its end.
+
+The module's dev server serves its Web UI too, so the same browser takes the manual's pictures
+of the viewer and of a rollout in the Web UI (docs/images/, see `docs_screenshots`)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -29,10 +33,12 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from darl.deploy.processes import ManagedProcess
+from darl.deploy.temporal_connection import DATA_CONVERTER
 from darl.gateway.store.directory import DirectoryTrajectoryStore
 from darl.gateway.store.record import CallRecord
 from darl.viewer.app import Viewer, ViewerSettings, create_viewer_app
 from darl.viewer.temporal_view import TemporalView
+from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import (
     HttpAgentSpec,
     LocalAgentSpec,
@@ -58,6 +64,9 @@ from darl.workflows.training_config import (
     training_workflow_id,
 )
 from darl.workflows.training_messages import TrainingSummary
+from tests.conftest import BIN
+from tests.integration.dev_server import free_port
+from tests.integration.docs_screenshots import browser_page, save_screenshot
 from tests.integration.stack import Stack
 from tests.integration.test_rollouts_e2e import RESULT_TIMEOUT, example_spec
 from tests.integration.training_stack import (
@@ -72,6 +81,26 @@ pytestmark = pytest.mark.integration
 CHROMIUM = Path("/usr/bin/chromium")
 MEMBER = re.compile(r'class="reward">([^<]+)</b>.*?class="advantage">([^<]+)</b>', re.S)
 SCRIPT = "<script>alert('x')</script>"
+
+
+@pytest.fixture(scope="module")
+def web_ui_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+async def dev_env(web_ui_port: int) -> AsyncIterator[WorkflowEnvironment]:
+    """The real Temporal dev server (in memory) with DARL's search attributes, as the session's,
+    and its Web UI on `web_ui_port`."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(BIN / "temporal"),
+        data_converter=DATA_CONVERTER,
+        search_attributes=sa.ALL,
+        ui=True,
+        ui_port=web_ui_port,
+    )
+    yield env
+    await env.shutdown()
 
 
 @dataclass
@@ -227,6 +256,58 @@ async def test_a_browser_watches_the_run_train_and_opens_a_rollout(
             await browser.close()
     for name in ("run", "rollouts", "rollout", "multi-turn"):
         assert (tmp_path / f"{name}.png").stat().st_size > 10_000
+
+
+async def test_the_manuals_pictures_of_the_viewer_and_the_web_ui(
+    viewer_stack: ViewerStack, web_ui_port: int
+) -> None:
+    """docs/images/: the finished run's page and a multi-turn rollout's in the viewer, and the
+    rollout's workflow in the Temporal Web UI (its Summary and Current Details, its history)."""
+    v = viewer_stack
+    await v.finished()
+    spec = example_spec("darl.examples.arithmetic.calculator_agent", 5)
+    # Started as `darl rollout` starts one: with its Summary (mode and task) for the Web UI.
+    handle = await v.stack.client.start_workflow(
+        ROLLOUT_WORKFLOW,
+        spec,
+        id=rollout_workflow_id(spec.rollout_id),
+        task_queue=v.stack.task_queue,
+        result_type=RolloutResult,
+        static_summary=sa.rollout_summary(spec),
+    )
+    rollout = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT)
+    assert rollout.status == RolloutStatus.SUCCEEDED, rollout.error
+    workflow_page = f"http://127.0.0.1:{web_ui_port}/namespaces/default/workflows/" + quote(
+        rollout_workflow_id(rollout.rollout_id), safe=""
+    )
+    async with browser_page() as page:
+        await page.goto(f"{v.url}/runs/{v.run_id}")
+        await page.wait_for_selector("svg.chart")
+        shots = [await save_screenshot(page, "viewer-run")]
+
+        await page.goto(f"{v.url}/rollouts/{rollout.rollout_id}")
+        await page.wait_for_selector("#calls section.call")
+        shots.append(await save_screenshot(page, "viewer-rollout"))
+        await page.locator("#calls").evaluate("calls => calls.scrollIntoView()")
+        shots.append(await save_screenshot(page, "viewer-rollout-calls"))
+
+        # The Web UI reads Current Details from the rollout worker (a query) and draws each
+        # Markdown text in a frame of its own.
+        await page.goto(workflow_page)
+        await page.wait_for_url("**/timeline")
+        await page.goto(page.url.removesuffix("/timeline") + "/user-metadata")
+        details = page.frame_locator('iframe[src*="attempt%201%20of"]')
+        await details.get_by_text("attempt 1 of").wait_for()
+        shots.append(await save_screenshot(page, "web-ui-rollout"))
+
+        await page.goto(page.url.removesuffix("/user-metadata") + "/history")
+        history = page.get_by_role("heading", name="Event History")
+        await history.wait_for()
+        await page.get_by_text("Workflow Execution Completed").first.wait_for()
+        await history.evaluate("heading => heading.scrollIntoView()")
+        shots.append(await save_screenshot(page, "web-ui-history"))
+    for shot in shots:
+        assert 10_000 < shot.stat().st_size < 400_000, shot
 
 
 async def test_the_runs_page_and_the_run_page_show_the_finished_run(
