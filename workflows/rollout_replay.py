@@ -10,23 +10,25 @@ from darl.workflows.contracts import PrefixSpec, ReplayOutcome
 
 
 class ReplayLineage:
-    """The attempts whose recorded calls the next attempt replays, newest first: the last
-    attempt lost to an infrastructure failure that recorded calls, then the lineage it was
-    handed. Launch and await requests carry it; the attempt's token names it to the gateway."""
+    """The attempts whose recorded calls the next attempt replays, newest first: every
+    attempt lost to an infrastructure failure, the last one first. Launch and await requests
+    carry it; the attempt's token names it to the gateway."""
 
     def __init__(self, resume: Literal["replay", "restart"]) -> None:
         self._resume = resume
         self.attempts: list[int] = []
 
-    def extend(self, lost_attempt: int, its_calls_known: bool) -> None:
+    def extend(self, lost_attempt: int) -> None:
         """`lost_attempt` hands the calls it recorded to the next attempt, which replays them.
         Its record holds the calls it replayed itself, so a third attempt replays the second;
         and if it was lost before its replay was over, the calls it had yet to replay continue
-        it (the gateway reads that in the records: the lineage names where to look). An
-        attempt of which the workflow knows no call (lost before its first, or before any
-        reached the workflow) hands on the record it was handed. A rollout that resumes by
-        `restart` hands on nothing."""
-        if self._resume == "replay" and its_calls_known:
+        it (the gateway reads that in the records: the lineage names where to look). Every
+        lost attempt is named, whether or not the workflow heard of a call of it: answers its
+        agent never received (it died while they were at the policy server) are recorded but
+        never signalled, and an attempt that recorded nothing costs the gateway one read of
+        an empty record before it continues with the attempt before. A rollout that resumes
+        by `restart` hands on nothing."""
+        if self._resume == "replay":
             self.attempts = [lost_attempt, *self.attempts]
 
 

@@ -114,7 +114,7 @@ class RolloutWorkflow:
                 if (no_room := no_room_for_another_attempt(attempt)) is not None:
                     state.findings.error = f"{state.findings.error}; {no_room}"
                     break
-                self._replay_lineage.extend(attempt, its_calls_known=bool(state.inbox.calls))
+                self._replay_lineage.extend(attempt)
                 await workflow.sleep(timedelta(seconds=spec.timeouts.retry_backoff_seconds))
         except EarlierRunError as earlier:
             # No agent ran: the earlier execution's result is the rollout's one result, and

@@ -10,12 +10,13 @@ once, and concurrent requests each take the first unused call of their own form,
 that issue calls in parallel replay too. Once a live answer has reached the agent, it has seen
 what the recorded run never did: nothing more is replayed.
 
-The record offered is the lineage the workflow names (`ReplayClaim.sources`): the calls of
-the last attempt of which the workflow knew a call, and, when that attempt was lost before its
-own replay was over (it has no live call), the calls it had yet to reproduce of the attempt it
-replayed, and so on. An attempt's record includes the answers its agent never received (it
-was lost while they were at the policy server, `CallRecord.unreceived`): offered after the
-received calls of their form, they count as no live call, and one left unused is no
+The record offered is the lineage the workflow names (`ReplayClaim.sources`, every attempt
+lost before, newest first): the calls of the last, and, when that attempt was lost before its
+own replay was over (it has no live call: an attempt that recorded nothing among them), the
+calls it had yet to reproduce of the attempt before, and so on. An attempt's record includes
+the answers its agent never received (it was lost while they were at the policy server,
+`CallRecord.unreceived`): offered after the received calls of their form, they count as no
+live call, and one left unused is no
 divergence.
 
 Whether a recorded call is taken, and whether the replay is over, the store decides, when the

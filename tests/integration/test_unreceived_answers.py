@@ -287,3 +287,23 @@ async def test_an_agent_killed_with_a_call_in_flight_resumes_without_a_second_ge
     assert [r.unreceived for r in first] == [False, False, True]
     assert final[2].replayed_from == first[2].call_id and not final[2].unreceived
     assert first[2].call_id not in result.call_ids
+
+
+async def test_an_agent_killed_during_its_first_call_resumes_without_a_second_generation(
+    stack: Stack,
+) -> None:
+    """The replay agent SIGKILLed while its first call is frozen inside the policy server:
+    the workflow never heard of a call of attempt 1 (an unreceived answer sends no event),
+    yet attempt 2 is handed attempt 1's record, waits for that answer and gets it, and the
+    policy server generated the first prompt once."""
+    spec = local_spec(stack, Scenario("first-call", kill_after=0, turns=3))
+    with policy_frozen(stack):
+        handle = await stack.start_rollout(spec)
+        await wait_until(lambda: sum(gateway_state(stack)["inflight"].values()) == 1)
+        sigkill_local_agent(stack, spec.rollout_id)
+        await wait_until(lambda: gateway_metric(stack, "darl_gateway_replay_waiting") == 1)
+    result = await asyncio.wait_for(handle.result(), WAIT)
+    final = check_resumed(stack, result, kill_after=1)
+    [unreceived] = attempt_records(stack, spec.rollout_id, 1)
+    assert unreceived.unreceived
+    assert final[0].replayed_from == unreceived.call_id

@@ -97,19 +97,32 @@ async def run(env: WorkflowEnvironment, stubs: ScriptedAttempts, **overrides: ob
         return result
 
 
-async def test_each_attempt_replays_the_last_one_that_recorded_calls(
+async def test_each_attempt_replays_every_lost_attempt_newest_first(
     time_skipping_env: WorkflowEnvironment,
 ) -> None:
-    """Attempt 2 replays 1; attempt 2 is lost before its first call, so attempt 3 replays 1
-    too; attempt 3 recorded calls (its replayed ones among them), so attempt 4 replays 3, and
-    what 3 had yet to replay of 1 if it was lost mid-replay (the lineage names both)."""
+    """Attempt 2 replays 1; attempt 2 is lost with no call the workflow heard of (it may
+    hold answers its agent never received, which are never signalled), so attempt 3 replays
+    2, then 1; attempt 4 replays 3, then what 3 had yet to replay of the lineage if it was
+    lost mid-replay (the gateway reads that in the records)."""
     stubs = ScriptedAttempts(time_skipping_env.client, {1: 3, 2: 0, 3: 5, 4: 7}, replayed=5)
     result = await run(time_skipping_env, stubs)
-    assert stubs.replay_from == {1: [], 2: [1], 3: [1], 4: [3, 1]}
+    assert stubs.replay_from == {1: [], 2: [1], 3: [2, 1], 4: [3, 2, 1]}
     assert result.status == "succeeded" and result.attempts == 4
     assert result.calls == 7 and result.replayed_calls == 5
     assert result.replay_diverged_at == 5
     assert "attempt 4 of 4 · 7 calls · 5 replayed" in stubs.details
+
+
+async def test_an_attempt_lost_before_any_call_reached_the_workflow_is_replayed(
+    time_skipping_env: WorkflowEnvironment,
+) -> None:
+    """Attempt 1 is lost with no call signalled (its agent died while its first calls were at
+    the policy server: the gateway records those answers unreceived and sends no event):
+    attempt 2 is still handed attempt 1's record, or it would generate them again."""
+    stubs = ScriptedAttempts(time_skipping_env.client, {1: 0, 2: 2}, replayed=0)
+    result = await run(time_skipping_env, stubs)
+    assert stubs.replay_from == {1: [], 2: [1]}
+    assert result.status == "succeeded" and result.attempts == 2
 
 
 async def test_restart_never_replays(time_skipping_env: WorkflowEnvironment) -> None:
