@@ -16,8 +16,7 @@ own replay was over (it has no live call: an attempt that recorded nothing among
 calls it had yet to reproduce of the attempt before, and so on. An attempt's record includes
 the answers its agent never received (it was lost while they were at the policy server,
 `CallRecord.unreceived`): offered after the received calls of their form, they count as no
-live call, and one left unused is no
-divergence.
+live call, and one left unused is no divergence.
 
 Whether a recorded call is taken, and whether the replay is over, the store decides, when the
 replayed call is appended (`store.codec.check_append`: under the attempt's lock, or at the
