@@ -67,3 +67,10 @@ TRAINING_CONFIG_ERROR = "TrainingConfigError"
 WEIGHT_SYNC_ERROR = "WeightSyncError"
 # The TrainingWorkflow's own: a branch point outside its seed's calls (DARL's fault).
 BRANCH_POINT_ERROR = "BranchPointError"
+
+# An agent that is a Temporal workflow (`WorkflowAgentSpec`) is started as the rollout's child
+# with its attempt in this memo key: `{"base_url", "token", "rollout_id", "attempt"}`, what a
+# process agent gets as OPENAI_BASE_URL and OPENAI_API_KEY. DARL's plugin on the agent's worker
+# (`darl.temporal_agents`) carries it to the workflow's activities in this header.
+AGENT_ATTEMPT_MEMO = "darl_attempt"
+AGENT_ATTEMPT_HEADER = "darl-attempt"
