@@ -16,6 +16,7 @@ Code branches on the class (`isinstance`), never on the code string.
         │   ├── InvalidJSONError                  invalid_json
         │   ├── UnsupportedError                  unsupported
         │   ├── InvalidReplayError                invalid_replay
+        │   ├── InvalidIdempotencyKeyError        invalid_idempotency_key
         │   ├── PreviousResponseNotFoundError     previous_response_not_found
         │   ├── PreviousResponseNotStoredError    previous_response_not_stored
         │   ├── InvalidResultError                invalid_result
@@ -27,6 +28,8 @@ Code branches on the class (`isinstance`), never on the code string.
         ├── ForbiddenError                  403   forbidden
         ├── UnknownRolloutError             404   unknown_rollout
         ├── RolloutFinishedError            409   rollout_finished      (no failed call)
+        ├── IdempotencyKeyInFlightError     409   idempotency_key_in_flight
+        ├── IdempotencyKeyReusedError       422   idempotency_key_reused
         ├── ClientDisconnectedError         499   client_disconnected   (nobody to answer)
         ├── BodyTooLargeError               413   body_too_large
         │   └── ReportTooLargeError               report_too_large
@@ -109,6 +112,12 @@ class InvalidReplayError(BadRequestError):
     code = "invalid_replay"
 
 
+class InvalidIdempotencyKeyError(BadRequestError):
+    """An `Idempotency-Key` header that is not 1 to 200 visible ASCII characters."""
+
+    code = "invalid_idempotency_key"
+
+
 class PreviousResponseNotFoundError(BadRequestError):
     code = "previous_response_not_found"
 
@@ -172,6 +181,24 @@ class RolloutFinishedError(APIError):
     status = 409
     type = "invalid_request_error"
     code = "rollout_finished"
+
+
+class IdempotencyKeyInFlightError(APIError):
+    """A call of the attempt with the request's `Idempotency-Key` is still at a policy server
+    after the retry waited as long as a call may take (OpenAI's SDKs retry a 409)."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "idempotency_key_in_flight"
+
+
+class IdempotencyKeyReusedError(APIError):
+    """An `Idempotency-Key` a call of the attempt was made with, sent with another request: the
+    agent never gets another request's answer (no SDK retries a 422)."""
+
+    status = 422
+    type = "invalid_request_error"
+    code = "idempotency_key_reused"
 
 
 class ClientDisconnectedError(APIError):

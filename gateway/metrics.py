@@ -80,6 +80,14 @@ class GatewayMetrics:
             "received (generated once, received by this attempt's agent).",
             registry=self.registry,
         )
+        self.idempotent_answers = Counter(
+            "darl_gateway_idempotent_answers",
+            "Model calls answered from the record of the attempt's call made with their "
+            "Idempotency-Key (a retried request, never generated twice); 'unreceived': that "
+            "call's answer never reached its client, and is recorded now as received.",
+            ["unreceived"],
+            registry=self.registry,
+        )
         self.replay_waiting = Gauge(
             "darl_gateway_replay_waiting",
             "Calls of resumed attempts that the record does not hold, waiting for the calls of "

@@ -17,6 +17,7 @@ from temporalio.client import Client
 
 from darl.gateway.calls.delivery import EventDelivery
 from darl.gateway.calls.forwarding import Forwarder, RetrySettings
+from darl.gateway.calls.idempotency import IdempotentCalls
 from darl.gateway.calls.in_flight import CallsInFlight
 from darl.gateway.calls.proxy import ModelCallProxy, ProxySettings
 from darl.gateway.calls.recording import CallRecorder
@@ -163,6 +164,15 @@ class Gateway:
             in_flight=self.in_flight,
             wait_seconds=settings.proxy.call_deadline_seconds,
         )
+        self.idempotent = IdempotentCalls(
+            store=store,
+            registry=self.registry,
+            delivery=self.delivery,
+            metrics=self.metrics,
+            replays=self.replays,
+            in_flight=self.in_flight,
+            wait_seconds=settings.proxy.call_deadline_seconds,
+        )
         self.proxy = ModelCallProxy(
             settings=settings.proxy,
             pool=self.pool,
@@ -176,6 +186,7 @@ class Gateway:
             recorder=self.recorder,
             replayer=self.replayer,
             in_flight=self.in_flight,
+            idempotent=self.idempotent,
             stale_wait_seconds=settings.stale_wait_seconds,
         )
         self.metrics.inflight.set_function(lambda: sum(self.gate.inflight().values()))

@@ -116,6 +116,8 @@ class ModelCall:
     # The agent went away (or its attempt ended) while the call was at the policy server: the
     # answer is recorded unreceived (see `CallRecord.unreceived`).
     unreceived: bool = False
+    # The request's `Idempotency-Key`, kept in its record (see `idempotency`).
+    idempotency_key: str | None = None
 
     @property
     def protocol(self) -> str:
@@ -176,4 +178,5 @@ class ModelCall:
             exchange=self.translation.exchange if self.translation else {},
             sent_messages=self.sent_messages,
             unreceived=self.unreceived,
+            idempotency_key=self.idempotency_key,
         )

@@ -24,6 +24,7 @@ from fastapi.responses import Response
 
 from darl.gateway import json_codec
 from darl.gateway.calls.forwarding import Forwarder
+from darl.gateway.calls.idempotency import IdempotentCalls, idempotency_key
 from darl.gateway.calls.in_flight import CallsInFlight
 from darl.gateway.calls.model_call import CLIENT_CLOSED, ClientGone, ModelCall
 from darl.gateway.calls.recording import CallRecorder
@@ -72,6 +73,7 @@ class ModelCallProxy:
         recorder: CallRecorder,
         replayer: Replayer,
         in_flight: CallsInFlight,
+        idempotent: IdempotentCalls,
         stale_wait_seconds: float,
     ) -> None:
         """The proxy's peers are the `Gateway`'s: the admin routes reach the same replay book,
@@ -85,6 +87,7 @@ class ModelCallProxy:
         self.recorder = recorder
         self.replayer = replayer
         self.in_flight = in_flight
+        self.idempotent = idempotent
         self.exchange = UpstreamExchange(
             forwarder=forwarder,
             gate=gate,
@@ -110,7 +113,23 @@ class ModelCallProxy:
         `SentMessages`), or in `agent_protocol`, the protocol whose `Translation` turns it into
         a chat call. A call that fails is recorded as failed (status, error, latency, retries)
         before the agent hears of it. An attempt that resumes by replay gets the recorded
-        answer to a request the record holds (rule 10)."""
+        answer to a request the record holds (rule 10); a request with the `Idempotency-Key`
+        of a call of its attempt, that call's answer (`idempotency`)."""
+        key = idempotency_key(request)
+        if key is None:
+            return await self._handle(request, endpoint, claims, body, agent_protocol, None)
+        async with self.idempotent.holding(claims, key):
+            return await self._handle(request, endpoint, claims, body, agent_protocol, key)
+
+    async def _handle(
+        self,
+        request: Request,
+        endpoint: Endpoint,
+        claims: TokenClaims,
+        body: dict[str, Any],
+        agent_protocol: type[Translation] | None,
+        key: str | None,
+    ) -> Response:
         started = time.monotonic()
         call: ModelCall | None = None
         protocol = protocol_of(endpoint, agent_protocol)
@@ -126,16 +145,16 @@ class ModelCallProxy:
             stream = validate_body(endpoint, body)
             prompt_ids_asked = asked_for_prompt_ids(body)
             sent = body.get("messages")
-            if claims.replay is not None:
+            if claims.replay is not None or key is not None:
                 # Matched against the record by its messages' contents.
                 body = with_messages_read(body)
                 # The model is the record's: no policy server is asked to name it.
                 forwarded = self.forwarded_body(body, endpoint, claims.mode, model="")
-                replayed = await self.replayer.answer(
-                    endpoint, claims, forwarded, translation, stream, prompt_ids_asked
+                recorded = await self._recorded_answer(
+                    claims, key, endpoint, forwarded, translation, stream, prompt_ids_asked
                 )
-                if replayed is not None:
-                    return replayed
+                if recorded is not None:
+                    return recorded
             upstream = self.pool.pick(claims.rollout_id)
             call = ModelCall(
                 request=request,
@@ -150,6 +169,7 @@ class ModelCallProxy:
                 prompt_ids_asked=prompt_ids_asked,
                 # The store compares a conversation as sent, if the agent sent it as it is.
                 sent_messages=sent if isinstance(sent, SentMessages) else None,
+                idempotency_key=key,
             )
             with self.in_flight.holding(claims.rollout_id, claims.attempt):
                 return await (self.stream_relay.respond(call) if stream else self._whole(call))
@@ -164,6 +184,27 @@ class ModelCallProxy:
             if not isinstance(err, NOT_FAILURES):
                 await self.recorder.failed(claims, protocol, call, started, err.status, err.message)
             raise
+
+    async def _recorded_answer(
+        self,
+        claims: TokenClaims,
+        key: str | None,
+        endpoint: Endpoint,
+        forwarded: dict[str, Any],
+        translation: Translation | None,
+        stream: bool,
+        prompt_ids_asked: bool,
+    ) -> Response | None:
+        """The answer the store holds for this request: the attempt's call made with its
+        `key`, else (a replaying attempt) its lineage's record; None: it goes live."""
+        asked = (endpoint, forwarded, translation, stream, prompt_ids_asked)
+        if key is not None:
+            answered = await self.idempotent.answer(claims, key, *asked)
+            if answered is not None:
+                return answered
+        if claims.replay is None:
+            return None
+        return await self.replayer.answer(endpoint, claims, *asked[1:], idempotency_key=key)
 
     def forwarded_body(
         self, body: dict[str, Any], endpoint: Endpoint, mode: str, model: str

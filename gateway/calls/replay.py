@@ -138,9 +138,11 @@ async def offered_calls(
     reproduced: set[str] = set()
     for attempt in sources:
         records = await store.read(rollout_id, attempt)
-        offered += [r for r in records if r.call_id not in reproduced]
+        # An unreceived answer its own attempt reproduced (a retried request) is offered once,
+        # as that reproduction.
         reproduced |= {r.replayed_from for r in records if r.replayed_from is not None}
-        if any(_received_live(r) for r in records):
+        offered += [r for r in records if r.call_id not in reproduced]
+        if received_live(records):
             return offered
     if prefix is not None:
         records = await prefix_records(store, prefix)
@@ -155,9 +157,16 @@ async def prefix_records(store: TrajectoryStore, prefix: PrefixClaim) -> list[Ca
     return [r for r in records if not r.unreceived][: prefix.calls]
 
 
-def _received_live(record: CallRecord) -> bool:
-    """A live call whose answer may have reached its agent: after it, nothing is replayed."""
-    return record.replayed_from is None and not record.unreceived
+def received_live(records: Sequence[CallRecord]) -> list[CallRecord]:
+    """An attempt's live calls whose answer may have reached its agent (after one, nothing is
+    replayed): its own calls, received, or its own unreceived answers received by a retry of
+    their request (`idempotency`)."""
+    own_unreceived = {r.call_id for r in records if r.unreceived}
+    return [
+        r
+        for r in records
+        if not r.unreceived and (r.replayed_from is None or r.replayed_from in own_unreceived)
+    ]
 
 
 class ReplaySession:
@@ -186,7 +195,7 @@ class ReplaySession:
             self._unused.setdefault(normalized, deque()).append(Recorded(slim, normalized, exact))
         self.left = sum(len(q) for q in self._unused.values())
         # A live answer reached the agent: it is past what the record can answer.
-        self.live = any(_received_live(r) for r in attempt_calls)
+        self.live = bool(received_live(attempt_calls))
         self.diverged = False
 
     def _forms(self, protocol: str, endpoint: str, forwarded: dict[str, Any]) -> tuple[str, str]:
@@ -301,10 +310,12 @@ async def replay_outcome(
     attempt can say it)."""
     source = await offered_calls(store, rollout_id, sources, prefix)
     used = {r.replayed_from for r in records if r.replayed_from is not None}
-    replayed = [r for r in records if r.replayed_from is not None]
+    live_calls = received_live(records)
+    live_ids = {r.call_id for r in live_calls}
+    replayed = [r for r in records if r.replayed_from is not None and r.call_id not in live_ids]
     diverged_at = None
     if any(r.call_id not in used for r in source if not r.unreceived):
-        live = [r.sequence for r in records if _received_live(r)]
+        live = [r.sequence for r in live_calls]
         diverged_at = min(live) if live else len(records)
     return ReplayOutcome(
         sources=list(sources),

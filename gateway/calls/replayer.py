@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from fastapi.responses import Response, StreamingResponse
@@ -72,13 +73,15 @@ class Replayer:
         translation: Translation | None,
         stream: bool,
         prompt_ids_asked: bool,
+        idempotency_key: str | None = None,
     ) -> Response | None:
-        """The recorded answer to this request of a replaying attempt, recorded as its call;
-        None when the record holds no answer to it (the call goes live). The agent gets it as
-        it would get it live: its prompt's token ids only if it asked for them."""
+        """The recorded answer to this request of a replaying attempt, recorded as its call
+        (with the request's `idempotency_key`); None when the record holds no answer to it
+        (the call goes live). The agent gets it as it would get it live: its prompt's token
+        ids only if it asked for them."""
         started = time.monotonic()
         served = await self._take_and_record(
-            endpoint, claims, forwarded, translation, stream, started
+            endpoint, claims, forwarded, translation, stream, started, idempotency_key
         )
         if served is None:
             return None
@@ -87,33 +90,10 @@ class Replayer:
         self._metrics.replayed_calls.labels(str(match.normalized).lower()).inc()
         if match.recorded.record.unreceived:
             self._metrics.unreceived_replayed.inc()
-        answered_as = str(stored.exchange.get("answered_as") or stored.call_id)
-        headers = {
-            "X-Darl-Call-Id": stored.call_id,
-            "X-Darl-Policy-Version": str(stored.policy_version),
-            "X-Darl-Replayed-From": match.recorded.record.call_id,
-        }
-        if stream:
-            include_usage = bool((forwarded.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(
-                _events(
-                    endpoint,
-                    stored.response,
-                    translation,
-                    answered_as,
-                    include_usage,
-                    prompt_ids_asked,
-                ),
-                media_type="text/event-stream",
-                headers=headers,
-            )
-        if translation is not None:
-            body = translation.answer(stored.response, answered_as)
-        else:
-            body = {**stored.response, "usage": usage_of(endpoint, stored.response)}
-            if not prompt_ids_asked:
-                body = with_prompt_token_ids(endpoint, body, None)
-        return Response(json.dumps(body), media_type="application/json", headers=headers)
+        headers = {"X-Darl-Replayed-From": match.recorded.record.call_id}
+        return recorded_answer(
+            stored, translation, stream, forwarded, prompt_ids_asked, headers=headers
+        )
 
     async def _take_and_record(
         self,
@@ -123,6 +103,7 @@ class Replayer:
         translation: Translation | None,
         stream: bool,
         started: float,
+        idempotency_key: str | None,
     ) -> tuple[CallRecord, Match] | None:
         """The first unused recorded call this request equals, recorded as the attempt's call;
         None when the request goes live. The session is this process's cache of the replay;
@@ -152,6 +133,7 @@ class Replayer:
                 record = await self._replayed_call(
                     endpoint, claims, translation, forwarded, match, stream, started
                 )
+                record = replace(record, idempotency_key=idempotency_key)
             except BaseException:
                 # Nothing was written: the agent may ask again and get this call.
                 session.give_back(match)
@@ -217,36 +199,91 @@ class Replayer:
         if match.normalized:
             prompt_ids = await self._tokenize(claims, endpoint, forwarded)
             response = _with_prompt(endpoint, response, prompt_ids)
-        exchange: dict[str, Any] = {}
-        if translation is not None:
-            # This request's own (what a later `previous_response_id` reads of it), and the
-            # ids the answer is built from: the first run's, so the agent gets the answer it
-            # got then.
-            exchange = {
-                **translation.exchange,
-                "answered_as": original.exchange.get("answered_as", original.call_id),
-            }
-        return CallRecord(
-            call_id=uuid.uuid4().hex,
-            rollout_id=claims.rollout_id,
-            attempt=claims.attempt,
-            sequence=-1,
-            endpoint=endpoint,
-            upstream=original.upstream,
-            policy_version=original.policy_version,
-            created_at=time.time(),
-            # The gateway's own time: no policy server was asked.
-            latency_ms=(time.monotonic() - started) * 1000,
-            retry_count=0,
-            streamed=stream,
-            request={**forwarded, "model": original.request.get("model")},
+        record = reproduction(original, claims, translation, forwarded, stream, started)
+        return replace(
+            record,
             response=response,
             prompt_token_ids=prompt_ids,
-            protocol=translation.protocol if translation is not None else endpoint,
-            exchange=exchange,
-            replayed_from=original.call_id,
             replay_normalized=match.normalized,
         )
+
+
+def reproduction(
+    original: CallRecord,
+    claims: TokenClaims,
+    translation: Translation | None,
+    forwarded: dict[str, Any],
+    stream: bool,
+    started: float,
+) -> CallRecord:
+    """A call of the attempt of `claims` answered with `original`'s answer, tokens, logprobs
+    and policy version (no policy server asked), the request being what the agent sent now:
+    `forwarded` as the endpoint's, in `translation`'s protocol if it spoke another."""
+    exchange: dict[str, Any] = {}
+    if translation is not None:
+        # This request's own (what a later `previous_response_id` reads of it), and the ids
+        # the answer is built from: the first run's, so the agent gets the answer it got then.
+        exchange = {
+            **translation.exchange,
+            "answered_as": original.exchange.get("answered_as", original.call_id),
+        }
+    return CallRecord(
+        call_id=uuid.uuid4().hex,
+        rollout_id=claims.rollout_id,
+        attempt=claims.attempt,
+        sequence=-1,
+        endpoint=original.endpoint,
+        upstream=original.upstream,
+        policy_version=original.policy_version,
+        created_at=time.time(),
+        # The gateway's own time: no policy server was asked.
+        latency_ms=(time.monotonic() - started) * 1000,
+        retry_count=0,
+        streamed=stream,
+        request={**forwarded, "model": original.request.get("model")},
+        response=original.response,
+        prompt_token_ids=original.prompt_token_ids,
+        protocol=translation.protocol if translation is not None else original.endpoint,
+        exchange=exchange,
+        replayed_from=original.call_id,
+    )
+
+
+def recorded_answer(
+    stored: CallRecord,
+    translation: Translation | None,
+    stream: bool,
+    forwarded: dict[str, Any],
+    prompt_ids_asked: bool,
+    *,
+    headers: dict[str, str],
+) -> Response:
+    """The answer `stored` holds, as the agent's request asks it (`forwarded`): in the
+    agent's protocol, whole or as a stream, its prompt's token ids only if it asked for them;
+    with the call's id and version and `headers`."""
+    endpoint = stored.endpoint
+    answered_as = str(stored.exchange.get("answered_as") or stored.call_id)
+    headers = {
+        "X-Darl-Call-Id": stored.call_id,
+        "X-Darl-Policy-Version": str(stored.policy_version),
+        **headers,
+    }
+    if stream:
+        include_usage = bool((forwarded.get("stream_options") or {}).get("include_usage"))
+        return StreamingResponse(
+            _events(
+                endpoint, stored.response, translation, answered_as, include_usage, prompt_ids_asked
+            ),
+            media_type="text/event-stream",
+            headers=headers,
+        )
+    if translation is not None:
+        body = translation.answer(stored.response, answered_as)
+    else:
+        body = {**stored.response, "usage": usage_of(endpoint, stored.response)}
+        if not prompt_ids_asked:
+            body = with_prompt_token_ids(endpoint, body, None)
+    return Response(json.dumps(body), media_type="application/json", headers=headers)
 
 
 def _with_prompt(endpoint: Endpoint, response: dict[str, Any], ids: list[int]) -> dict[str, Any]:

@@ -79,7 +79,10 @@ class StreamRelay:
         # Read to its end by a task of its own, which closes the stack, whatever the agent
         # does; the background covers an agent that left before the relay started.
         pump = AnswerPump(call, self._relay_events(call, stack, reply))
-        self.in_flight.hold_until_done(call.claims.rollout_id, call.claims.attempt, pump.task)
+        claims = call.claims
+        self.in_flight.hold_until_done(
+            claims.rollout_id, claims.attempt, pump.task, call.idempotency_key
+        )
         return StreamingResponse(
             self._to_agent(call, pump),
             media_type="text/event-stream",

@@ -84,6 +84,10 @@ class Tail:
     # and whether one of them is live and received (a replayed call after it is refused).
     reproduced: set[str] = field(default_factory=set)
     live: bool = False
+    # The attempt's own answers its agent never received: a call of the attempt that
+    # reproduces one (an `Idempotency-Key` retry, `calls.idempotency`) answers the same
+    # request, so no replay rule refuses it, and it is live once received.
+    unreceived: set[str] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def context(self, length: int) -> list[int]:
@@ -95,10 +99,12 @@ class Tail:
 
     def advance(self, record: CallRecord) -> None:
         self.next_sequence = record.sequence + 1
-        if record.replayed_from is None:
+        if record.unreceived:
+            self.unreceived.add(record.call_id)
+        if record.replayed_from is None or record.replayed_from in self.unreceived:
             # An answer its agent never received ends no replay: the agent saw nothing new.
             self.live = self.live or not record.unreceived
-        else:
+        if record.replayed_from is not None:
             self.reproduced.add(record.replayed_from)
         self.prompt_ids = record.prompt_token_ids
         self.completion_ids = record.completion_token_ids()
@@ -125,6 +131,7 @@ class Tail:
         self.closed = False
         self.reproduced = set()
         self.live = False
+        self.unreceived = set()
         self.next_sequence = 0
         self.position = 0
         self.prompt_ids = []
@@ -176,7 +183,8 @@ def check_append(tail: Tail, record: CallRecord) -> None:
     agent never received it (not part of the trajectory the close handed over, it is kept for
     the next attempt's replay); a sequence past the attempt's budget of calls, replayed ones
     included (read when called, so a test may lower it); for a replayed call (rule 10), a
-    call that reproduces its record already, or a live call."""
+    call that reproduces its record already, or a live call (unless it reproduces an answer
+    of its own attempt that its agent never received: it answers a retried request)."""
     where = f"attempt {record.attempt} of rollout {record.rollout_id}"
     if tail.closed and not record.unreceived:
         raise AttemptClosedError(f"{where} was closed; call {record.call_id} was not recorded")
@@ -191,7 +199,7 @@ def check_append(tail: Tail, record: CallRecord) -> None:
             f"{where} has reproduced recorded call {record.replayed_from} already",
             frozenset(tail.reproduced),
         )
-    if tail.live:
+    if tail.live and record.replayed_from not in tail.unreceived:
         raise ReplayOverError(f"{where} has a live call: its replay is over")
 
 
@@ -244,6 +252,8 @@ def encode_record(record: CallRecord, tail: Tail) -> dict[str, Any]:
         line["replay_normalized"] = True
     if record.unreceived:
         line["unreceived"] = True
+    if record.idempotency_key is not None:
+        line["idempotency_key"] = record.idempotency_key
     if messages is not None:
         kept, items = new_messages(tail, messages, record.sent_messages)
         line["messages"] = {"base": kept, "items": items}
@@ -320,6 +330,7 @@ def decode_record(line: dict[str, Any], tail: Tail) -> CallRecord:
         replayed_from=line.get("replayed_from"),
         replay_normalized=bool(line.get("replay_normalized", False)),
         unreceived=bool(line.get("unreceived", False)),
+        idempotency_key=line.get("idempotency_key"),
     )
 
 

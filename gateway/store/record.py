@@ -52,6 +52,9 @@ class CallRecord:
     # call was at the policy server. Not part of the attempt's trajectory (no event, never
     # trained), kept so the next attempt's identical request replays it (rule 10).
     unreceived: bool = False
+    # The `Idempotency-Key` the agent's request came with: a retry of the request with it is
+    # answered from this record (`calls.idempotency`).
+    idempotency_key: str | None = None
     # On a live chat call, the request's messages as the JSON the agent sent them in
     # (`SentMessages`), which `request["messages"]` may be itself, or their reading where a
     # replay read them; for the store to compare with the next call's, never stored as such.
