@@ -88,6 +88,12 @@ class GatewayMetrics:
             ["unreceived"],
             registry=self.registry,
         )
+        self.idempotent_waiting = Gauge(
+            "darl_gateway_idempotent_waiting",
+            "Retried model calls waiting for the call with their Idempotency-Key still at a "
+            "policy server through this gateway.",
+            registry=self.registry,
+        )
         self.replay_waiting = Gauge(
             "darl_gateway_replay_waiting",
             "Calls of resumed attempts that the record does not hold, waiting for the calls of "

@@ -91,7 +91,9 @@ class IdempotentCalls:
         lasts, once the call with it in flight here, if any, has been recorded or failed
         (409 when it has not within `wait_seconds`)."""
         rollout_id, attempt = claims.rollout_id, claims.attempt
-        if not await self._in_flight.key_free(rollout_id, attempt, key, self._wait_seconds):
+        with self._metrics.idempotent_waiting.track_inprogress():
+            free = await self._in_flight.key_free(rollout_id, attempt, key, self._wait_seconds)
+        if not free:
             raise IdempotencyKeyInFlightError(
                 f"a call of attempt {attempt} with Idempotency-Key {key!r} is still at the "
                 f"policy server after {self._wait_seconds:.0f}s; retry later"
