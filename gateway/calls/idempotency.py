@@ -152,7 +152,7 @@ class IdempotentCalls:
         records = await self._store.read(claims.rollout_id, claims.attempt)
         keyed = [r for r in records if r.idempotency_key == key]
         received = [r for r in keyed if not r.unreceived]
-        return (received or keyed or [None])[0]
+        return next(iter(received or keyed), None)
 
     async def _received(
         self,
