@@ -47,10 +47,14 @@ def openai_agent() -> AgentWorker:
     set_tracing_disabled(True)
     plugins = [
         OpenAIAgentsPlugin(
-            model_provider=DarlModelProvider(),  # DARL: the gateway of the attempt is the model
-            model_params=ModelActivityParameters(start_to_close_timeout=timedelta(seconds=60)),
+            model_provider=DarlModelProvider(),  # DARL: model calls go to the attempt's gateway
+            # The model activity heartbeats: a worker lost mid-call has it retried in seconds.
+            model_params=ModelActivityParameters(
+                start_to_close_timeout=timedelta(seconds=60),
+                heartbeat_timeout=timedelta(seconds=10),
+            ),
         ),
-        DarlPlugin(),  # DARL: the one line on the worker
+        DarlPlugin(),  # DARL: the attempt, from the agent workflow's memo to its activities
     ]
     return AgentWorker(plugins, [CalculatorAgentWorkflow], [calculator])
 
@@ -58,7 +62,7 @@ def openai_agent() -> AgentWorker:
 def langgraph_agent() -> AgentWorker:
     plugins = [
         LangGraphPlugin(graphs={GRAPH: build_graph()}),
-        DarlPlugin(),  # DARL: the one line on the worker
+        DarlPlugin(),  # DARL: the attempt, from the agent workflow's memo to its activities
     ]
     return AgentWorker(plugins, [CalculatorGraphWorkflow], [])
 
