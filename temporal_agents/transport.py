@@ -1,0 +1,70 @@
+"""httpx clients that send an agent's model requests to DARL's gateway for the running activity's
+attempt: per request, the URL becomes the attempt's base_url plus the path after `/v1`, the
+`Authorization` its token, and `Idempotency-Key` the activity's n-th request key. For LangChain's
+`ChatOpenAI(http_client=..., http_async_client=...)` or any OpenAI client."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from darl.temporal_agents.attempt import current_activity_attempt
+
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+
+
+def to_gateway(request: httpx.Request) -> httpx.Request:
+    """The request, aimed at the running activity's attempt (NoAgentAttemptError when there is
+    none). Only the path after the client's `/v1` is kept: the model APIs' routes."""
+    running = current_activity_attempt()
+    base = httpx.URL(running.attempt.base_url)
+    _, v1, tail = request.url.path.partition("/v1")
+    route = tail if v1 else request.url.path
+    request.url = base.copy_with(
+        path=base.path.rstrip("/") + route, query=request.url.query or None
+    )
+    # The URL's host may have changed: the Host header follows it.
+    request.headers["Host"] = request.url.netloc.decode("ascii")
+    request.headers["Authorization"] = f"Bearer {running.attempt.token}"
+    request.headers[IDEMPOTENCY_KEY_HEADER] = running.idempotency_key(
+        request.headers.get(IDEMPOTENCY_KEY_HEADER)
+    )
+    return request
+
+
+class AttemptTransport(httpx.BaseTransport):
+    """Sends each request to the running attempt's gateway through `inner`."""
+
+    def __init__(self, inner: httpx.BaseTransport | None = None) -> None:
+        self._inner = inner if inner is not None else httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self._inner.handle_request(to_gateway(request))
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class AsyncAttemptTransport(httpx.AsyncBaseTransport):
+    """Sends each request to the running attempt's gateway through `inner`."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport | None = None) -> None:
+        self._inner = inner if inner is not None else httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._inner.handle_async_request(to_gateway(request))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def darl_httpx_client(**kwargs: Any) -> httpx.Client:
+    """An httpx.Client (keyword arguments as httpx's, but `transport`) whose requests go to the
+    running activity's attempt; made once per worker and shared, its connections pooled."""
+    return httpx.Client(transport=AttemptTransport(), **kwargs)
+
+
+def darl_async_httpx_client(**kwargs: Any) -> httpx.AsyncClient:
+    """The httpx.AsyncClient counterpart of `darl_httpx_client`."""
+    return httpx.AsyncClient(transport=AsyncAttemptTransport(), **kwargs)

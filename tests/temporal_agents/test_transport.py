@@ -1,0 +1,90 @@
+"""DARL's httpx transports, in an activity's context (Temporal's ActivityEnvironment): the URL,
+token and Idempotency-Key each request gets, and the attempt's own checks."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from darl.temporal_agents import AgentAttempt, NoAgentAttemptError
+from darl.temporal_agents.attempt import enter_activity, leave_activity
+from darl.temporal_agents.transport import AsyncAttemptTransport, AttemptTransport
+
+ATTEMPT = AgentAttempt(
+    base_url="http://127.0.0.1:9/rollouts/r1/v1", token="darl1.tok", rollout_id="r1", attempt=3
+)
+
+
+def recording() -> tuple[list[httpx.Request], httpx.MockTransport]:
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json={})
+
+    return sent, httpx.MockTransport(answer)
+
+
+async def test_each_request_goes_to_the_attempt_with_its_key() -> None:
+    sent, inner = recording()
+
+    async def in_activity() -> None:
+        token = enter_activity(ATTEMPT)
+        try:
+            async with httpx.AsyncClient(transport=AsyncAttemptTransport(inner)) as client:
+                await client.post("http://api.openai.com/v1/chat/completions", json={})
+                await client.get("https://elsewhere/openai/v1/models?limit=2")
+                # The OpenAI SDK's retry of a request: its own key, again.
+                for _ in range(2):
+                    await client.post(
+                        "http://x/v1/responses", headers={"Idempotency-Key": "stainless-1"}
+                    )
+        finally:
+            leave_activity(token)
+
+    env = ActivityEnvironment()
+    await env.run(in_activity)
+    prefix = f"{env.info.workflow_run_id}/{env.info.activity_id}"
+    assert [str(r.url) for r in sent] == [
+        "http://127.0.0.1:9/rollouts/r1/v1/chat/completions",
+        "http://127.0.0.1:9/rollouts/r1/v1/models?limit=2",
+        "http://127.0.0.1:9/rollouts/r1/v1/responses",
+        "http://127.0.0.1:9/rollouts/r1/v1/responses",
+    ]
+    assert {r.headers["Authorization"] for r in sent} == {"Bearer darl1.tok"}
+    assert {r.headers["Host"] for r in sent} == {"127.0.0.1:9"}
+    assert [r.headers["Idempotency-Key"] for r in sent] == [
+        f"{prefix}/1",
+        f"{prefix}/2",
+        f"{prefix}/3",
+        f"{prefix}/3",
+    ]
+
+
+def test_a_request_outside_an_attempt_is_refused() -> None:
+    sent, inner = recording()
+    with (
+        httpx.Client(transport=AttemptTransport(inner)) as client,
+        pytest.raises(NoAgentAttemptError, match="DarlPlugin"),
+    ):
+        client.post("http://x/v1/chat/completions", json={})
+    assert sent == []
+
+
+@pytest.mark.parametrize(
+    ("value", "wrong"),
+    [
+        ("darl1.tok", "a DARL attempt is a JSON object, got str"),
+        ({"base_url": "http://x/v1", "token": "t", "rollout_id": "r"}, "attempt (int)"),
+        (
+            {"base_url": "http://x/v1", "token": 1, "rollout_id": "r", "attempt": True},
+            "attempt (int), token (str)",
+        ),
+    ],
+)
+def test_a_malformed_attempt_says_what_is_wrong(value: object, wrong: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(wrong)):
+        AgentAttempt.from_value(value)
