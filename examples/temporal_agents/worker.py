@@ -83,9 +83,10 @@ async def serve(address: str, namespace: str, task_queue: str, agent: AgentWorke
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with worker:
-        print(f"worker ready: {[w.__name__ for w in agent.workflows]} on {task_queue!r}")
+        names = [w.__name__ for w in agent.workflows]
+        print(f"worker ready: {names} on {task_queue!r}", flush=True)
         await stop.wait()
-    print("worker stopped")
+    print("worker stopped", flush=True)
 
 
 def main() -> None:
