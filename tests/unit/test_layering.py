@@ -14,9 +14,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 # The folders of DARL's code, held to one idea per file (not examples/, nor files/).
-CODE_FOLDERS = ["workflows", "activities", "gateway", "trainer", "deploy", "serving", "viewer"]
+CODE_FOLDERS = [
+    "workflows",
+    "activities",
+    "gateway",
+    "trainer",
+    "deploy",
+    "serving",
+    "viewer",
+    "temporal_agents",
+]
 MAX_LINES = 450
-ROW = re.compile(r"^\| `(?P<folder>[a-z]+)/` \|.*\| (?P<may>[^|]*) \|$")
+ROW = re.compile(r"^\| `(?P<folder>[a-z_]+)/` \|.*\| (?P<may>[^|]*) \|$")
 
 
 def allowed_arrows(text: str) -> dict[str, set[str]]:
@@ -25,7 +34,7 @@ def allowed_arrows(text: str) -> dict[str, set[str]]:
     for line in text.splitlines():
         match = ROW.match(line)
         if match:
-            table[match["folder"]] = set(re.findall(r"`([a-z]+)`", match["may"]))
+            table[match["folder"]] = set(re.findall(r"`([a-z_]+)`", match["may"]))
     return table
 
 
@@ -138,10 +147,24 @@ def test_the_table_names_every_folder() -> None:
         "viewer",
         "deploy",
         "files",
+        "temporal_agents",
     }
     assert folders | {"examples"} <= set(table), table
     assert table["workflows"] == set()
     assert table["files"] == set()
+    assert table["temporal_agents"] == {"workflows"}
+
+
+def test_the_plugin_for_workflow_agents_imports_only_names_of_darl() -> None:
+    """darl.temporal_agents runs on a user's worker in a venv without DARL's dependencies: of
+    DARL, only `darl.workflows.names` (constants, no pydantic models) may be imported."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in sorted((ROOT / "temporal_agents").rglob("*.py"))
+        for line, module in imports_of(path)
+        if module.startswith("darl.workflows") and not module.startswith("darl.workflows.names")
+    ]
+    assert found == []
 
 
 def test_every_import_is_an_arrow_the_table_allows() -> None:
