@@ -4,21 +4,21 @@ plugin for the agent's framework, and DARL's plugin beside it. Run it in .venv-t
 
     python -m darl.examples.temporal_agents.worker --task-queue calculator-agents --agent openai
 
-SIGINT or SIGTERM stops it. The OpenAI Agents SDK's tracing is off: it would send its traces,
-with the attempt's token as the key, to api.openai.com.
+SIGINT or SIGTERM stops it. The OpenAI Agents SDK's tracing is off: it would send the agents'
+traces to api.openai.com.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from agents import set_tracing_disabled
 from temporalio.client import Client, Plugin
 from temporalio.langgraph import LangGraphPlugin
 from temporalio.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
@@ -44,7 +44,9 @@ class AgentWorker:
 
 
 def openai_agent() -> AgentWorker:
-    set_tracing_disabled(True)
+    # Read by the trace provider the OpenAI Agents plugin installs while the worker runs (so
+    # not `set_tracing_disabled`, which tells the provider it replaces).
+    os.environ["OPENAI_AGENTS_DISABLE_TRACING"] = "1"
     plugins = [
         OpenAIAgentsPlugin(
             model_provider=DarlModelProvider(),  # DARL: model calls go to the attempt's gateway
