@@ -34,7 +34,8 @@ class DarlModelProvider(ModelProvider):
             base_url=running.attempt.base_url,
             api_key=running.attempt.token,
             max_retries=self._max_retries,
-            http_client=self._http,
+            # Typed as an httpx2 client; the SDK takes an httpx one as well (LangChain's too).
+            http_client=self._http,  # type: ignore[arg-type]
         )
         return OpenAIChatCompletionsModel(
             model=model_name or self._default_model, openai_client=client

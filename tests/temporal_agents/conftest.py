@@ -50,21 +50,29 @@ else:
         yield stub
         stub.stop()
 
-    def agent_plugins(*, darl: bool = True) -> list[object]:
-        """The SDK's two agent plugins (a model provider aimed at DARL; no retries in the
-        OpenAI client, so a failed request fails its activity) and, unless told, DARL's."""
+    @pytest.fixture
+    async def model_provider() -> AsyncIterator[DarlModelProvider]:
+        """No retries in the OpenAI client: a failed request fails its activity."""
+        provider = DarlModelProvider(max_retries=0)
+        yield provider
+        await provider.aclose()
+
+    def agent_plugins(model_provider: DarlModelProvider, *, darl: bool = True) -> list[object]:
+        """The SDK's two agent plugins (their model provider DARL's) and, unless told, DARL's."""
         openai_agents = OpenAIAgentsPlugin(
             model_params=ModelActivityParameters(start_to_close_timeout=timedelta(seconds=30)),
-            model_provider=DarlModelProvider(max_retries=0),
+            model_provider=model_provider,
         )
         langgraph = LangGraphPlugin(graphs={wf.GRAPH_NAME: answer_graph()})
         return [openai_agents, langgraph, *([DarlPlugin()] if darl else [])]
 
     @pytest.fixture
-    async def agent_worker(time_skipping_env: WorkflowEnvironment) -> AsyncIterator[AgentWorker]:
+    async def agent_worker(
+        time_skipping_env: WorkflowEnvironment, model_provider: DarlModelProvider
+    ) -> AsyncIterator[AgentWorker]:
         """One worker, on its own queue, for the agents and the rollout stand-in."""
         config = time_skipping_env.client.config()
-        client = Client(**{**config, "plugins": agent_plugins()})
+        client = Client(**{**config, "plugins": agent_plugins(model_provider)})
         task_queue = f"agents-{uuid.uuid4().hex[:8]}"
         async with Worker(
             client,

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from darl.temporal_agents import AgentAttempt
+from darl.temporal_agents import AgentAttempt, DarlModelProvider
 from tests.temporal_agents import agent_workflows as wf
 from tests.temporal_agents.agent_activities import add, attempt_seen
 from tests.temporal_agents.conftest import AgentWorker, agent_plugins
@@ -149,9 +150,10 @@ async def test_a_workflow_darl_did_not_start_is_left_as_it_is(
 
 
 async def test_a_worker_without_the_plugin_says_so(
-    agent_worker: AgentWorker, gateway: StubGateway
+    time_skipping_env: WorkflowEnvironment, gateway: StubGateway, model_provider: DarlModelProvider
 ) -> None:
-    client = Client(**{**agent_worker.client.config(), "plugins": agent_plugins(darl=False)})
+    plugins = agent_plugins(model_provider, darl=False)
+    client = Client(**{**time_skipping_env.client.config(), "plugins": plugins})
     task_queue = f"no-darl-{uuid.uuid4().hex[:8]}"
     async with Worker(
         client,
