@@ -71,18 +71,18 @@ class ActivityAttempt:
     workflow_run_id: str
     activity_id: str
     requests: int = 0
-    # The OpenAI SDK's own key of a request (the same on its retries) -> the key DARL gave it.
+    # A request's identity -> the key it was given, for the model client's retries of it.
     _given: dict[str, str] = field(default_factory=dict)
 
-    def idempotency_key(self, client_key: str | None) -> str:
-        """The key of a request: the next n, or the key already given to the client's request
-        of that key (the OpenAI SDK retrying it within the activity)."""
-        if client_key is not None and client_key in self._given:
-            return self._given[client_key]
+    def idempotency_key(self, identity: str | None, *, retry: bool) -> str:
+        """The key of a request: the one its first try was given when it is the model client's
+        retry of a request of this identity, else the next n."""
+        if retry and identity is not None and identity in self._given:
+            return self._given[identity]
         self.requests += 1
         key = f"{self.workflow_run_id}/{self.activity_id}/{self.requests}"
-        if client_key is not None:
-            self._given[client_key] = key
+        if identity is not None:
+            self._given[identity] = key
         return key
 
 

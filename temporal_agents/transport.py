@@ -5,6 +5,7 @@ attempt: per request, the URL becomes the attempt's base_url plus the path after
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import httpx
@@ -12,6 +13,9 @@ import httpx
 from darl.temporal_agents.attempt import current_activity_attempt
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+# The OpenAI SDK numbers the tries of a request in this header (0: the first); it sends no
+# Idempotency-Key of its own.
+RETRY_COUNT_HEADER = "x-stainless-retry-count"
 
 
 def to_gateway(request: httpx.Request) -> httpx.Request:
@@ -27,10 +31,24 @@ def to_gateway(request: httpx.Request) -> httpx.Request:
     # The URL's host may have changed: the Host header follows it.
     request.headers["Host"] = request.url.netloc.decode("ascii")
     request.headers["Authorization"] = f"Bearer {running.attempt.token}"
-    request.headers[IDEMPOTENCY_KEY_HEADER] = running.idempotency_key(
-        request.headers.get(IDEMPOTENCY_KEY_HEADER)
-    )
+    identity, retry = _identity(request)
+    request.headers[IDEMPOTENCY_KEY_HEADER] = running.idempotency_key(identity, retry=retry)
     return request
+
+
+def _identity(request: httpx.Request) -> tuple[str | None, bool]:
+    """What names a request across the model client's tries of it, and whether this is a
+    retry: the client's own Idempotency-Key (a retry when seen before), else the digest of
+    the method, path and body (a retry when the OpenAI SDK counts one)."""
+    client_key = request.headers.get(IDEMPOTENCY_KEY_HEADER)
+    if client_key is not None:
+        return f"client:{client_key}", True
+    try:
+        body = request.content
+    except httpx.RequestNotRead:
+        return None, False
+    digest = hashlib.sha256(request.method.encode() + request.url.raw_path + b"\n" + body)
+    return f"body:{digest.hexdigest()}", request.headers.get(RETRY_COUNT_HEADER, "0") != "0"
 
 
 class AttemptTransport(httpx.BaseTransport):

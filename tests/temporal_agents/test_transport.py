@@ -7,11 +7,13 @@ import re
 
 import httpx
 import pytest
+from openai import AsyncOpenAI
 from temporalio.testing import ActivityEnvironment
 
-from darl.temporal_agents import AgentAttempt, NoAgentAttemptError
+from darl.temporal_agents import AgentAttempt, NoAgentAttemptError, darl_async_httpx_client
 from darl.temporal_agents.attempt import enter_activity, leave_activity
 from darl.temporal_agents.transport import AsyncAttemptTransport, AttemptTransport
+from tests.temporal_agents.stub_gateway import StubGateway
 
 ATTEMPT = AgentAttempt(
     base_url="http://127.0.0.1:9/rollouts/r1/v1", token="darl1.tok", rollout_id="r1", attempt=3
@@ -37,10 +39,17 @@ async def test_each_request_goes_to_the_attempt_with_its_key() -> None:
             async with httpx.AsyncClient(transport=AsyncAttemptTransport(inner)) as client:
                 await client.post("http://api.openai.com/v1/chat/completions", json={})
                 await client.get("https://elsewhere/openai/v1/models?limit=2")
-                # The OpenAI SDK's retry of a request: its own key, again.
+                # A client's retries of a request: with its own key, or counted by the
+                # OpenAI SDK (the same body again); the same body sent anew is a new request.
                 for _ in range(2):
                     await client.post(
                         "http://x/v1/responses", headers={"Idempotency-Key": "stainless-1"}
+                    )
+                for retries in ("0", "1", "2", "0"):
+                    await client.post(
+                        "http://x/v1/chat/completions",
+                        json={"messages": []},
+                        headers={"x-stainless-retry-count": retries},
                     )
         finally:
             leave_activity(token)
@@ -53,6 +62,7 @@ async def test_each_request_goes_to_the_attempt_with_its_key() -> None:
         "http://127.0.0.1:9/rollouts/r1/v1/models?limit=2",
         "http://127.0.0.1:9/rollouts/r1/v1/responses",
         "http://127.0.0.1:9/rollouts/r1/v1/responses",
+        *["http://127.0.0.1:9/rollouts/r1/v1/chat/completions"] * 4,
     ]
     assert {r.headers["Authorization"] for r in sent} == {"Bearer darl1.tok"}
     assert {r.headers["Host"] for r in sent} == {"127.0.0.1:9"}
@@ -61,6 +71,10 @@ async def test_each_request_goes_to_the_attempt_with_its_key() -> None:
         f"{prefix}/2",
         f"{prefix}/3",
         f"{prefix}/3",
+        f"{prefix}/4",
+        f"{prefix}/4",
+        f"{prefix}/4",
+        f"{prefix}/5",
     ]
 
 
@@ -88,3 +102,32 @@ def test_a_request_outside_an_attempt_is_refused() -> None:
 def test_a_malformed_attempt_says_what_is_wrong(value: object, wrong: str) -> None:
     with pytest.raises(ValueError, match=re.escape(wrong)):
         AgentAttempt.from_value(value)
+
+
+async def test_the_openai_clients_own_retry_keeps_its_key(gateway: StubGateway) -> None:
+    attempt = AgentAttempt(
+        base_url=gateway.base_url("r2"), token="darl1.r2", rollout_id="r2", attempt=1
+    )
+    gateway.fail_next(1)
+
+    async def in_activity() -> None:
+        token = enter_activity(attempt)
+        try:
+            async with AsyncOpenAI(
+                api_key="unused", max_retries=1, http_client=darl_async_httpx_client()
+            ) as client:
+                for _ in range(2):
+                    await client.chat.completions.create(
+                        model="policy", messages=[{"role": "user", "content": "hi"}]
+                    )
+        finally:
+            leave_activity(token)
+
+    env = ActivityEnvironment()
+    await env.run(in_activity)
+    prefix = f"{env.info.workflow_run_id}/{env.info.activity_id}"
+    assert [(r.status, r.idempotency_key) for r in gateway.seen] == [
+        (500, f"{prefix}/1"),
+        (200, f"{prefix}/1"),
+        (200, f"{prefix}/2"),
+    ]
