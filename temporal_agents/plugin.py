@@ -5,6 +5,7 @@ attempt (DARL did not start it) passes through untouched."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import temporalio.converter
@@ -48,7 +49,7 @@ class _AttemptOutbound(WorkflowOutboundInterceptor):
 
     attempt: AgentAttempt | None = None
 
-    def _with_attempt(self, headers: Any) -> Any:
+    def _with_attempt(self, headers: Mapping[str, Payload]) -> Mapping[str, Payload]:
         if self.attempt is None:
             return headers
         return {**headers, AGENT_ATTEMPT_HEADER: _encode(self.attempt)}
