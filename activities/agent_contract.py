@@ -12,6 +12,7 @@ from typing import Any
 
 from darl.activities.errors import ActivitiesError
 from darl.workflows.contracts import RolloutSpec
+from darl.workflows.json_paths import value_at
 from darl.workflows.rollout_token import PrefixClaim, ReplayClaim, TokenClaims, mint_token
 
 # The token outlives the rollout timeout by this much, so a slow last call is not refused.
@@ -64,15 +65,10 @@ def task_field(task: Any, path: str, shown: str | None = None) -> Any:
     """The value at the dotted `path` inside `task` (any JSON value): an object's field by
     name, a list's item by index (`items.0`); the empty path is the task itself. `shown` is
     the path as the user wrote it, for the error."""
-    value = task
-    for part in path.split(".") if path else ():
-        if isinstance(value, Mapping) and part in value:
-            value = value[part]
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
-            value = value[int(part)]
-        else:
-            raise TaskPathError(f"task has no field {shown if shown is not None else path!r}")
-    return value
+    try:
+        return value_at(task, path)
+    except LookupError:
+        raise TaskPathError(f"task has no field {shown if shown is not None else path!r}") from None
 
 
 def task_path(value: str) -> str | None:

@@ -42,6 +42,7 @@ from darl.workflows.contracts import (
     RolloutResult,
     RolloutSpec,
     TrajectorySummary,
+    WorkflowAgentSpec,
 )
 from darl.workflows.names import (
     AWAIT_AGENT,
@@ -382,6 +383,7 @@ class RolloutActivities:
         replay_from: list[int],
     ) -> AgentContract:
         try:
-            return self._issuer.issue(spec, attempt, traceparent, spec.agent.env_map, replay_from)
+            env_map = {} if isinstance(spec.agent, WorkflowAgentSpec) else spec.agent.env_map
+            return self._issuer.issue(spec, attempt, traceparent, env_map, replay_from)
         except TaskFieldError as err:
             raise agent_spec_error(str(err)) from err

@@ -25,7 +25,7 @@ from darl.activities.rollout_activities import earlier_executions
 from darl.activities.trainer_resources import HEARTBEAT_SECONDS, TrainerResources
 from darl.trainer.gateway_replicas import GatewayReplicas
 from darl.trainer.policy_control import WeightSyncError
-from darl.workflows.contracts import HttpAgentSpec, task_over_budget
+from darl.workflows.contracts import HttpAgentSpec, WorkflowAgentSpec, task_over_budget
 from darl.workflows.names import CHECK_RUN, ROLLOUT_WORKFLOW
 from darl.workflows.training_config import TrainingConfig
 
@@ -79,6 +79,21 @@ def rows_over_budget(rows: list[Any], dataset: str) -> ApplicationError | None:
         f"dataset {dataset}: {len(over)} of {len(rows)} rows are too large to be a task; the "
         f"first is row {first}: {why}"
     )
+
+
+def _check_env_map(rows: list[Any], env_map: dict[str, str], dataset: str) -> None:
+    """Raise a config error unless every row has each value the agent's `env_map` reads, and
+    each fits in an environment variable."""
+    for name, value in env_map.items():
+        path = task_path(value)
+        if path is None:
+            continue  # a literal, not a task path
+        missing = rows_missing(rows, path, f"env_map {name}", dataset, value)
+        if missing is not None:
+            raise missing
+        too_large = rows_too_large(rows, name, value, dataset)
+        if too_large is not None:
+            raise too_large
 
 
 class RunCheckActivities(TrainerResources):
@@ -140,16 +155,16 @@ class RunCheckActivities(TrainerResources):
                 )
                 if missing is not None:
                     raise missing
-        for name, value in config.rollout.agent.env_map.items():
-            path = task_path(value)
-            if path is None:
-                continue  # a literal, not a task path
-            missing = rows_missing(rows, path, f"env_map {name}", config.dataset.path, value)
-            if missing is not None:
-                raise missing
-            too_large = rows_too_large(rows, name, value, config.dataset.path)
-            if too_large is not None:
-                raise too_large
+        agent = config.rollout.agent
+        if isinstance(agent, WorkflowAgentSpec):
+            if agent.input_field is not None:
+                missing = rows_missing(
+                    rows, agent.input_field, "the agent workflow's input", config.dataset.path
+                )
+                if missing is not None:
+                    raise missing
+        else:
+            _check_env_map(rows, agent.env_map, config.dataset.path)
         for path, table in ((config.dataset.path, rows), (config.validation.path, val_rows)):
             over = rows_over_budget(table, path or "")
             if over is not None:

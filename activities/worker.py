@@ -23,6 +23,7 @@ from darl.activities.runners.http import HttpAgentRunner
 from darl.activities.runners.kubernetes import KubernetesJobRunner
 from darl.activities.runners.kubernetes_settings import KubernetesSettings
 from darl.activities.runners.local import LocalProcessRunner
+from darl.activities.runners.workflow import WorkflowAgentRunner
 from darl.activities.trainer_reports import ReportActivities, TrainerReports
 from darl.workflows.names import ROLLOUT_TASK_QUEUE
 from darl.workflows.rollout_workflow import RolloutWorkflow
@@ -90,6 +91,7 @@ async def build_worker(
             runners = {
                 LocalProcessRunner.kind: LocalProcessRunner(settings.agents_dir),
                 HttpAgentRunner.kind: owned,
+                WorkflowAgentRunner.kind: WorkflowAgentRunner(),
             }
             if settings.kubernetes is not None:
                 runners[KubernetesJobRunner.kind] = KubernetesJobRunner(settings.kubernetes)

@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
         RolloutResult,
         RolloutSpec,
         TrajectorySummary,
+        WorkflowAgentSpec,
     )
     from darl.workflows.names import (
         AGENT_RESULT_SIGNAL,
@@ -63,6 +64,7 @@ with workflow.unsafe.imports_passed_through():
         RUNNER_DEADLINE_GRACE,
         STOP_RETRY,
     )
+    from darl.workflows.rollout_agent_workflow import run_agent_workflow
     from darl.workflows.rollout_history import no_room_for_another_attempt
     from darl.workflows.rollout_identity import EarlierRunError, check_workflow_id
     from darl.workflows.rollout_inbox import merged
@@ -122,7 +124,11 @@ class RolloutWorkflow:
             state.show_earlier_result(earlier.result)
             return earlier.result
         except asyncio.CancelledError:
-            if state.status == RolloutStatus.LAUNCHING:
+            if state.status == RolloutStatus.LAUNCHING or (
+                state.status == RolloutStatus.RUNNING and isinstance(spec.agent, WorkflowAgentSpec)
+            ):
+                # A workflow agent's child is cancelled with the rollout; its attempt is
+                # closed here, as await_agent closes a killed agent's.
                 await self._stop_launched_agent()
             if RolloutStatus.CANCELLED in TRANSITIONS[state.status]:
                 state.finish_as(RolloutStatus.CANCELLED, "rollout was cancelled")
@@ -145,8 +151,14 @@ class RolloutWorkflow:
                 return False
             return state.infra_failure(f"launching the agent failed: {cause_of(err)}")
         state.move_to(RolloutStatus.RUNNING)
+        ended = None
+        if isinstance(self._spec.agent, WorkflowAgentSpec):
+            # The agent is a workflow: the rollout runs it as its child and awaits it here;
+            # await_agent then closes the attempt and scores it (its input without the token).
+            ended = await run_agent_workflow(self._spec, handle)
+            handle = handle.model_copy(update={"data": {}})
         try:
-            agent_exit = await self._await_agent(handle)
+            agent_exit = await self._await_agent(handle, ended)
             if agent_exit is not None:
                 # Delivered by the close instead of a signal: taken like one.
                 state.take_calls(agent_exit.calls, by_signal=False)
@@ -198,9 +210,12 @@ class RolloutWorkflow:
         except ActivityError as err:
             workflow.logger.warning("could not stop the agent being launched: %s", cause_of(err))
 
-    async def _await_agent(self, handle: AgentHandle) -> AgentExit | None:
+    async def _await_agent(
+        self, handle: AgentHandle, ended: AgentExit | None = None
+    ) -> AgentExit | None:
         """The agent's exit (timed out if the runner ended it at the rollout timeout), or None
-        when the workflow's own timer fired first (agent killed; without `_one_activity`)."""
+        when the workflow's own timer fired first (agent killed; without `_one_activity`).
+        `ended`: how an agent the workflow awaited itself ended (a workflow agent)."""
         timeouts = self._spec.timeouts
         agent_timeout = timedelta(seconds=timeouts.agent_seconds)
         margin = RUNNER_DEADLINE_GRACE
@@ -214,6 +229,7 @@ class RolloutWorkflow:
                 handle=handle,
                 one_activity=self._one_activity,
                 replay_from=self._replay_lineage.attempts,
+                ended=ended,
             ),
             result_type=AgentExit,
             start_to_close_timeout=agent_timeout + margin,

@@ -31,6 +31,7 @@ from darl.workflows.contracts.agent_specs import (
     LocalAgentSpec,
     SandboxLimits,
     SandboxSpec,
+    WorkflowAgentSpec,
 )
 from darl.workflows.contracts.base import (
     ROLLOUT_ID_PATTERN,
@@ -117,6 +118,7 @@ __all__ = [
     "SandboxSpec",
     "Task",
     "TrajectorySummary",
+    "WorkflowAgentSpec",
     "check_grader_agent",
     "rollout_workflow_id",
     "task_over_budget",

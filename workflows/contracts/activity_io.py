@@ -67,6 +67,10 @@ class AwaitRequest(Contract):
     replay_from: list[int] = Field(default_factory=list)
     """As `LaunchRequest.replay_from`: the agent's token says it, and the close reports on
     it."""
+    ended: AgentExit | None = None
+    """How an agent that has already ended ended: a workflow agent (`WorkflowAgentSpec`),
+    whose child workflow the rollout awaited itself; await_agent then only closes the
+    attempt and scores it. None (the default): await_agent awaits the agent."""
 
 
 class AgentScore(Contract):

@@ -1,6 +1,6 @@
 """How a rollout's agent is run: as a local process (optionally in a sandboxed workspace), as an
-HTTP service, or as a Kubernetes Job, and what its sandbox may use (`AgentSpec`, the
-`RolloutSpec.agent` field)."""
+HTTP service, as a Kubernetes Job, or as a Temporal workflow on the user's own worker, and what
+its sandbox may use (`AgentSpec`, the `RolloutSpec.agent` field)."""
 
 from __future__ import annotations
 
@@ -189,8 +189,46 @@ class KubernetesAgentSpec(Contract):
         return self
 
 
+# A dotted path into a JSON value (`answer`, `items.0.text`): names, or list indexes.
+_DOTTED_PATH = r"^[^.\s]+(\.[^.\s]+)*$"
+
+
+class WorkflowAgentSpec(Contract):
+    """An agent that is itself a Temporal workflow (written with the SDK's OpenAI Agents or
+    LangGraph integration, or by hand), run by the user's worker on `task_queue`.
+
+    Each attempt starts it as the rollout's child workflow, id
+    `rollout/<rollout_id>/agent/<attempt>`, with the rollout timeout as its execution timeout
+    and the attempt in its memo (the gateway's base URL and the attempt's token), which DARL's
+    plugin on the user's worker (`darl.temporal_agents.DarlPlugin`) hands to the workflow's
+    model activities; the agent's code is unchanged. Its one argument is the task, or the task's
+    value at `input_field`; its result is the agent's report: the answer at `answer_field` and,
+    with `reward_field`, a reward the agent reports (the reward kinds are as for any agent).
+    A workflow that fails is the agent's failure; one past the rollout timeout timed out.
+    """
+
+    kind: Literal["workflow"] = "workflow"
+    """`workflow`: the agent is a Temporal workflow on the user's worker."""
+    workflow: str = Field(min_length=1, max_length=200)
+    """The agent workflow's type name (`@workflow.defn(name=...)`, else its class name)."""
+    task_queue: str = Field(min_length=1, max_length=200)
+    """The task queue the user's worker (with DARL's plugin) polls for the agent workflow."""
+    input_field: str | None = Field(default=None, pattern=_DOTTED_PATH)
+    """The task's value passed as the workflow's one argument, as a dotted path (`question`,
+    `items.0`); None (the default): the whole task (without the grader's hidden fields)."""
+    answer_field: str | None = Field(default=None, pattern=_DOTTED_PATH)
+    """Where the answer is in the workflow's result, as a dotted path (`answer`,
+    `final.text`); None (the default): the result itself, which is then a string."""
+    reward_field: str | None = Field(default=None, pattern=_DOTTED_PATH)
+    """Where a reward the agent reports is in the workflow's result (a number), as a dotted
+    path; None (the default): the agent reports none (a reward `function` computes it, or
+    `missing_reward` is used)."""
+
+
 AgentSpec = Annotated[
-    LocalAgentSpec | HttpAgentSpec | KubernetesAgentSpec, Field(discriminator="kind")
+    LocalAgentSpec | HttpAgentSpec | KubernetesAgentSpec | WorkflowAgentSpec,
+    Field(discriminator="kind"),
 ]
 """How the agent runs, chosen by its `kind`: `local` (`LocalAgentSpec`), `http`
-(`HttpAgentSpec`) or `kubernetes` (`KubernetesAgentSpec`)."""
+(`HttpAgentSpec`), `kubernetes` (`KubernetesAgentSpec`) or `workflow`
+(`WorkflowAgentSpec`)."""

@@ -10,9 +10,15 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, JsonValue, field_validator, model_validator
 
-from darl.workflows.contracts.agent_specs import AgentSpec, KubernetesAgentSpec, LocalAgentSpec
+from darl.workflows.contracts.agent_specs import (
+    AgentSpec,
+    KubernetesAgentSpec,
+    LocalAgentSpec,
+    WorkflowAgentSpec,
+)
 from darl.workflows.contracts.base import ROLLOUT_ID_PATTERN, Contract, RolloutMode
 from darl.workflows.contracts.revisions import CURRENT_REVISION, ONE_ACTIVITY_REVISION
+from darl.workflows.json_paths import value_at
 from darl.workflows.replay_normalizers import check_patterns, check_presets
 
 
@@ -305,9 +311,30 @@ class RolloutSpec(Contract):
                     raise ValueError(f"a 'swe_tests' grader needs the task field {name!r}")
         return self
 
+    @model_validator(mode="after")
+    def _workflow_input_in_task(self) -> RolloutSpec:
+        if isinstance(self.agent, WorkflowAgentSpec) and self.agent.input_field is not None:
+            try:
+                value_at(self.agent_task(), self.agent.input_field)
+            except LookupError:
+                raise ValueError(
+                    f"the agent workflow's input_field {self.agent.input_field!r} is not in "
+                    "the task (as the agent sees it)"
+                ) from None
+        return self
+
     def agent_task(self) -> JsonValue:
         """The task as the agent sees it: without the grader's hidden fields."""
         grader = self.reward.grader
         if grader is None or not isinstance(self.task, dict):
             return self.task
         return {k: v for k, v in self.task.items() if k not in grader.hidden_fields}
+
+    def workflow_agent_input(self) -> JsonValue:
+        """An agent workflow's one argument (`WorkflowAgentSpec.input_field`): the task as the
+        agent sees it, or its value at that path (checked when the spec is made)."""
+        task = self.agent_task()
+        if isinstance(self.agent, WorkflowAgentSpec) and self.agent.input_field is not None:
+            value: JsonValue = value_at(task, self.agent.input_field)
+            return value
+        return task
