@@ -145,7 +145,7 @@ lint: $(STAMP)
 # so they read the folders through a tree of links named as they install (darl.workflows ->
 # workflows, ...); mkdocs.yml names the tree too.
 TYPECHECK_TREE := .darl/typecheck
-PACKAGES := workflows activities gateway serving trainer deploy viewer examples files
+PACKAGES := workflows activities gateway serving trainer deploy viewer examples files temporal_agents
 link-tree:
 	mkdir -p $(TYPECHECK_TREE)/darl
 	for p in $(PACKAGES); do ln -sfn ../../../$$p $(TYPECHECK_TREE)/darl/$$p; done
@@ -163,4 +163,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(SWE_VENV) .darl site
+	rm -rf $(VENV) $(VLLM_VENV) $(SWE_VENV) $(TEMPORAL_AGENTS_VENV) .darl site
