@@ -26,7 +26,7 @@ BWRAP_STAMP := $(VENV)/.bubblewrap
 TEMPORAL_AGENTS_VENV := .venv-temporal-agents
 TEMPORAL_AGENTS_STAMP := $(TEMPORAL_AGENTS_VENV)/.installed
 
-.PHONY: demo test lint typecheck docs format bench profile-gateway bench-replicas bench-training bench-worker bench-replay bench-branch bench-swe chaos dev vllm swe temporal-agents clean link-tree
+.PHONY: demo test lint typecheck docs format bench profile-gateway bench-replicas bench-training bench-worker bench-replay bench-branch bench-swe bench-workflow-agent chaos dev vllm swe temporal-agents clean link-tree
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -131,6 +131,11 @@ bench-branch: $(STAMP)
 # Coding-agent rollouts: sandbox set-up, agent and grading times, store bytes per call.
 bench-swe: $(STAMP) $(SWE_STAMP) $(BWRAP_STAMP)
 	$(BIN)/python -m bench.swe_bench
+
+# Workflow agents against process agents, per model call: Temporal's work and CPU by process
+# (docs/benchmarks.md); the user's worker runs in .venv-temporal-agents.
+bench-workflow-agent: $(STAMP) $(TEMPORAL_AGENTS_STAMP)
+	$(BIN)/python -m bench.workflow_agent_bench
 
 # The full chaos matrix: a training run per kill, each checked from outside DARL, as a table.
 chaos: $(STAMP)
