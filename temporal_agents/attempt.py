@@ -70,20 +70,25 @@ class ActivityAttempt:
     attempt: AgentAttempt
     workflow_run_id: str
     activity_id: str
+    # Temporal's try of the activity (1: its first); a request of the first try that is no
+    # model client's retry has a key never sent before.
+    activity_try: int = 1
     requests: int = 0
     # A request's identity -> the key it was given, for the model client's retries of it.
     _given: dict[str, str] = field(default_factory=dict)
 
-    def idempotency_key(self, identity: str | None, *, retry: bool) -> str:
-        """The key of a request: the one its first try was given when it is the model client's
-        retry of a request of this identity, else the next n."""
+    def idempotency_key(self, identity: str | None, *, retry: bool) -> tuple[str, bool]:
+        """The key of a request, and whether it was sent before: the key its first try was
+        given when it is the model client's retry of a request of this identity (sent before
+        on this try of the activity, and on any try but Temporal's first), else the next n
+        (sent before only on a later try of the activity)."""
         if retry and identity is not None and identity in self._given:
-            return self._given[identity]
+            return self._given[identity], True
         self.requests += 1
         key = f"{self.workflow_run_id}/{self.activity_id}/{self.requests}"
         if identity is not None:
             self._given[identity] = key
-        return key
+        return key, self.activity_try > 1
 
 
 _activity_attempt: contextvars.ContextVar[ActivityAttempt | None] = contextvars.ContextVar(
@@ -96,7 +101,10 @@ def enter_activity(attempt: AgentAttempt) -> contextvars.Token[ActivityAttempt |
     info = activity.info()
     return _activity_attempt.set(
         ActivityAttempt(
-            attempt, workflow_run_id=info.workflow_run_id or "", activity_id=info.activity_id
+            attempt,
+            workflow_run_id=info.workflow_run_id or "",
+            activity_id=info.activity_id,
+            activity_try=info.attempt,
         )
     )
 

@@ -16,6 +16,10 @@ IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 # The OpenAI SDK numbers the tries of a request in this header (0: the first); it sends no
 # Idempotency-Key of its own.
 RETRY_COUNT_HEADER = "x-stainless-retry-count"
+# Says the request's Idempotency-Key was never sent before (the activity's first try, not the
+# client's retry): the gateway then records the key without looking it up among the attempt's
+# calls, which would read them all.
+FIRST_TRY_HEADER = "X-Darl-First-Try"
 
 
 def to_gateway(request: httpx.Request) -> httpx.Request:
@@ -32,7 +36,10 @@ def to_gateway(request: httpx.Request) -> httpx.Request:
     request.headers["Host"] = request.url.netloc.decode("ascii")
     request.headers["Authorization"] = f"Bearer {running.attempt.token}"
     identity, retry = _identity(request)
-    request.headers[IDEMPOTENCY_KEY_HEADER] = running.idempotency_key(identity, retry=retry)
+    key, sent_before = running.idempotency_key(identity, retry=retry)
+    request.headers[IDEMPOTENCY_KEY_HEADER] = key
+    if not sent_before:
+        request.headers[FIRST_TRY_HEADER] = "1"
     return request
 
 

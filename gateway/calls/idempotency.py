@@ -46,8 +46,17 @@ log = logging.getLogger(__name__)
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 # On an answer served from the record of the call made with the request's key.
 IDEMPOTENT_REPLAY_HEADER = "X-Darl-Idempotent-Replay"
+# Sent by a client that knows the key was never sent before (DARL's plugin, on the first try
+# of a Temporal activity): the key is recorded, and not looked up among the attempt's calls
+# (a read of all of them, per call).
+FIRST_TRY_HEADER = "x-darl-first-try"
 MAX_KEY_LENGTH = 200
 _VALID_KEY = re.compile(f"[!-~]{{1,{MAX_KEY_LENGTH}}}")
+
+
+def first_try(request: Request) -> bool:
+    """The client says the request's key was never sent before (`X-Darl-First-Try: 1`)."""
+    return request.headers.get(FIRST_TRY_HEADER) == "1"
 
 
 def idempotency_key(request: Request) -> str | None:

@@ -24,7 +24,7 @@ from fastapi.responses import Response
 
 from darl.gateway import json_codec
 from darl.gateway.calls.forwarding import Forwarder
-from darl.gateway.calls.idempotency import IdempotentCalls, idempotency_key
+from darl.gateway.calls.idempotency import IdempotentCalls, first_try, idempotency_key
 from darl.gateway.calls.in_flight import CallsInFlight
 from darl.gateway.calls.model_call import CLIENT_CLOSED, ClientGone, ModelCall
 from darl.gateway.calls.recording import CallRecorder
@@ -119,7 +119,9 @@ class ModelCallProxy:
         if key is None:
             return await self._handle(request, endpoint, claims, body, agent_protocol, None)
         async with self.idempotent.holding(claims, key):
-            return await self._handle(request, endpoint, claims, body, agent_protocol, key)
+            return await self._handle(
+                request, endpoint, claims, body, agent_protocol, key, not first_try(request)
+            )
 
     async def _handle(
         self,
@@ -129,7 +131,10 @@ class ModelCallProxy:
         body: dict[str, Any],
         agent_protocol: type[Translation] | None,
         key: str | None,
+        look_up_key: bool = False,
     ) -> Response:
+        """`look_up_key`: the request's `key` may have been sent before (a retry): the
+        attempt's call made with it, if any, answers it."""
         started = time.monotonic()
         call: ModelCall | None = None
         protocol = protocol_of(endpoint, agent_protocol)
@@ -145,13 +150,16 @@ class ModelCallProxy:
             stream = validate_body(endpoint, body)
             prompt_ids_asked = asked_for_prompt_ids(body)
             sent = body.get("messages")
-            if claims.replay is not None or key is not None:
+            if claims.replay is not None or look_up_key:
                 # Matched against the record by its messages' contents.
                 body = with_messages_read(body)
                 # The model is the record's: no policy server is asked to name it.
                 forwarded = self.forwarded_body(body, endpoint, claims.mode, model="")
                 recorded = await self._recorded_answer(
-                    claims, key, endpoint, forwarded, translation, stream, prompt_ids_asked
+                    claims,
+                    key,
+                    look_up_key,
+                    (endpoint, forwarded, translation, stream, prompt_ids_asked),
                 )
                 if recorded is not None:
                     return recorded
@@ -189,16 +197,14 @@ class ModelCallProxy:
         self,
         claims: TokenClaims,
         key: str | None,
-        endpoint: Endpoint,
-        forwarded: dict[str, Any],
-        translation: Translation | None,
-        stream: bool,
-        prompt_ids_asked: bool,
+        look_up_key: bool,
+        asked: tuple[Endpoint, dict[str, Any], Translation | None, bool, bool],
     ) -> Response | None:
-        """The answer the store holds for this request: the attempt's call made with its
-        `key`, else (a replaying attempt) its lineage's record; None: it goes live."""
-        asked = (endpoint, forwarded, translation, stream, prompt_ids_asked)
-        if key is not None:
+        """The answer the store holds for this request (`asked`: endpoint, forwarded body,
+        translation, stream, prompt ids asked): the attempt's call made with its `key` (when
+        `look_up_key`), else (a replaying attempt) its lineage's record; None: it goes live."""
+        endpoint = asked[0]
+        if key is not None and look_up_key:
             answered = await self.idempotent.answer(claims, key, *asked)
             if answered is not None:
                 return answered

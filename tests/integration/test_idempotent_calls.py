@@ -45,11 +45,16 @@ def post(
     *,
     path: str = "chat/completions",
     bearer: str | None = None,
+    first_try: bool = False,
 ) -> httpx.Response:
-    """One call of attempt 1 (or the attempt of `bearer`) with `key`, read whole."""
+    """One call of attempt 1 (or the attempt of `bearer`) with `key`, read whole; with
+    `first_try`, saying the key was never sent before (as DARL's plugin does on an activity's
+    first try)."""
     headers: dict[str, str | bytes] = {"Authorization": f"Bearer {bearer or token(rollout_id, 1)}"}
     if key is not None:
         headers["Idempotency-Key"] = key
+    if first_try:
+        headers["X-Darl-First-Try"] = "1"
     with httpx.Client(timeout=WAIT) as http:
         return http.post(
             f"{stack.gateway_url}/rollouts/{rollout_id}/v1/{path}", json=body, headers=headers
@@ -121,6 +126,23 @@ async def test_a_retry_after_a_received_answer_is_the_same_call(stack: Stack, st
     assert record.call_id == call_id and record.idempotency_key == key
     assert generated(stack, list(record.prompt_token_ids)) == 1
     assert [e["call_id"] for e in close(stack, rollout_id, 1)["events"]] == [call_id]
+    await stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
+
+
+async def test_a_first_try_is_recorded_with_its_key_for_its_retries(stack: Stack) -> None:
+    """A first try (`X-Darl-First-Try: 1`) is not looked up among the attempt's calls (a
+    read of all of them), but its record keeps the key: the retry, which says no such thing,
+    is answered from it."""
+    rollout_id = await stack.start_idle_rollout(f"idem-first-{uuid.uuid4().hex[:4]}")
+    body, key = conversation(rollout_id), key_of(rollout_id)
+    first = post(stack, rollout_id, body, key, first_try=True)
+    assert first.status_code == 200, first.text
+    retry = chat(stack, rollout_id, body, key, stream=False)
+    assert retry.headers["x-darl-call-id"] == first.headers["x-darl-call-id"]
+    assert retry.headers["x-darl-idempotent-replay"] == "1"
+    [record] = attempt_records(stack, rollout_id, 1)
+    assert record.idempotency_key == key
+    assert generated(stack, list(record.prompt_token_ids)) == 1
     await stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
 
 

@@ -3,6 +3,7 @@ token and Idempotency-Key each request gets, and the attempt's own checks."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import httpx
@@ -76,6 +77,30 @@ async def test_each_request_goes_to_the_attempt_with_its_key() -> None:
         f"{prefix}/4",
         f"{prefix}/5",
     ]
+    # The activity's first try: a request no client retried says its key is new.
+    assert [r.headers.get("X-Darl-First-Try") for r in sent] == [
+        "1", "1", "1", None, "1", None, None, "1"
+    ]  # fmt: skip
+
+
+async def test_a_retried_activitys_requests_never_say_first_try() -> None:
+    """Temporal's retry of the activity repeats its keys: the gateway must look each up."""
+    sent, inner = recording()
+
+    async def in_activity() -> None:
+        token = enter_activity(ATTEMPT)
+        try:
+            async with httpx.AsyncClient(transport=AsyncAttemptTransport(inner)) as client:
+                await client.post("http://x/v1/chat/completions", json={})
+        finally:
+            leave_activity(token)
+
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=2)
+    await env.run(in_activity)
+    [request] = sent
+    assert request.headers["Idempotency-Key"].endswith("/1")
+    assert "X-Darl-First-Try" not in request.headers
 
 
 def test_a_request_outside_an_attempt_is_refused() -> None:
