@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import os
 import signal
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -100,6 +101,10 @@ def main() -> None:
     args = parser.parse_args()
     agent = AGENTS[args.agent]()
     asyncio.run(serve(args.address, args.namespace, args.task_queue, agent))
+    # The worker has stopped. Leave now: the Temporal SDK's runtime threads can crash the
+    # interpreter as it finalizes (a fatal PyGILState_Release, exit status -6).
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
