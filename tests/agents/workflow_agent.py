@@ -34,21 +34,33 @@ MODEL_RETRY = RetryPolicy(
 )
 
 
+_clients: list[AsyncOpenAI] = []
+
+
+def model_client() -> AsyncOpenAI:
+    """One client per worker, as a user's worker keeps one (made in the first activity, not
+    when the workflow sandbox loads this module): DARL's httpx client sends each request to
+    the attempt of the activity that makes it (the URL and key here are never used)."""
+    if not _clients:
+        _clients.append(
+            AsyncOpenAI(
+                base_url="http://model.invalid/v1",
+                api_key="unused",
+                max_retries=0,
+                http_client=darl_async_httpx_client(timeout=60),  # type: ignore[arg-type]
+            )
+        )
+    return _clients[0]
+
+
 @activity.defn
 async def ask_model(messages: list[dict[str, str]]) -> str:
-    """One model call, as a user's activity makes it: the SDK's client, with DARL's httpx
-    client sending it to the attempt's gateway (the URL and key here are never used)."""
-    async with AsyncOpenAI(
-        base_url="http://model.invalid/v1",
-        api_key="unused",
-        max_retries=0,
-        http_client=darl_async_httpx_client(timeout=60),  # type: ignore[arg-type]
-    ) as client:
-        answer = await client.chat.completions.create(
-            model="policy",
-            messages=messages,
-            max_tokens=4,  # type: ignore[arg-type]
-        )
+    """One model call, as a user's activity makes it."""
+    answer = await model_client().chat.completions.create(
+        model="policy",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=4,
+    )
     return answer.choices[0].message.content or ""
 
 
