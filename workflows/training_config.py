@@ -150,13 +150,20 @@ class GroupsSpec(Contract):
     task. `branch`: the group's seed rollout runs whole; when it has finished, the other
     members start as branches of it (`RolloutSpec.prefix`): each replays the seed's first k
     calls and goes live from there, so the group's advantages compare continuations of one
-    shared state. `branch_at` chooses k (1 <= k < the seed's calls): `uniform` at random,
-    `surprisal` the call whose sampled tokens had the highest mean -logprob, `fraction` that
-    share of the seed's calls, rounded."""
+    shared state. `seed` says which rollout is the seed: the group's own first member, or an
+    earlier rollout of the same task chosen by outcome. `branch_at` chooses k (1 <= k < the
+    seed's calls): `uniform` at random, `surprisal` the call whose sampled tokens had the
+    highest mean -logprob, `fraction` that share of the seed's calls, rounded."""
 
     mode: Literal["independent", "branch"] = "independent"
     """`independent` (the default): every member runs whole from the task. `branch`: the
     members after the seed start from a prefix of the seed's calls."""
+    seed: Literal["own", "adaptive"] = "own"
+    """Which rollout a branching group branches from. `own` (the default): its first
+    member, which runs whole first. `adaptive`: the run's latest recorded rollout of the same
+    task, a success when the task's recent pass rate is under 0.5, a failure otherwise, so
+    the group's pass rate moves toward 0.5; every member is a branch of it. A task with no
+    such rollout yet makes an ordinary group (docs/branching.md)."""
     branch_at: Literal["uniform", "surprisal", "fraction"] = "uniform"
     """How the branch point k is chosen: `uniform` (the default) at random, `surprisal` the
     call with the highest mean -logprob, `fraction` that share of the seed's calls."""
@@ -328,6 +335,8 @@ class TrainingConfig(Contract):
                 f"group beyond it, must fit the {MAX_HELD:,} rollouts a run's state holds "
                 "(a payload Temporal carries across continue-as-new): make them smaller"
             )
+        if self.groups.seed == "adaptive" and self.groups.mode != "branch":
+            raise ValueError("groups.seed 'adaptive' needs groups.mode 'branch'")
         if self.groups.mode == "branch" and self.group_size < 2:
             raise ValueError(
                 f"groups.mode 'branch' needs group_size 2 or more (a seed and its branches), "

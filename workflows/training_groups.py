@@ -15,6 +15,7 @@ from darl.workflows.contracts import (
 )
 from darl.workflows.names import BRANCH_POINT_ERROR
 from darl.workflows.rollout_status import RolloutStatus
+from darl.workflows.training_adaptive_seeds import TaskRecord
 from darl.workflows.training_batches import BatchStats, batch_stats, train_group, trainable
 from darl.workflows.training_config import TrainingConfig, TrainingMode
 from darl.workflows.training_group_ids import closed_group, rollout_id, train_group_id
@@ -66,6 +67,8 @@ class GroupBook:
             for group in state.groups.values()
             for rollout_id in group.pending
         }
+        self.adaptive = config.groups.mode == "branch" and config.groups.seed == "adaptive"
+        self.task_record = TaskRecord(state.task_outcomes, config.success_threshold)
 
     # --- rollouts going out and coming back -----------------------------------------------
 
@@ -96,7 +99,10 @@ class GroupBook:
         """Book a group per task row and return its rollouts to start. Ids are unique in the
         run: a task's place in its epoch, or the step it validates. A branching train group
         starts its seed (`<group>.0`) only; its other members wait for the seed's result
-        (`open_branches`). A step's validation rollouts are one book group with a tally."""
+        (`open_branches`). With `groups.seed: adaptive` it starts none: all its members wait
+        to branch from an earlier rollout of its task (`TaskRecord.seed_for`), or, with none
+        to branch from, start whole at once. A step's validation rollouts are one book group
+        with a tally."""
         config, state = self.config, self.state
         if mode == RolloutMode.VAL:
             val_starts, validation = open_validation(config.run_id, state, rows, size, now)
@@ -114,7 +120,11 @@ class GroupBook:
                 pending=rollout_ids,
                 started_at=now,
             )
-            if branching:
+            if branching and self.adaptive:
+                group.row, group.seed_from = row, self.task_record.seed_for(row)
+                if group.seed_from is not None:
+                    group.pending, group.unopened = [], rollout_ids
+            elif branching:
                 group.pending, group.unopened = rollout_ids[:1], rollout_ids[1:]
                 group.seed, group.row = rollout_ids[0], row
             self.add_group(group)
@@ -178,7 +188,10 @@ class GroupBook:
         if group.tally is not None:
             count_validation(group.tally, result, self.config.success_threshold)
         else:
-            group.results.append(Member.model_validate(result.model_dump()))
+            member = Member.model_validate(result.model_dump())
+            group.results.append(member)
+            if self.adaptive:
+                self.task_record.record(group.row, member)
         # A branch's prefix is replayed too, but that is no resumption: counted apart.
         resumed = result.replayed_calls - result.prefix_calls
         if resumed > 0:
@@ -255,7 +268,11 @@ class GroupBook:
         return any(g.unopened for g in self.state.groups.values())
 
     def seed_result(self, group_id: str) -> Member:
+        """The rollout the group branches from: its own seed's result, or the earlier
+        rollout of its task it was given (`groups.seed: adaptive`)."""
         group = self.state.groups[group_id]
+        if group.seed_from is not None:
+            return group.seed_from
         return next(r for r in group.results if r.rollout_id == group.seed)
 
     def open_branches(self, group_id: str, at: int | None) -> list[RolloutStart]:
@@ -287,6 +304,8 @@ class GroupBook:
             prefix = PrefixSpec(rollout_id=seed.rollout_id, attempt=seed.attempts, calls=at)
         rollout_ids, group.unopened = group.unopened, []
         group.pending = rollout_ids
+        # Its prefix is in its members' specs now; the state need not carry it.
+        group.seed_from = None
         for booked in rollout_ids:
             self._group_of[booked] = group_id
         counters.rollouts_started += len(rollout_ids)

@@ -157,6 +157,10 @@ class GroupState(State):
     """Read, never written: a group carried with its task itself rather than its `row`."""
     surprisal: list[float] = Field(default_factory=list)
     """Read, never written: the per-call figures a branch point was chosen from."""
+    seed_from: Member | None = None
+    """A group whose seed is drawn from the run's record (`groups.seed: adaptive`): the
+    earlier rollout of the same task all its members branch from, until they start; None
+    otherwise."""
     tally: ValTally | None = None
     """A step's validation (`mode` val): one book group for all its rollouts, each a group
     of its own for its workflow (`<run>.v<step>.t<position>`), which report into this tally
@@ -171,8 +175,21 @@ class GroupState(State):
 
 # GroupState's optional fields, left out of its JSON when unset or empty.
 _OMITTED_WHEN_EMPTY = frozenset(
-    {"seed", "unopened", "row", "branch_point", "task", "surprisal", "tally"}
+    {"seed", "unopened", "row", "branch_point", "task", "surprisal", "seed_from", "tally"}
 )
+
+
+class TaskOutcomes(State):
+    """A task's recent outcomes in the run (`groups.seed: adaptive`), and the latest rollout
+    of each outcome that could seed a branching group of it: a few hundred bytes a task."""
+
+    recent: str = Field(default="", pattern="^[01]*$")
+    """Its last outcomes, oldest first: 1 a success (the reward reached
+    `success_threshold`), 0 a failure."""
+    success: Member | None = None
+    """Its latest success with a prefix to give (two calls or more, its own prefix held)."""
+    failure: Member | None = None
+    """Its latest failure with a prefix to give."""
 
 
 class Counters(State):
@@ -330,3 +347,7 @@ class TrainingState(State):
     """Rollouts that failed since the last one that succeeded."""
     last_failure: str | None = None
     """The last failed rollout's error."""
+    task_outcomes: dict[int, TaskOutcomes] = Field(default_factory=dict)
+    """`groups.seed: adaptive`: the outcomes of the tasks last trained on, by their row's
+    index in the dataset, least recently recorded first (training_adaptive_seeds.py bounds
+    them)."""
