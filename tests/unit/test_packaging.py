@@ -22,6 +22,7 @@ FOLDERS = [
     "viewer",
     "examples",
     "files",
+    "temporal_agents",
 ]
 
 
