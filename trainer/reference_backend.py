@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 from verl import DataProto
 from verl.trainer.config import AlgoConfig
 from verl.trainer.ppo import core_algos
-from verl.utils.torch_functional import entropy_from_logits, masked_mean
+from verl.utils.torch_functional import masked_mean
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
 from darl.serving.tiny_model import load_model_dir
@@ -34,6 +34,7 @@ from darl.trainer.backend import (
 )
 from darl.trainer.batch_checks import validate_batch
 from darl.trainer.checkpoints import CheckpointedBackend, CheckpointStore
+from darl.trainer.shared_prefix import per_row_log_probs, shared_prefix_log_probs
 from darl.workflows.heartbeats import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,10 @@ class ReferenceTrainerSettings(BaseModel):
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = Field(default=1.0, gt=0)
     seed: int = 0
+    shared_prefix_min_tokens: int | None = Field(default=None, ge=1)
+    """DARL's own: None (the default) runs every row's forward pass whole. n: the rows of one
+    group in a mini-batch whose prompts share at least n tokens from their start (a branching
+    group's replayed prefix) run over that prefix once (`shared_prefix_log_probs`)."""
 
 
 class ReferenceBackend(CheckpointedBackend):
@@ -184,7 +189,7 @@ class ReferenceBackend(CheckpointedBackend):
         """One optimizer step on rows `index` (verl's ppo_loss, without the padding games)."""
         model, _, optimizer = self._require_loaded()
         mask = data.batch["response_mask"][index].bool()
-        log_probs, entropy = _log_probs(model, data, index, with_entropy=True)
+        log_probs, entropy = self._log_probs(model, data, index, with_entropy=True)
         if entropy is None:
             raise RuntimeError("_log_probs(with_entropy=True) returned no entropy")
         policy_loss_fn = core_algos.get_policy_loss_fn("vanilla")
@@ -234,7 +239,15 @@ class ReferenceBackend(CheckpointedBackend):
             ).eval()
         rows = torch.arange(data.batch["responses"].shape[0])
         with torch.no_grad():
-            return _log_probs(self._reference, data, rows, with_entropy=False)[0]
+            return self._log_probs(self._reference, data, rows, with_entropy=False)[0]
+
+    def _log_probs(
+        self, model: Qwen2ForCausalLM, data: DataProto, index: torch.Tensor, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        min_tokens = self.settings.shared_prefix_min_tokens
+        if min_tokens is None:
+            return per_row_log_probs(model, data, index, with_entropy)
+        return shared_prefix_log_probs(model, data, index, with_entropy, min_tokens)
 
     def _actor_config(self, knobs: StepOverrides) -> ActorConfig:
         s = self.settings
@@ -301,26 +314,6 @@ class ReferenceBackend(CheckpointedBackend):
             _restore_optimizer(model, optimizer, load_file(folder / OPTIMIZER_TENSORS), meta)
         self.model, self.tokenizer, self.optimizer = model, tokenizer, optimizer
         self._loaded_step = step
-
-
-def _log_probs(
-    model: Qwen2ForCausalLM, data: DataProto, index: torch.Tensor, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of the response tokens under `model` (the logits at P-1 .. P+R-2 predict
-    them), and the entropy of those distributions."""
-    b = data.batch
-    prompt_len = b["prompts"].shape[1]
-    response_len = b["responses"].shape[1]
-    out = model(
-        input_ids=b["input_ids"][index],
-        attention_mask=b["attention_mask"][index],
-        position_ids=b["position_ids"][index],
-        use_cache=False,
-    )
-    logits = out.logits[:, prompt_len - 1 : prompt_len + response_len - 1].float()
-    log_probs = torch.log_softmax(logits, dim=-1)
-    chosen = log_probs.gather(-1, b["responses"][index].unsqueeze(-1)).squeeze(-1)
-    return chosen, entropy_from_logits(logits) if with_entropy else None
 
 
 def _flatten_optimizer(
