@@ -103,11 +103,16 @@ async def workers(env: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[str
         yield queue
 
 
-async def run(env: WorkflowEnvironment, queue: str, s: RolloutSpec) -> RolloutResult:
-    handle = await env.client.start_workflow(
+async def start(
+    env: WorkflowEnvironment, queue: str, s: RolloutSpec
+) -> WorkflowHandle[Any, RolloutResult]:
+    return await env.client.start_workflow(
         RolloutWorkflow.run, s, id=rollout_workflow_id(s.rollout_id), task_queue=queue
     )
-    return await asyncio.wait_for(handle.result(), TIMEOUT)
+
+
+async def run(env: WorkflowEnvironment, queue: str, s: RolloutSpec) -> RolloutResult:
+    return await asyncio.wait_for((await start(env, queue, s)).result(), TIMEOUT)
 
 
 async def test_the_agent_workflow_runs_as_the_rollouts_child_and_its_result_is_scored(
@@ -205,9 +210,7 @@ async def test_an_agent_workflow_cancelled_by_someone_else_is_the_agents_failure
     env = time_skipping_env
     async with workers(env, tmp_path) as queue:
         s = spec("hang")
-        handle: WorkflowHandle[Any, RolloutResult] = await env.client.start_workflow(
-            RolloutWorkflow.run, s, id=rollout_workflow_id(s.rollout_id), task_queue=queue
-        )
+        handle = await start(env, queue, s)
         await (await running_child(env, s)).cancel()
         result = await asyncio.wait_for(handle.result(), TIMEOUT)
         assert result.status == "failed_agent" and result.attempts == 1
@@ -220,9 +223,7 @@ async def test_cancelling_the_rollout_cancels_its_agent_workflow(
     env = time_skipping_env
     async with workers(env, tmp_path) as queue:
         s = spec("hang")
-        handle: WorkflowHandle[Any, RolloutResult] = await env.client.start_workflow(
-            RolloutWorkflow.run, s, id=rollout_workflow_id(s.rollout_id), task_queue=queue
-        )
+        handle = await start(env, queue, s)
         child = await running_child(env, s)
         await handle.cancel()
         with pytest.raises(WorkflowFailureError):
