@@ -1,6 +1,7 @@
 """The brancher: the TrainingWorkflow's loop that starts a branching group's other members
-once its seed has reported (`groups.mode: branch`), each from the seed's first calls up to a
-branch point chosen by the config's rule, or whole when the seed cannot branch."""
+once its seed has reported (`groups.mode: branch`), or all of them at once when its seed is
+an earlier rollout of its task (`groups.seed: adaptive`), each from the seed's first calls up
+to a branch point chosen by the config's rule, or whole when the seed cannot branch."""
 
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ async def _branch_one_group_at_a_time(run: TrainingRun) -> None:
 
 
 async def _branch_point(run: TrainingRun, group_id: str) -> int | None:
-    """The prefix length the group's branches start from, by the config's rule; None when
+    """The prefix length the group's branches start from, by the config's rule applied to
+    its seed (its own, or the earlier rollout `groups.seed: adaptive` gave it); None when
     the seed cannot branch (it failed, made fewer than two calls, or the store does not hold
     them as it committed them): its members then start whole."""
     seed = run.book.seed_result(group_id)
