@@ -18,9 +18,13 @@ import pytest
 from temporalio import activity, workflow
 from temporalio.testing import WorkflowEnvironment
 
-from darl.workflows.names import ROLLOUT_FINISHED_SIGNAL, ROLLOUT_WORKFLOW
+from darl.workflows.names import ROLLOUT_WORKFLOW
 from tests.accounting import assert_accounted
-from tests.workflow.test_branching_training import SURPRISING_CALL, BranchingTrainerActivities
+from tests.workflow.test_branching_training import (
+    SURPRISING_CALL,
+    BranchingTrainerActivities,
+    StubBranchingRollout,
+)
 from tests.workflow.test_training_workflow import TIMEOUT, Harness, harness
 
 with workflow.unsafe.imports_passed_through():
@@ -59,24 +63,10 @@ class StubOutcomeRollout:
         await workflow.sleep(timedelta(seconds=1 + int(member)))
         prefix_calls = spec.prefix.calls if spec.prefix is not None else 0
         calls = prefix_calls + 2 if spec.prefix is not None else WHOLE_CALLS
-        result = RolloutResult(
-            run_id=spec.run_id,
-            rollout_id=spec.rollout_id,
-            group_id=spec.group_id,
-            mode=spec.mode,
-            status=RolloutStatus.SUCCEEDED,
-            reward=spec.task["rewards"][epoch][int(member)],
-            attempts=1,
-            calls=calls,
-            completion_tokens=3,
-            call_ids=[f"{spec.rollout_id}-c{i}" for i in range(calls)],
-            policy_versions=[spec.policy_version],
-            prefix_calls=prefix_calls,
+        reward = spec.task["rewards"][epoch][int(member)]
+        return await StubBranchingRollout._report(
+            spec, RolloutStatus.SUCCEEDED, reward, calls, prefix_calls, None
         )
-        await workflow.get_external_workflow_handle(spec.report_to).signal(
-            ROLLOUT_FINISHED_SIGNAL, result
-        )
-        return result
 
 
 @dataclass
