@@ -51,28 +51,6 @@ class AgentHandle(Contract):
     """What the runner needs to find the agent again (a process group, a Job's name)."""
 
 
-class AwaitRequest(Contract):
-    """The `await_agent` activity's input: wait for one attempt's agent to end."""
-
-    spec: RolloutSpec
-    """The rollout."""
-    attempt: int
-    """The attempt."""
-    handle: AgentHandle
-    """What `launch_agent` returned."""
-    one_activity: bool = False
-    """The attempt is this one activity (`RolloutSpec.revision` 2 and later, the table in
-    `contracts/revisions.py`): the runner ends the agent at the rollout timeout itself (not
-    a grace later), and a reward function or a grader is computed here."""
-    replay_from: list[int] = Field(default_factory=list)
-    """As `LaunchRequest.replay_from`: the agent's token says it, and the close reports on
-    it."""
-    ended: AgentExit | None = None
-    """How an agent that has already ended ended: a workflow agent (`WorkflowAgentSpec`),
-    whose child workflow the rollout awaited itself; await_agent then only closes the
-    attempt and scores it. None (the default): await_agent awaits the agent."""
-
-
 class AgentScore(Contract):
     """A reward computed inside await_agent from what the attempt's close returned: the inputs
     it was computed from and the reward, or the reward function's error. The workflow takes it
@@ -131,6 +109,28 @@ class AgentExit(Contract):
     """A grader's verdict (`RewardSpec.grader`)."""
     grade_error: str | None = None
     """Why there is no grade, when a grader was asked for and could not grade."""
+
+
+class AwaitRequest(Contract):
+    """The `await_agent` activity's input: wait for one attempt's agent to end."""
+
+    spec: RolloutSpec
+    """The rollout."""
+    attempt: int
+    """The attempt."""
+    handle: AgentHandle
+    """What `launch_agent` returned."""
+    one_activity: bool = False
+    """The attempt is this one activity (`RolloutSpec.revision` 2 and later, the table in
+    `contracts/revisions.py`): the runner ends the agent at the rollout timeout itself (not
+    a grace later), and a reward function or a grader is computed here."""
+    replay_from: list[int] = Field(default_factory=list)
+    """As `LaunchRequest.replay_from`: the agent's token says it, and the close reports on
+    it."""
+    ended: AgentExit | None = None
+    """How an agent that has already ended ended: a workflow agent (`WorkflowAgentSpec`),
+    whose child workflow the rollout awaited itself; await_agent then only closes the
+    attempt and scores it. None (the default): await_agent awaits the agent."""
 
 
 class RewardRequest(Contract):
