@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import RawValue
 from temporalio.exceptions import (
     CancelledError,
     ChildWorkflowError,
@@ -59,6 +60,10 @@ async def run_agent_workflow(spec: RolloutSpec, handle: AgentHandle) -> AgentExi
             execution_timeout=timedelta(seconds=spec.timeouts.agent_seconds),
             cancellation_type=workflow.ChildWorkflowCancellationType.TRY_CANCEL,
             parent_close_policy=workflow.ParentClosePolicy.TERMINATE,
+            # Read here, not by the SDK: a result no converter can read (an integer of
+            # thousands of digits, say) is the agent's failure, not a workflow task that
+            # fails again and again.
+            result_type=RawValue,
         )
     except ChildWorkflowError as err:
         task = asyncio.current_task()
@@ -66,7 +71,11 @@ async def run_agent_workflow(spec: RolloutSpec, handle: AgentHandle) -> AgentExi
             # The rollout itself is being cancelled: its cancellation, not the agent's end.
             raise asyncio.CancelledError from err
         return _failed(err)
-    return exit_of_result(agent, handle.attempt, result)
+    try:
+        value = workflow.payload_converter().from_payload(result.payload)
+    except Exception as err:  # noqa: BLE001 - whatever the agent returned, it ends its attempt
+        return AgentExit(exit_code=1, log_tail=f"the agent workflow's result is unreadable: {err}")
+    return exit_of_result(agent, handle.attempt, value)
 
 
 def _failed(err: ChildWorkflowError) -> AgentExit:
@@ -112,6 +121,15 @@ def _answer(value: Any) -> str | None:
 
 
 def _reward(value: Any, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"the agent workflow's reward {field!r} is not a finite number")
-    return float(value)
+    """The reported reward as a float; ValueError for anything but a finite number (an
+    integer too large for a float included: it would otherwise fail the workflow task)."""
+    wrong = ValueError(f"the agent workflow's reward {field!r} is not a finite number")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise wrong
+    try:
+        reward = float(value)
+    except OverflowError:
+        raise wrong from None
+    if not math.isfinite(reward):
+        raise wrong
+    return reward

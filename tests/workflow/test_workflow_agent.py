@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 from temporalio import workflow
+from temporalio.api.common.v1 import Payload
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -33,7 +35,7 @@ from darl.workflows.contracts import (
     rollout_workflow_id,
 )
 from darl.workflows.names import AGENT_ATTEMPT_MEMO
-from darl.workflows.rollout_agent_workflow import agent_workflow_id
+from darl.workflows.rollout_agent_workflow import agent_workflow_id, exit_of_result
 from darl.workflows.rollout_token import decode_claims
 from darl.workflows.rollout_workflow import RolloutWorkflow
 
@@ -47,12 +49,17 @@ class EchoAgent:
     or never ends, as the question says."""
 
     @workflow.run
-    async def run(self, question: Any) -> dict[str, Any]:
+    async def run(self, question: Any) -> Any:
         attempt = workflow.memo_value(AGENT_ATTEMPT_MEMO, type_hint=dict)
         if question == "fail":
             raise ApplicationError("the agent's tool broke", non_retryable=True)
         if question == "hang":
             await workflow.wait_condition(lambda: False)
+        if question == "huge":
+            return {"final": {"answer": 7}, "reward": 10**400}
+        if question == "unreadable":
+            # A payload no converter of DARL's can read.
+            return RawValue(Payload(metadata={"encoding": b"binary/darl-test"}, data=b"?"))
         return {"final": {"answer": 7, "echo": question}, "reward": 0.5, "attempt": attempt}
 
 
@@ -171,6 +178,25 @@ async def test_a_result_without_what_the_spec_names_is_the_agents_failure(
         assert why in (result.error or "")
 
 
+@pytest.mark.parametrize(
+    ("question", "why"),
+    [
+        ("huge", "reward 'reward' is not a finite number"),
+        ("unreadable", "the agent workflow's result is unreadable"),
+    ],
+)
+async def test_a_result_the_rollout_cannot_use_ends_the_attempt_as_the_agents_failure(
+    time_skipping_env: WorkflowEnvironment, tmp_path: Path, question: str, why: str
+) -> None:
+    """Whatever the agent workflow returns, the rollout ends (never a workflow task that
+    fails again and again)."""
+    async with workers(time_skipping_env, tmp_path) as queue:
+        s = spec(question, agent=agent_spec(reward_field="reward"))
+        result = await run(time_skipping_env, queue, s)
+        assert result.status == "failed_agent" and result.attempts == 1
+        assert why in (result.error or "")
+
+
 async def test_an_agent_workflow_that_fails_is_the_agents_failure_not_retried(
     time_skipping_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
@@ -259,3 +285,22 @@ async def test_the_child_timeout_is_the_rollout_timeout(
         ).describe()
         timeout = described.raw_description.execution_config.workflow_execution_timeout
         assert timeout.ToTimedelta() == timedelta(seconds=123)
+
+
+@pytest.mark.parametrize(
+    "reward", [10**400, float("inf"), float("nan"), True, "1.0", [1], None], ids=repr
+)
+def test_a_reported_reward_that_is_no_finite_number_is_the_agents_failure(reward: Any) -> None:
+    """Read as the workflow reads a completed child's result: never an exception that would
+    fail the rollout's workflow task (and retry it forever)."""
+    agent = agent_spec(answer_field="answer", reward_field="reward")
+    ended = exit_of_result(agent, 1, {"answer": "7", "reward": reward})
+    assert ended.exit_code == 1 and ended.report is None
+    assert "reward 'reward' is not a finite number" in ended.log_tail
+
+
+def test_a_reported_reward_and_answer_are_the_agents_report() -> None:
+    agent = agent_spec(answer_field="out.0", reward_field="score")
+    ended = exit_of_result(agent, 2, {"out": [42], "score": 1})
+    assert ended.exit_code == 0 and ended.report is not None
+    assert (ended.report.answer, ended.report.reward, ended.report.attempt) == ("42", 1.0, 2)
