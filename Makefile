@@ -26,7 +26,7 @@ BWRAP_STAMP := $(VENV)/.bubblewrap
 TEMPORAL_AGENTS_VENV := .venv-temporal-agents
 TEMPORAL_AGENTS_STAMP := $(TEMPORAL_AGENTS_VENV)/.installed
 
-.PHONY: demo test lint typecheck docs format bench profile-gateway bench-replicas bench-training bench-worker bench-replay bench-branch bench-swe bench-workflow-agent chaos dev vllm swe temporal-agents clean link-tree
+.PHONY: demo test lint typecheck docs format bench profile-gateway bench-replicas bench-training bench-worker bench-replay bench-branch bench-learning bench-swe bench-workflow-agent chaos dev vllm swe temporal-agents clean link-tree
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -127,6 +127,10 @@ bench-replay: $(STAMP)
 # trained member, wall time per step (docs/branching.md).
 bench-branch: $(STAMP)
 	$(BIN)/python -m bench.branch_bench
+
+# Learning curves of the relay task in ordinary and branching groups, 3 seeds each (~40 min).
+bench-learning: $(STAMP)
+	$(BIN)/python -m bench.learning_bench --docs-image
 
 # Coding-agent rollouts: sandbox set-up, agent and grading times, store bytes per call.
 bench-swe: $(STAMP) $(SWE_STAMP) $(BWRAP_STAMP)
