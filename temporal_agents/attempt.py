@@ -5,6 +5,8 @@ DarlPlugin's activity interceptor) and the `Idempotency-Key` of each of its mode
 from __future__ import annotations
 
 import contextvars
+import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -73,22 +75,39 @@ class ActivityAttempt:
     # Temporal's try of the activity (1: its first); a request of the first try that is no
     # model client's retry has a key never sent before.
     activity_try: int = 1
+    # A local activity (run in the workflow task): its tries are not Temporal's to count.
+    local: bool = False
     requests: int = 0
     # A request's identity -> the key it was given, for the model client's retries of it.
     _given: dict[str, str] = field(default_factory=dict)
 
     def idempotency_key(self, identity: str | None, *, retry: bool) -> tuple[str, bool]:
-        """The key of a request, and whether it was sent before: the key its first try was
-        given when it is the model client's retry of a request of this identity (sent before
-        on this try of the activity, and on any try but Temporal's first), else the next n
-        (sent before only on a later try of the activity)."""
+        """The key of a request, and whether it may have been sent before: the key its first
+        try was given when it is the model client's retry of a request of this identity, else
+        the next n; sent before, maybe, on any try but Temporal's first, and on any try of a
+        local activity (one its worker lost restarts at try 1 when the workflow task is
+        retried)."""
         if retry and identity is not None and identity in self._given:
             return self._given[identity], True
         self.requests += 1
-        key = f"{self.workflow_run_id}/{self.activity_id}/{self.requests}"
+        key = f"{self.execution}/{self.requests}"
         if identity is not None:
             self._given[identity] = key
-        return key, self.activity_try > 1
+        return key, self.activity_try > 1 or self.local
+
+    @property
+    def execution(self) -> str:
+        """The activity's run and id as a key's stem: as they are when they make a valid key
+        (visible ASCII, short: Temporal's own ids are), else their digest."""
+        stem = f"{self.workflow_run_id}/{self.activity_id}"
+        if _KEY_STEM.fullmatch(stem):
+            return stem
+        return "sha256:" + hashlib.sha256(stem.encode()).hexdigest()[:40]
+
+
+# What a key's stem may be as it is: the gateway takes keys of 1 to 200 visible ASCII
+# characters, and the stem leaves room for the request's number.
+_KEY_STEM = re.compile(r"[!-~]{1,180}")
 
 
 _activity_attempt: contextvars.ContextVar[ActivityAttempt | None] = contextvars.ContextVar(
@@ -105,6 +124,7 @@ def enter_activity(attempt: AgentAttempt) -> contextvars.Token[ActivityAttempt |
             workflow_run_id=info.workflow_run_id or "",
             activity_id=info.activity_id,
             activity_try=info.attempt,
+            local=info.is_local,
         )
     )
 

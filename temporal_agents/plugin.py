@@ -15,6 +15,7 @@ from temporalio.api.common.v1 import Payload
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import (
     ActivityInboundInterceptor,
+    ContinueAsNewInput,
     ExecuteActivityInput,
     ExecuteWorkflowInput,
     Interceptor,
@@ -67,6 +68,12 @@ class _AttemptOutbound(WorkflowOutboundInterceptor):
     ) -> workflow.ChildWorkflowHandle[Any, Any]:
         input.headers = self._with_attempt(input.headers)
         return await super().start_child_workflow(input)
+
+    def continue_as_new(self, input: ContinueAsNewInput) -> NoReturn:
+        # The next run reads the attempt from its start header: a memo the workflow passes
+        # to continue-as-new in place of its own does not lose it.
+        input.headers = self._with_attempt(input.headers)
+        super().continue_as_new(input)
 
 
 class _AttemptInbound(WorkflowInboundInterceptor):

@@ -34,6 +34,7 @@ from darl.gateway.errors import (
     IdempotencyKeyReusedError,
     InvalidIdempotencyKeyError,
 )
+from darl.gateway.lru import LRUCache
 from darl.gateway.metrics import GatewayMetrics
 from darl.gateway.protocols.chat.protocol import Endpoint
 from darl.gateway.protocols.translation import Translation
@@ -51,6 +52,8 @@ IDEMPOTENT_REPLAY_HEADER = "X-Darl-Idempotent-Replay"
 # (a read of all of them, per call).
 FIRST_TRY_HEADER = "x-darl-first-try"
 MAX_KEY_LENGTH = 200
+# How many served keys a replica remembers (least recently used forgotten).
+SERVED_KEYS = 65_536
 _VALID_KEY = re.compile(f"[!-~]{{1,{MAX_KEY_LENGTH}}}")
 
 
@@ -93,6 +96,9 @@ class IdempotentCalls:
         self._replays = replays
         self._in_flight = in_flight
         self._wait_seconds = wait_seconds
+        # Keys this replica has served (rollout, attempt, key): a request that says its key
+        # is new but holds one of these is a try that woke after its retry, and is looked up.
+        self._served: LRUCache[tuple[str, int, str], None] = LRUCache(SERVED_KEYS)
 
     @contextlib.asynccontextmanager
     async def holding(self, claims: TokenClaims, key: str) -> AsyncIterator[None]:
@@ -107,8 +113,17 @@ class IdempotentCalls:
                 f"a call of attempt {attempt} with Idempotency-Key {key!r} is still at the "
                 f"policy server after {self._wait_seconds:.0f}s; retry later"
             )
-        with self._in_flight.holding_key(rollout_id, attempt, key):
-            yield
+        try:
+            with self._in_flight.holding_key(rollout_id, attempt, key):
+                yield
+        finally:
+            self._served.put((rollout_id, attempt, key), None)
+
+    def look_up(self, claims: TokenClaims, key: str, first_try: bool) -> bool:
+        """Whether a request with `key` is looked up among the attempt's calls: unless its
+        client says the key is new (`X-Darl-First-Try`) and this replica has not served it
+        (a first try that stalled past its retry, say)."""
+        return not first_try or (claims.rollout_id, claims.attempt, key) in self._served
 
     async def answer(
         self,

@@ -119,9 +119,8 @@ class ModelCallProxy:
         if key is None:
             return await self._handle(request, endpoint, claims, body, agent_protocol, None)
         async with self.idempotent.holding(claims, key):
-            return await self._handle(
-                request, endpoint, claims, body, agent_protocol, key, not first_try(request)
-            )
+            look_up = self.idempotent.look_up(claims, key, first_try(request))
+            return await self._handle(request, endpoint, claims, body, agent_protocol, key, look_up)
 
     async def _handle(
         self,

@@ -143,6 +143,12 @@ async def test_a_first_try_is_recorded_with_its_key_for_its_retries(stack: Stack
     [record] = attempt_records(stack, rollout_id, 1)
     assert record.idempotency_key == key
     assert generated(stack, list(record.prompt_token_ids)) == 1
+    # A first try that stalled past its retry and wakes says its key is new: this replica
+    # served the key, so it is looked up and answered from the record all the same.
+    late = post(stack, rollout_id, body, key, first_try=True)
+    assert late.headers["x-darl-call-id"] == first.headers["x-darl-call-id"]
+    assert len(attempt_records(stack, rollout_id, 1)) == 1
+    assert generated(stack, list(record.prompt_token_ids)) == 1
     await stack.client.get_workflow_handle(f"rollout/{rollout_id}").cancel()
 
 

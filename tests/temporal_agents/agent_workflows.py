@@ -63,6 +63,21 @@ class AttemptProbeWorkflow:
         return seen
 
 
+@workflow.defn
+class ContinuingProbeWorkflow:
+    """Continues as new once, with a memo of its own in place of DARL's, then reports the
+    attempt its activity sees."""
+
+    @workflow.run
+    async def run(self, continued: bool) -> dict[str, Any] | None:
+        if not continued:
+            workflow.continue_as_new(True, memo={"mine": 1})
+        seen: dict[str, Any] | None = await workflow.execute_activity(
+            attempt_seen, start_to_close_timeout=_SHORT
+        )
+        return seen
+
+
 @dataclass(frozen=True)
 class StartAgent:
     workflow: str

@@ -81,6 +81,7 @@ else:
                 wf.OpenAIAgentWorkflow,
                 wf.LangGraphAgentWorkflow,
                 wf.AttemptProbeWorkflow,
+                wf.ContinuingProbeWorkflow,
                 wf.RolloutStandIn,
             ],
             activities=[add, attempt_seen],

@@ -137,6 +137,14 @@ async def test_the_attempt_reaches_a_nested_childs_activities(
     assert outcome.result == [attempt.to_value()] * 4
 
 
+async def test_the_attempt_survives_a_continue_as_new_with_another_memo(
+    agent_worker: AgentWorker, gateway: StubGateway
+) -> None:
+    attempt = attempt_for(gateway, "r-continued")
+    outcome = await run_agent(agent_worker, "ContinuingProbeWorkflow", False, attempt)
+    assert outcome.result == attempt.to_value()
+
+
 async def test_a_workflow_darl_did_not_start_is_left_as_it_is(
     agent_worker: AgentWorker, gateway: StubGateway
 ) -> None:

@@ -156,3 +156,48 @@ async def test_the_openai_clients_own_retry_keeps_its_key(gateway: StubGateway) 
         (200, f"{prefix}/1"),
         (200, f"{prefix}/2"),
     ]
+
+
+@pytest.mark.parametrize(
+    "info", [{"activity_id": "model call " * 20}, {"activity_id": "call-é"}], ids=["long", "utf8"]
+)
+async def test_an_activity_id_no_key_may_hold_is_digested(info: dict[str, str]) -> None:
+    """A key is 1 to 200 visible ASCII characters at the gateway: an activity id the user
+    chose (spaces, accents, length) is replaced by its digest, the same on every try."""
+    sent, inner = recording()
+
+    async def in_activity() -> None:
+        token = enter_activity(ATTEMPT)
+        try:
+            async with httpx.AsyncClient(transport=AsyncAttemptTransport(inner)) as client:
+                await client.post("http://x/v1/chat/completions", json={})
+        finally:
+            leave_activity(token)
+
+    keys = []
+    for attempt in (1, 2):
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, attempt=attempt, **info)
+        await env.run(in_activity)
+        keys.append(sent[-1].headers["Idempotency-Key"])
+    assert keys[0] == keys[1] and keys[0].startswith("sha256:") and keys[0].endswith("/1")
+    assert re.fullmatch(r"[!-~]{1,200}", keys[0])
+
+
+async def test_a_local_activitys_requests_never_say_first_try() -> None:
+    """A local activity its worker lost restarts at try 1 when the workflow task is retried:
+    its keys may have been sent before."""
+    sent, inner = recording()
+
+    async def in_activity() -> None:
+        token = enter_activity(ATTEMPT)
+        try:
+            async with httpx.AsyncClient(transport=AsyncAttemptTransport(inner)) as client:
+                await client.post("http://x/v1/chat/completions", json={})
+        finally:
+            leave_activity(token)
+
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, is_local=True)
+    await env.run(in_activity)
+    assert "X-Darl-First-Try" not in sent[0].headers
