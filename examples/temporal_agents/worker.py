@@ -2,7 +2,7 @@
 plugin for the agent's framework, and DARL's plugin beside it. Run it in .venv-temporal-agents
 (`make temporal-agents`), next to the stack that trains the agent:
 
-    python -m darl.examples.temporal_agents.worker --task-queue calculator-agents --agent openai
+    python -m darl.examples.temporal_agents.worker --task-queue calculator-openai --agent openai
 
 SIGINT or SIGTERM stops it. The OpenAI Agents SDK's tracing is off: it would send the agents'
 traces to api.openai.com.

@@ -26,6 +26,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from darl.activities.worker import RolloutWorkerSettings, build_worker
+from darl.workflows import search_attributes as sa
 from darl.workflows.contracts import (
     RewardSpec,
     RolloutResult,
@@ -254,6 +255,18 @@ async def test_cancelling_the_rollout_cancels_its_agent_workflow(
         await handle.cancel()
         with pytest.raises(WorkflowFailureError):
             await asyncio.wait_for(handle.result(), TIMEOUT)
+        # The rollout's own cancellation, not the agent's failure: cancelled, its attempt
+        # closed (stop_agent closes it at the gateway).
+        described = await handle.describe()
+        assert described.status == WorkflowExecutionStatus.CANCELED
+        assert described.typed_search_attributes.get(sa.STATUS) == "cancelled"
+        history = await handle.fetch_history()
+        scheduled = [
+            e.activity_task_scheduled_event_attributes.activity_type.name
+            for e in history.events
+            if e.HasField("activity_task_scheduled_event_attributes")
+        ]
+        assert scheduled[-1] == "stop_agent", scheduled
         async with asyncio.timeout(TIMEOUT):
             while (await child.describe()).status == WorkflowExecutionStatus.RUNNING:
                 await asyncio.sleep(0.05)
