@@ -92,8 +92,8 @@ def main(groups: int, size: int, repeats: int) -> None:
     for column in (
         "prefix",
         "continuation",
-        "rows whole s",
-        "prefix once s",
+        "rows whole, CPU s",
+        "prefix once, CPU s",
         "speed-up",
         "max |Δ logprob|",
     ):

@@ -2,8 +2,9 @@
 the members of a GRPO group (a branching group's above all: they share the seed's replayed
 calls) send the same first prompt tokens, so the model runs over those tokens once, and every
 member's continuation (the rest of its prompt and its response) attends to that one pass's
-keys and values. Gradients flow back through the shared pass to the weights, summed over the
-members, as the members' separate passes would give them.
+keys and values: one forward pass over the groups' prefixes, one over all continuations.
+Gradients flow back through the shared pass to the weights, summed over the members, as the
+members' separate passes would give them.
 
 Equal to the per-row computation (`per_row_log_probs`) within float tolerance: the positions,
 the causal mask and the tokens each logit sees are the same; only the order of the sums in the
@@ -48,34 +49,33 @@ def shared_prefix_log_probs(
     """What `per_row_log_probs` gives, with the prompt prefix that the rows of one group
     (`uid`) among `index` share computed once for the group, where it is at least
     `min_tokens` long. Rows in no such group are computed one pass per row."""
-    b = data.batch
-    response_len = b["responses"].shape[1]
     rows = [int(i) for i in index]
     prompts = [_prompt(data, i) for i in rows]
-    log_probs = torch.zeros((len(rows), response_len))
-    entropy = torch.zeros((len(rows), response_len)) if with_entropy else None
+    shared_groups: list[tuple[list[int], int]] = []
     alone: list[int] = []
     for places in _groups(data, rows):
         shared = _shared_length([prompts[p] for p in places])
         if len(places) < 2 or shared < min_tokens:
             alone += places
-            continue
-        lp, ent = _group_log_probs(
-            model,
-            data,
-            [rows[p] for p in places],
-            [prompts[p] for p in places],
-            shared,
-            with_entropy,
+        else:
+            shared_groups.append((places, shared))
+    response_len = data.batch["responses"].shape[1]
+    log_probs = torch.zeros((len(rows), response_len))
+    entropy = torch.zeros((len(rows), response_len)) if with_entropy else None
+    parts = []
+    if shared_groups:
+        parts.append(
+            (
+                [p for places, _ in shared_groups for p in places],
+                _shared_groups_log_probs(model, data, rows, prompts, shared_groups, with_entropy),
+            )
         )
+    if alone:
+        parts.append((alone, per_row_log_probs(model, data, index[alone], with_entropy)))
+    for places, (lp, ent) in parts:
         log_probs[places] = lp
         if entropy is not None and ent is not None:
             entropy[places] = ent
-    if alone:
-        lp, ent = per_row_log_probs(model, data, index[alone], with_entropy)
-        log_probs[alone] = lp
-        if entropy is not None and ent is not None:
-            entropy[alone] = ent
     return log_probs, entropy
 
 
@@ -113,46 +113,58 @@ def _shared_length(prompts: Sequence[torch.Tensor]) -> int:
     return shared
 
 
-def _group_log_probs(
+def _shared_groups_log_probs(
     model: Qwen2ForCausalLM,
     data: DataProto,
     rows: Sequence[int],
     prompts: Sequence[torch.Tensor],
-    shared: int,
+    groups: Sequence[tuple[list[int], int]],
     with_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One pass over the group's shared prefix, then one over its members' continuations
-    (the rest of each prompt and the response, right-padded) attending to it."""
+    """One pass over every group's shared prefix (left-padded to the longest, as prompts
+    are), then one over every member's continuation (the rest of its prompt and its
+    response, right-padded) attending to its group's prefix. Rows come out in the order of
+    the groups' places."""
     b = data.batch
-    prompt_len = b["prompts"].shape[1]
-    responses = b["responses"][list(rows)]
-    response_len = responses.shape[1]
+    prompt_len, response_len = b["prompts"].shape[1], b["responses"].shape[1]
+    longest = max(shared for _, shared in groups)
+    prefixes = torch.zeros((len(groups), longest), dtype=torch.int64)
+    prefix_mask = torch.zeros((len(groups), longest), dtype=torch.int64)
+    for g, (places, shared) in enumerate(groups):
+        prefixes[g, longest - shared :] = prompts[places[0]][:shared]
+        prefix_mask[g, longest - shared :] = 1
     cache = DynamicCache()
     model(
-        input_ids=prompts[0][:shared].unsqueeze(0),
-        position_ids=torch.arange(shared).unsqueeze(0),
+        input_ids=prefixes,
+        attention_mask=prefix_mask,
+        position_ids=(prefix_mask.cumsum(1) - 1).clamp(min=0),
         past_key_values=cache,
         use_cache=True,
     )
-    cache.batch_repeat_interleave(len(rows))
-    rests = [p[shared:] for p in prompts]
+    members = [(g, place) for g, (places, _) in enumerate(groups) for place in places]
+    cache.batch_select_indices(torch.tensor([g for g, _ in members]))
+    rests = [prompts[place][groups[g][1] :] for g, place in members]
     width = max(len(r) for r in rests) + response_len
-    tokens = torch.zeros((len(rows), width), dtype=torch.int64)
-    mask = torch.zeros((len(rows), width), dtype=torch.int64)
-    for k, (row, rest) in enumerate(zip(rows, rests, strict=True)):
+    tokens = torch.zeros((len(members), width), dtype=torch.int64)
+    mask = torch.zeros((len(members), width), dtype=torch.int64)
+    for k, ((_, place), rest) in enumerate(zip(members, rests, strict=True)):
         tokens[k, : len(rest)] = rest
-        tokens[k, len(rest) : len(rest) + response_len] = b["responses"][row]
+        tokens[k, len(rest) : len(rest) + response_len] = b["responses"][rows[place]]
         mask[k, : len(rest)] = 1
-        mask[k, len(rest) : len(rest) + response_len] = b["attention_mask"][row, prompt_len:]
+        mask[k, len(rest) : len(rest) + response_len] = b["attention_mask"][
+            rows[place], prompt_len:
+        ]
+    starts = torch.tensor([groups[g][1] for g, _ in members])
     out = model(
         input_ids=tokens,
-        attention_mask=torch.cat([torch.ones((len(rows), shared), dtype=torch.int64), mask], 1),
-        position_ids=(shared + torch.arange(width)).expand(len(rows), width),
+        attention_mask=torch.cat([prefix_mask[[g for g, _ in members]], mask], 1),
+        position_ids=starts.unsqueeze(1) + torch.arange(width).unsqueeze(0),
         past_key_values=cache,
         use_cache=True,
     )
     # A member's response token j is predicted at its continuation's place len(rest) - 1 + j.
-    starts = torch.tensor([len(r) - 1 for r in rests])
-    places = starts.unsqueeze(1) + torch.arange(response_len).unsqueeze(0)
-    logits = out.logits.gather(1, places.unsqueeze(-1).expand(-1, -1, out.logits.shape[-1])).float()
-    return _chosen(logits, responses, with_entropy)
+    first = torch.tensor([len(r) - 1 for r in rests])
+    places = first.unsqueeze(1) + torch.arange(response_len).unsqueeze(0)
+    logits = out.logits.gather(1, places.unsqueeze(-1).expand(-1, -1, out.logits.shape[-1]))
+    responses = b["responses"][[rows[place] for _, place in members]]
+    return _chosen(logits.float(), responses, with_entropy)

@@ -98,21 +98,22 @@ def test_log_probs_loss_and_gradients_equal_the_per_row_computation(model_dir: P
 def test_each_groups_prefix_is_run_once(model_dir: Path) -> None:
     model, _ = load_model_dir(model_dir)
     data = branching_batch()
-    seen: list[int] = []
+    shapes: list[tuple[int, ...]] = []
     hook = model.model.embed_tokens.register_forward_hook(
-        lambda _module, args, _out: seen.append(int(args[0].numel()))
+        lambda _module, args, _out: shapes.append(tuple(args[0].shape))
     )
     index = torch.arange(len(data))
     with torch.no_grad():
         per_row_log_probs(model, data, index, False)
-        per_row = sum(seen)
-        seen.clear()
+        per_row = sum(rows * width for rows, width in shapes)
+        shapes.clear()
         shared_prefix_log_probs(model, data, index, False, min_tokens=2)
     hook.remove()
-    # Group a runs its 12 prefix tokens once instead of 4 times, b its first 4 of 5 once for
-    # 3 members, and the continuations are no wider than the rows: fewer tokens in all.
-    assert sum(seen) < per_row
-    assert 12 in seen and 4 in seen
+    # One pass over the prefixes of groups a (12 tokens) and b (4 of its 5), one over their 7
+    # members' continuations, one over the rows of c and d (d shares 1 token, under 2).
+    assert shapes[0] == (2, 12)
+    assert [rows for rows, _ in shapes[1:]] == [7, 3]
+    assert sum(rows * width for rows, width in shapes) < per_row
 
 
 def test_a_reference_step_trains_the_same_weights_either_way(
