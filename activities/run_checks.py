@@ -9,6 +9,9 @@ from typing import Any
 
 import httpx
 from temporalio import activity
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.exceptions import ApplicationError
 
 from darl.activities import rewards
@@ -175,6 +178,8 @@ class RunCheckActivities(TrainerResources):
         if isinstance(agent, HttpAgentSpec):
             # Any HTTP answer (a 405 to a GET) says the service is up.
             await self._reachable(agent.url, "agent service")
+        if isinstance(agent, WorkflowAgentSpec):
+            await self._polled(agent)
         for server in config.weight_sync.policy_servers:
             await self._reachable(server.launcher_url or server.url, "policy server")
         replicas = GatewayReplicas(config.weight_sync.admin_urls, self._admin_key, self._http)
@@ -190,6 +195,23 @@ class RunCheckActivities(TrainerResources):
                     f"the gateway at {gateway_url} refuses the trainer worker's admin "
                     f"key ({response.status_code}): give both the same DARL_ADMIN_KEY"
                 )
+
+    async def _polled(self, agent: WorkflowAgentSpec) -> None:
+        """A worker of the user's polls the agent workflow's task queue: without one, every
+        rollout would wait out its timeout with nothing saying why."""
+        described = await self._client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=self._client.namespace,
+                task_queue=TaskQueue(name=agent.task_queue),
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+            )
+        )
+        if not described.pollers:
+            raise service_unreachable(
+                f"no worker polls the task queue {agent.task_queue!r} for the agent workflow "
+                f"{agent.workflow!r}: start the agents' worker (with "
+                "darl.temporal_agents.DarlPlugin) before the run"
+            )
 
     async def _reachable(self, url: str, what: str, key: str | None = None) -> httpx.Response:
         headers = {"Authorization": f"Bearer {key}"} if key else {}

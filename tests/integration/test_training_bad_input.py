@@ -48,13 +48,21 @@ def stack(
     running.stop()
 
 
+class Whole(dict):  # type: ignore[type-arg]
+    """A value of a change that replaces its key's value whole (not merged into it)."""
+
+
 def broken(stack: Stack, change: dict[str, Any]) -> TrainingConfig:
-    """The small digits config with `change` merged in (nested dicts merge)."""
+    """The small digits config with `change` merged in (nested dicts merge, but `Whole`)."""
     data = training_config(stack, f"bad-{uuid.uuid4().hex[:8]}", 2).model_dump(mode="json")
 
     def merge(into: dict, update: dict) -> None:
         for key, value in update.items():
-            if isinstance(value, dict) and isinstance(into.get(key), dict):
+            if (
+                isinstance(value, dict)
+                and not isinstance(value, Whole)
+                and isinstance(into.get(key), dict)
+            ):
                 merge(into[key], value)
             else:
                 into[key] = value
@@ -96,6 +104,10 @@ def rows_file(stack: Stack, name: str, text: str) -> str:
             "have no field 'input.question' (env_map QUESTION)",
         ),
         (
+            "workflow-agent",
+            "have no field 'question_text' (the agent workflow's input)",
+        ),
+        (
             "huge",
             "1 of 1 rows are too large for the agent's environment; the first is row 0: "
             "env_map STATEMENT: the task's 'input.statement' is 200,010 bytes",
@@ -111,6 +123,7 @@ def rows_file(stack: Stack, name: str, text: str) -> str:
         "no-answer-key",
         "unknown-reward",
         "bad-env-map",
+        "workflow-agent-input",
         "env-map-too-large",
         "task-too-large",
     ],
@@ -120,6 +133,8 @@ async def test_a_run_whose_data_or_reward_cannot_work_fails_at_once(
 ) -> None:
     if change == "empty":
         change = {"dataset": {"path": rows_file(stack, "empty.jsonl", "")}}
+    elif change == "workflow-agent":
+        change = {"rollout": {"agent": workflow_agent(input_field="question_text")}}
     elif change == "huge":
         # A row whose field an env_map puts in an environment variable Linux would refuse.
         dataset = broken(stack, {}).dataset.path
@@ -141,17 +156,33 @@ async def test_a_run_whose_data_or_reward_cannot_work_fails_at_once(
         assert "the largest field, 'repository_snapshot', is 900,002" in message, message
 
 
-@pytest.mark.parametrize("what", ["agent service", "policy server"])
+def workflow_agent(**fields: str) -> Whole:
+    """An agent that is a Temporal workflow, on a task queue no worker polls."""
+    return Whole(
+        kind="workflow",
+        workflow="NoSuchAgent",
+        task_queue=f"nobody-{uuid.uuid4().hex[:6]}",
+        **fields,
+    )
+
+
+@pytest.mark.parametrize("what", ["agent service", "policy server", "agent worker"])
 async def test_a_service_that_does_not_answer_fails_the_run_after_a_while(
     stack: Stack, what: str
 ) -> None:
     nobody = "http://127.0.0.1:9"  # the discard port: nothing listens there
     if what == "agent service":
         change: dict = {"rollout": {"agent": {"url": f"{nobody}/rollouts"}}}
+    elif what == "agent worker":
+        agent = workflow_agent()
+        change = {"rollout": {"agent": agent}}
     else:
         change = {"weight_sync": {"policy_servers": [nobody]}}
     message = await failure_of(stack, broken(stack, change), FAILS_WITHIN["unreachable"])
-    assert f"the {what} at {nobody}" in message and "does not answer" in message, message
+    if what == "agent worker":
+        assert f"no worker polls the task queue {agent['task_queue']!r}" in message, message
+    else:
+        assert f"the {what} at {nobody}" in message and "does not answer" in message, message
 
 
 async def test_a_run_id_that_trained_is_not_trained_again(stack: Stack) -> None:
