@@ -11,7 +11,7 @@ one per validation task, never trained) against the policy tokens its training r
 the policy server generate (calls answered from a record cost none) and against seconds.
 
     .venv/bin/python -m bench.learning_bench [--modes independent,uniform,surprisal,adaptive]
-        [--seeds 3] [--steps 24] [--threshold 0.7] [--out DIR]
+        [--seeds 3] [--steps 24] [--threshold 0.6] [--out DIR]
 
 Figures per mode, mean ± sd over seeds: policy tokens and seconds to the threshold, the final
 validation reward, the trainer's time per step. A PNG of the curves and the figures' JSON go
@@ -200,7 +200,7 @@ if __name__ == "__main__":
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--threshold", type=float, default=0.7)
+    parser.add_argument("--threshold", type=float, default=0.6)
     parser.add_argument(
         "--out", type=Path, default=Path(".darl/bench-learning") / time.strftime("%m%d-%H%M%S")
     )

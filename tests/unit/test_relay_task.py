@@ -91,8 +91,10 @@ def test_bad_task_parameters_are_refused() -> None:
 
 
 def test_the_shipped_tasks_and_config_are_the_examples_own() -> None:
-    shipped = load_tasks(EXAMPLE / "tasks.jsonl").rows
-    assert shipped == relay.make_tasks(len(shipped), seed=7)
+    assert load_tasks(EXAMPLE / "tasks.jsonl").rows == relay.make_tasks(20, seed=7)
+    assert load_tasks(EXAMPLE / "validation.jsonl").rows == relay.make_tasks(100, seed=8)
     config = load_config(EXAMPLE / "train.yaml", "relay-test")
     assert config.rollout.reward.function == "darl.examples.relay.task:relay_reward"
     assert config.backend.model_dir.endswith("models/digits")
+    assert config.validation.path is not None
+    assert Path(config.validation.path).name == "validation.jsonl"
