@@ -164,7 +164,7 @@ def _shared_groups_log_probs(
     )
     # A member's response token j is predicted at its continuation's place len(rest) - 1 + j.
     first = torch.tensor([len(r) - 1 for r in rests])
-    places = first.unsqueeze(1) + torch.arange(response_len).unsqueeze(0)
-    logits = out.logits.gather(1, places.unsqueeze(-1).expand(-1, -1, out.logits.shape[-1]))
+    at = first.unsqueeze(1) + torch.arange(response_len).unsqueeze(0)
+    logits = out.logits.gather(1, at.unsqueeze(-1).expand(-1, -1, out.logits.shape[-1]))
     responses = b["responses"][[rows[place] for _, place in members]]
     return _chosen(logits.float(), responses, with_entropy)
