@@ -13,25 +13,22 @@ two cores.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, HTTPException
 
-from darl.examples.agent_service import AgentService, RolloutRequest, service_app, task_text
+from darl.examples.agent_service import RolloutRequest, service_app, task_text
+from darl.examples.digits.agent_service import DigitsAgent
 
 # Unless the task says (`calls`, `max_tokens`).
 CALLS = 3
 MAX_TOKENS = 3
 
 
-class RelayAgent(AgentService):
-    """`calls` completions per rollout attempt, each fed the previous answer."""
-
-    def __init__(self, remembered: int = 10_000, state_dir: Path | None = None) -> None:
-        super().__init__(remembered, state_dir)
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(120.0))
+class RelayAgent(DigitsAgent):
+    """`calls` completions per rollout attempt, each fed the previous answer (the digits
+    agent's shared client, its own loop)."""
 
     async def solve(self, request: RolloutRequest) -> dict[str, Any]:
         prompt = task_text(request.task, "prompt")
