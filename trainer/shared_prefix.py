@@ -107,10 +107,11 @@ def _shared_length(prompts: Sequence[torch.Tensor]) -> int:
     at a prompt's last token predicts its first response token, so that token is in every
     member's continuation."""
     shortest = min(len(p) for p in prompts)
-    shared = 0
-    while shared < shortest - 1 and all(p[shared] == prompts[0][shared] for p in prompts[1:]):
-        shared += 1
-    return shared
+    if shortest < 2:
+        return 0
+    heads = torch.stack([p[: shortest - 1] for p in prompts])
+    differs = (heads != heads[0]).any(0).nonzero()
+    return int(differs[0]) if len(differs) else shortest - 1
 
 
 def _shared_groups_log_probs(
