@@ -12,6 +12,7 @@ the policy server generate (calls answered from a record cost none) and against 
 
     .venv/bin/python -m bench.learning_bench [--modes independent,uniform,surprisal,adaptive]
         [--seeds 3] [--steps 24] [--threshold 0.6] [--out DIR]
+    .venv/bin/python -m bench.learning_bench --again DIR/curves.json --threshold 0.5
 
 Figures per mode, mean ± sd over seeds: policy tokens and seconds to the threshold, the final
 validation reward, the trainer's time per step. A PNG of the curves and the figures' JSON go
@@ -37,7 +38,7 @@ from rich.console import Console
 from temporalio.client import Client
 
 import darl.examples.relay
-from bench.learning_figures import RunCurve, curve, live_tokens_by_time, plot, report
+from bench.learning_figures import CurvePoint, RunCurve, curve, live_tokens_by_time, plot, report
 from darl.deploy.config_file import load_config
 from darl.deploy.devstack import DevPorts, DevStack
 from darl.deploy.stack_file import on_stack
@@ -175,8 +176,25 @@ def save(curves: list[RunCurve], threshold: float, out: Path, docs_image: bool) 
     return png
 
 
+def saved_curves(path: Path) -> list[RunCurve]:
+    """The runs a benchmark saved (its curves.json), to report them again."""
+    runs = json.loads(path.read_text())["runs"]
+    return [
+        RunCurve(**{**run, "points": [CurvePoint(**point) for point in run["points"]]})
+        for run in runs
+    ]
+
+
 def main(args: argparse.Namespace) -> None:
     console = Console(width=160)
+    if args.again is not None:
+        curves = saved_curves(args.again)
+        png = plot(
+            curves, args.threshold, args.again.parent / f"learning-curves-{args.threshold}.png"
+        )
+        report(curves, args.threshold, console)
+        console.print(f"curves: {png}", soft_wrap=True)
+        return
     modes = [m for m in args.modes.split(",") if m]
     missing = [m for m in modes if not available(m)]
     if missing:
@@ -205,6 +223,9 @@ if __name__ == "__main__":
         "--out", type=Path, default=Path(".darl/bench-learning") / time.strftime("%m%d-%H%M%S")
     )
     parser.add_argument("--docs-image", action="store_true", help="copy the PNG to docs/images")
+    parser.add_argument(
+        "--again", type=Path, help="report a saved curves.json again (at --threshold), run nothing"
+    )
     main(parser.parse_args())
     # The Temporal SDK's runtime can crash at interpreter exit (sdk-python #300): leave now.
     sys.stdout.flush()
