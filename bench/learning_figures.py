@@ -119,12 +119,14 @@ def report(curves: Sequence[RunCurve], threshold: float, console: Console) -> No
         "groups branched",
     ):
         table.add_column(column, justify="right")
+    modes = list(dict.fromkeys(c.mode for c in curves))
     baseline: float | None = None
-    for mode in dict.fromkeys(c.mode for c in curves):
+    for mode in modes:
         runs = [c for c in curves if c.mode == mode]
         hits = [(c, p) for c in runs if (p := c.reached(threshold)) is not None]
         tokens = [float(p.policy_tokens) for _, p in hits]
-        if baseline is None and tokens and len(hits) == len(runs):
+        # The first mode (ordinary groups) is the baseline, when every seed of it got there.
+        if mode == modes[0] and tokens and len(hits) == len(runs):
             baseline = statistics.fmean(tokens)
         table.add_row(
             mode,
@@ -137,8 +139,10 @@ def report(curves: Sequence[RunCurve], threshold: float, console: Console) -> No
             mean_sd([float(c.groups_branched) for c in runs], 0),
         )
     console.print(table)
-    if baseline is not None:
-        for mode in dict.fromkeys(c.mode for c in curves):
+    if baseline is None:
+        console.print(f"{modes[0]} did not reach {threshold} on every seed: no ratio")
+    else:
+        for mode in modes[1:]:
             points = [p for c in curves if c.mode == mode and (p := c.reached(threshold))]
             if points and len(points) == sum(1 for c in curves if c.mode == mode):
                 ratio = baseline / statistics.fmean(p.policy_tokens for p in points)
