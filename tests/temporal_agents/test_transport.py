@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 import httpx
 import pytest
@@ -83,8 +84,8 @@ async def test_each_request_goes_to_the_attempt_with_its_key() -> None:
     ]  # fmt: skip
 
 
-async def test_a_retried_activitys_requests_never_say_first_try() -> None:
-    """Temporal's retry of the activity repeats its keys: the gateway must look each up."""
+async def one_request(**info: Any) -> httpx.Request:
+    """The request one chat call of an activity sends, its `activity.Info` changed by `info`."""
     sent, inner = recording()
 
     async def in_activity() -> None:
@@ -96,9 +97,15 @@ async def test_a_retried_activitys_requests_never_say_first_try() -> None:
             leave_activity(token)
 
     env = ActivityEnvironment()
-    env.info = dataclasses.replace(env.info, attempt=2)
+    env.info = dataclasses.replace(env.info, **info)
     await env.run(in_activity)
     [request] = sent
+    return request
+
+
+async def test_a_retried_activitys_requests_never_say_first_try() -> None:
+    """Temporal's retry of the activity repeats its keys: the gateway must look each up."""
+    request = await one_request(attempt=2)
     assert request.headers["Idempotency-Key"].endswith("/1")
     assert "X-Darl-First-Try" not in request.headers
 
@@ -164,22 +171,7 @@ async def test_the_openai_clients_own_retry_keeps_its_key(gateway: StubGateway) 
 async def test_an_activity_id_no_key_may_hold_is_digested(info: dict[str, str]) -> None:
     """A key is 1 to 200 visible ASCII characters at the gateway: an activity id the user
     chose (spaces, accents, length) is replaced by its digest, the same on every try."""
-    sent, inner = recording()
-
-    async def in_activity() -> None:
-        token = enter_activity(ATTEMPT)
-        try:
-            async with httpx.AsyncClient(transport=AsyncAttemptTransport(inner)) as client:
-                await client.post("http://x/v1/chat/completions", json={})
-        finally:
-            leave_activity(token)
-
-    keys = []
-    for attempt in (1, 2):
-        env = ActivityEnvironment()
-        env.info = dataclasses.replace(env.info, attempt=attempt, **info)
-        await env.run(in_activity)
-        keys.append(sent[-1].headers["Idempotency-Key"])
+    keys = [(await one_request(attempt=a, **info)).headers["Idempotency-Key"] for a in (1, 2)]
     assert keys[0] == keys[1] and keys[0].startswith("sha256:") and keys[0].endswith("/1")
     assert re.fullmatch(r"[!-~]{1,200}", keys[0])
 
@@ -187,17 +179,5 @@ async def test_an_activity_id_no_key_may_hold_is_digested(info: dict[str, str]) 
 async def test_a_local_activitys_requests_never_say_first_try() -> None:
     """A local activity its worker lost restarts at try 1 when the workflow task is retried:
     its keys may have been sent before."""
-    sent, inner = recording()
-
-    async def in_activity() -> None:
-        token = enter_activity(ATTEMPT)
-        try:
-            async with httpx.AsyncClient(transport=AsyncAttemptTransport(inner)) as client:
-                await client.post("http://x/v1/chat/completions", json={})
-        finally:
-            leave_activity(token)
-
-    env = ActivityEnvironment()
-    env.info = dataclasses.replace(env.info, is_local=True)
-    await env.run(in_activity)
-    assert "X-Darl-First-Try" not in sent[0].headers
+    request = await one_request(is_local=True)
+    assert "X-Darl-First-Try" not in request.headers
