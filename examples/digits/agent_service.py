@@ -33,29 +33,34 @@ class DigitsAgent(AgentService):
         prompt = task_text(request.task, "prompt")
         if prompt is None:
             raise HTTPException(422, detail="the task has no string 'prompt'")
-        # The agent fails (500) if the gateway fails it; whether DARL caused that, DARL knows
-        # (it records its own 5xx answers and outages) and then retries the attempt.
+        max_tokens = int(
+            request.task.get("max_tokens", MAX_TOKENS)
+            if isinstance(request.task, dict)
+            else MAX_TOKENS
+        )
+        choice, call_id = await self.complete(request, {"prompt": prompt, "max_tokens": max_tokens})
+        # Which recorded call gave the answer (the gateway's call id): what the agent saw.
+        return {"answer": choice["text"], "metadata": {"call_id": call_id}}
+
+    async def complete(
+        self, request: RolloutRequest, body: dict[str, Any]
+    ) -> tuple[dict[str, Any], str | None]:
+        """One raw completion through the gateway (`body`: the prompt, max_tokens and any
+        more fields): its first choice and the gateway's call id. The agent fails (500) if the
+        gateway fails it; whether DARL caused that, DARL knows (it records its own 5xx answers
+        and outages) and then retries the attempt."""
         try:
             response = await self.client.post(
                 f"{request.openai_base_url}/completions",
                 headers={"Authorization": f"Bearer {request.api_key}"},
-                json={
-                    "model": "policy",
-                    "prompt": prompt,
-                    "max_tokens": int(
-                        request.task.get("max_tokens", MAX_TOKENS)
-                        if isinstance(request.task, dict)
-                        else MAX_TOKENS
-                    ),
-                },
+                json={"model": "policy", **body},
             )
         except httpx.TransportError as err:
             raise HTTPException(500, detail=f"gateway unreachable: {err!r}") from err
         if response.status_code >= 400:
             raise HTTPException(500, detail=f"gateway answered {response.status_code}")
-        text = response.json()["choices"][0]["text"]
-        # Which recorded call gave the answer (the gateway's call id): what the agent saw.
-        return {"answer": text, "metadata": {"call_id": response.headers.get("x-darl-call-id")}}
+        choice: dict[str, Any] = response.json()["choices"][0]
+        return choice, response.headers.get("x-darl-call-id")
 
 
 def create_service_app(agent: DigitsAgent | None = None) -> FastAPI:

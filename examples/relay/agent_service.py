@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
 from fastapi import FastAPI, HTTPException
 
 from darl.examples.agent_service import RolloutRequest, service_app, task_text
@@ -40,34 +39,15 @@ class RelayAgent(DigitsAgent):
         call_ids: list[str | None] = []
         ids: list[int] | str = prompt
         for _ in range(calls):
-            choice, call_id = await self._complete(request, ids, max_tokens)
+            choice, call_id = await self.complete(
+                request, {"prompt": ids, "max_tokens": max_tokens, "return_token_ids": True}
+            )
             texts.append(choice["text"])
             call_ids.append(call_id)
             sent = choice["prompt_token_ids"]
             # The prompt ends with the separator: its id is the prompt's last.
             ids = [*sent, *choice["token_ids"], sent[-1]]
         return {"answer": json.dumps(texts), "metadata": {"call_ids": call_ids}}
-
-    async def _complete(
-        self, request: RolloutRequest, prompt: list[int] | str, max_tokens: int
-    ) -> tuple[dict[str, Any], str | None]:
-        # The agent fails (500) if the gateway fails it; DARL knows whether it caused that.
-        try:
-            response = await self.client.post(
-                f"{request.openai_base_url}/completions",
-                headers={"Authorization": f"Bearer {request.api_key}"},
-                json={
-                    "model": "policy",
-                    "prompt": prompt,
-                    "max_tokens": max_tokens,
-                    "return_token_ids": True,
-                },
-            )
-        except httpx.TransportError as err:
-            raise HTTPException(500, detail=f"gateway unreachable: {err!r}") from err
-        if response.status_code >= 400:
-            raise HTTPException(500, detail=f"gateway answered {response.status_code}")
-        return response.json()["choices"][0], response.headers.get("x-darl-call-id")
 
 
 def create_service_app(agent: RelayAgent | None = None) -> FastAPI:
