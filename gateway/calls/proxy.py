@@ -154,12 +154,15 @@ class ModelCallProxy:
                 body = with_messages_read(body)
                 # The model is the record's: no policy server is asked to name it.
                 forwarded = self.forwarded_body(body, endpoint, claims.mode, model="")
-                recorded = await self._recorded_answer(
-                    claims,
-                    key,
-                    look_up_key,
-                    (endpoint, forwarded, translation, stream, prompt_ids_asked),
-                )
+                asked = (forwarded, translation, stream, prompt_ids_asked)
+                recorded = None
+                if key is not None and look_up_key:
+                    # The attempt's own call with this key first; then a replay's record.
+                    recorded = await self.idempotent.answer(claims, key, endpoint, *asked)
+                if recorded is None and claims.replay is not None:
+                    recorded = await self.replayer.answer(
+                        endpoint, claims, *asked, idempotency_key=key
+                    )
                 if recorded is not None:
                     return recorded
             upstream = self.pool.pick(claims.rollout_id)
@@ -191,25 +194,6 @@ class ModelCallProxy:
             if not isinstance(err, NOT_FAILURES):
                 await self.recorder.failed(claims, protocol, call, started, err.status, err.message)
             raise
-
-    async def _recorded_answer(
-        self,
-        claims: TokenClaims,
-        key: str | None,
-        look_up_key: bool,
-        asked: tuple[Endpoint, dict[str, Any], Translation | None, bool, bool],
-    ) -> Response | None:
-        """The answer the store holds for this request (`asked`: endpoint, forwarded body,
-        translation, stream, prompt ids asked): the attempt's call made with its `key` (when
-        `look_up_key`), else (a replaying attempt) its lineage's record; None: it goes live."""
-        endpoint = asked[0]
-        if key is not None and look_up_key:
-            answered = await self.idempotent.answer(claims, key, *asked)
-            if answered is not None:
-                return answered
-        if claims.replay is None:
-            return None
-        return await self.replayer.answer(endpoint, claims, *asked[1:], idempotency_key=key)
 
     def forwarded_body(
         self, body: dict[str, Any], endpoint: Endpoint, mode: str, model: str
