@@ -143,6 +143,12 @@ def check_the_seeds_follow_outcomes(
         by_group.setdefault(spec.group_id, []).append(spec)
     assert len(by_group) == 6 and all(len(specs) == GROUP for specs in by_group.values())
     seeds = expected_seeds(run_id)
+
+    def calls_of(rollout_id: str) -> int:
+        group_id = rollout_id.rsplit(".", 1)[0]
+        (own_prefix,) = {s.prefix for s in by_group[group_id]}
+        return WHOLE_CALLS if own_prefix is None else own_prefix.calls + 2
+
     for group_id, specs in by_group.items():
         prefixes = {s.prefix for s in specs}
         if ".e0." in group_id:
@@ -150,7 +156,9 @@ def check_the_seeds_follow_outcomes(
             continue
         (prefix,) = prefixes  # every member branches from the same prefix
         assert prefix is not None and prefix.rollout_id == seeds[group_id], group_id
-        assert prefix.attempt == 1 and 1 <= prefix.calls < WHOLE_CALLS
+        # A seed of epoch 0 ran whole; one of epoch 1 is itself a branch, its prefix and
+        # two calls of its own (StubOutcomeRollout).
+        assert prefix.attempt == 1 and 1 <= prefix.calls < calls_of(prefix.rollout_id)
         if branch_at == "surprisal":
             assert prefix.calls == SURPRISING_CALL
     masked = {
