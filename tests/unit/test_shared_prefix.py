@@ -50,16 +50,17 @@ def branching_batch(seed: int = 0) -> DataProto:
         return [rng.randint(1, 11) for _ in range(n)]
 
     prefix, short = tokens(12), tokens(5)
+    # The token after a shared prefix differs by construction, whatever the draws.
     rows = [
-        row(prefix + tokens(k), tokens(r), "a", rng.random())
-        for k, r in ((1, 6), (3, 2), (1, 9), (2, 4))
+        row(prefix + [1 + i] + tokens(k - 1), tokens(r), "a", rng.random())
+        for i, (k, r) in enumerate(((1, 6), (3, 2), (1, 9), (2, 4)))
     ]
     rows += [row(short, tokens(r), "b", rng.random()) for r in (3, 7, 1)]
     rows += [row(tokens(6), tokens(5), "c", 0.5)]
     first = tokens(1)
     rows += [
-        row(first + tokens(4), tokens(4), "d", 0.1),
-        row(first + tokens(6), tokens(2), "d", 0.9),
+        row(first + [1] + tokens(3), tokens(4), "d", 0.1),
+        row(first + [2] + tokens(5), tokens(2), "d", 0.9),
     ]
     order = list(range(len(rows)))
     rng.shuffle(order)  # a mini-batch's rows of one group need not be adjacent
@@ -129,13 +130,18 @@ def test_a_reference_step_trains_the_same_weights_either_way(
             settings.model_copy(update={"shared_prefix_min_tokens": min_tokens}),
         )
         backend.initialize()
-        backend.train_step(1, data, StepOverrides(), lambda: None)
+        # In float64: AdamW's first steps move a weight by about lr * g / (|g| + eps), so a
+        # gradient near 0 (1e-9) turns rounding, which differs by CPU, into a share of lr: in
+        # float32 up to 1% of lr here; in float64 (only the log-softmax stays float32, as
+        # verl's) 0.02%, checked to 0.5%. The parameters stay the optimizer's.
         assert backend.model is not None
+        backend.model.double()
+        backend.train_step(1, data, StepOverrides(), lambda: None)
         weights.append({k: v.detach().clone() for k, v in backend.model.state_dict().items()})
-    # AdamW's first steps move a weight by about lr * g / (|g| + eps): a gradient near 0
-    # (1e-9) turns float noise into a visible share of lr, so weights agree to 2% of lr.
+    initial = load_model_dir(model_dir)[0].double().state_dict()
     changed = False
     for key, value in weights[0].items():
-        torch.testing.assert_close(weights[1][key], value, atol=0.02 * settings.lr, rtol=0, msg=key)
-        changed |= not torch.equal(value, load_model_dir(model_dir)[0].state_dict()[key])
+        assert value.dtype == torch.float64, key
+        torch.testing.assert_close(weights[1][key], value, atol=5e-3 * settings.lr, rtol=0, msg=key)
+        changed |= not torch.equal(value, initial[key])
     assert changed
