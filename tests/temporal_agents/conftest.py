@@ -36,8 +36,10 @@ else:
         client: Client
         task_queue: str
 
-    @pytest.fixture(scope="session")
+    @pytest.fixture
     async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+        """One per test, as the main suite's: a shared one can carry a time-skipping lock one
+        test left held into the next."""
         env = await WorkflowEnvironment.start_time_skipping(
             test_server_existing_path=str(Path(sys.executable).parent / "temporal-test-server")
         )
