@@ -11,7 +11,7 @@ one per validation task, never trained) against the policy tokens its training r
 the policy server generate (calls answered from a record cost none) and against seconds.
 
     .venv/bin/python -m bench.learning_bench [--modes independent,uniform,surprisal,adaptive]
-        [--seeds 3] [--steps 24] [--threshold 0.6] [--out DIR]
+        [--seeds 3] [--steps 24] [--threshold 0.6] [--adaptive-success 0.5] [--out DIR]
     .venv/bin/python -m bench.learning_bench --again DIR/curves.json --threshold 0.5
 
 Figures per mode, mean ± sd over seeds: policy tokens and seconds to the threshold, the final
@@ -67,6 +67,11 @@ MODES: dict[str, dict[str, Any]] = {
     "adaptive-surprisal": {"mode": "branch", "seed": "adaptive", "branch_at": "surprisal"},
 }
 DEFAULT_MODES = ("independent", "uniform", "surprisal", "adaptive")
+ADAPTIVE_SUCCESS = 0.5
+"""The run's `success_threshold` under an adaptive seed: the relay's reward is dense (a share
+of the digits right), so a rollout right in half its digits counts as a success; at the
+default 1.0 hardly any rollout passes early on, and a task with no success makes ordinary
+groups."""
 
 
 class ModeError(ValueError):
@@ -84,9 +89,13 @@ def available(mode: str) -> bool:
     return True
 
 
-def run_config(stack: DevStack, mode: str, seed: int, steps: int) -> TrainingConfig:
-    """The relay config on `stack` for one run: its mode's groups, and `seed` for the dataset's
+def run_config(
+    stack: DevStack, mode: str, seed: int, steps: int, adaptive_success: float
+) -> TrainingConfig:
+    """The relay config on `stack` for one run: its mode's groups (with `adaptive_success`
+    as the run's success threshold under an adaptive seed), and `seed` for the dataset's
     order and the trainer's mini-batches."""
+    groups = GroupsSpec.model_validate(MODES[mode])
     run_id = f"learn-{mode}-s{seed}-{time.strftime('%H%M%S')}"
     config = on_stack(load_config(RELAY_CONFIG, run_id), stack.endpoints(), only_defaults=False)
     backend = config.backend.model_copy(
@@ -99,8 +108,9 @@ def run_config(stack: DevStack, mode: str, seed: int, steps: int) -> TrainingCon
         update={
             "backend": backend,
             "dataset": config.dataset.model_copy(update={"seed": seed}),
-            "groups": GroupsSpec.model_validate(MODES[mode]),
+            "groups": groups,
             "total_steps": steps,
+            **({"success_threshold": adaptive_success} if groups.seed == "adaptive" else {}),
         }
     )
 
@@ -139,18 +149,18 @@ def run_curve(
         started,
         read_metrics(stack.runs_dir / config.run_id),
         live_tokens_by_time(config.run_id, records),
-        summary.counters.groups_branched,
+        summary.counters,
     )
 
 
 async def measure(
-    stack: DevStack, modes: list[str], seeds: int, steps: int, console: Console
+    stack: DevStack, modes: list[str], args: argparse.Namespace, console: Console
 ) -> list[RunCurve]:
     client = await connect(stack.temporal)
     curves = []
-    for seed in range(seeds):
+    for seed in range(args.seeds):
         for mode in modes:
-            config = run_config(stack, mode, seed, steps)
+            config = run_config(stack, mode, seed, args.steps, args.adaptive_success)
             summary, started = await train(client, config)
             found = run_curve(stack, config, mode, seed, summary, started)
             curves.append(found)
@@ -205,7 +215,7 @@ def main(args: argparse.Namespace) -> None:
         console.print(f"starting the dev stack in {home}; modes {modes}, {args.seeds} seeds")
         stack.start()
         try:
-            curves = asyncio.run(measure(stack, modes, args.seeds, args.steps, console))
+            curves = asyncio.run(measure(stack, modes, args, console))
         finally:
             stack.stop()
     png = save(curves, args.threshold, args.out, args.docs_image)
@@ -221,6 +231,12 @@ if __name__ == "__main__":
     parser.add_argument("--threshold", type=float, default=0.6)
     parser.add_argument(
         "--out", type=Path, default=Path(".darl/bench-learning") / time.strftime("%m%d-%H%M%S")
+    )
+    parser.add_argument(
+        "--adaptive-success",
+        type=float,
+        default=ADAPTIVE_SUCCESS,
+        help="the success threshold of the adaptive modes' runs",
     )
     parser.add_argument("--docs-image", action="store_true", help="copy the PNG to docs/images")
     parser.add_argument(

@@ -5,6 +5,7 @@ seeds; a table and a PNG of the curves."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from darl.gateway.store.record import CallRecord
+from darl.workflows.training_state import Counters
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,17 @@ class RunCurve:
     wall_seconds: float
     policy_tokens: int
     groups_branched: int
+    steps: int = 0
+    """Steps the run trained (fewer than asked when its dataset ran out first)."""
+    rollouts_ended: int = 0
+    """Training rollouts that ended, trained or not (a group whose rewards were all equal
+    is dropped: its rollouts' tokens were spent for nothing)."""
+    rollouts_trained: int = 0
+
+    @property
+    def ended_per_trained(self) -> float:
+        """Rollouts ended per rollout trained: 1.0 when no group was dropped."""
+        return self.rollouts_ended / self.rollouts_trained if self.rollouts_trained else math.nan
 
     def reached(self, threshold: float) -> CurvePoint | None:
         """The first validation point at or above `threshold`."""
@@ -70,10 +83,10 @@ def curve(
     started: float,
     steps: Sequence[dict],
     calls: Sequence[tuple[float, int]],
-    groups_branched: int,
+    counters: Counters,
 ) -> RunCurve:
-    """A run's curve from its `metrics.jsonl` lines and its generated calls; `started` is the
-    run's start in Unix seconds (the records' clock)."""
+    """A run's curve from its `metrics.jsonl` lines, its generated calls and its summary's
+    counters; `started` is the run's start in Unix seconds (the records' clock)."""
     points = [
         CurvePoint(
             step=s["step"],
@@ -92,7 +105,10 @@ def curve(
         train_seconds=statistics.fmean(s["train_seconds"] for s in steps) if steps else 0.0,
         wall_seconds=last - started,
         policy_tokens=tokens_until(calls, last),
-        groups_branched=groups_branched,
+        groups_branched=counters.groups_branched,
+        steps=len(steps),
+        rollouts_ended=counters.ended() - counters.rollouts_validated,
+        rollouts_trained=counters.rollouts_trained,
     )
 
 
@@ -117,6 +133,8 @@ def report(curves: Sequence[RunCurve], threshold: float, console: Console) -> No
         "trainer s / step",
         "policy tokens (run)",
         "groups branched",
+        "steps",
+        "rollouts ended / trained",
     ):
         table.add_column(column, justify="right")
     modes = list(dict.fromkeys(c.mode for c in curves))
@@ -137,6 +155,8 @@ def report(curves: Sequence[RunCurve], threshold: float, console: Console) -> No
             mean_sd([c.train_seconds for c in runs], 3),
             mean_sd([float(c.policy_tokens) for c in runs], 0),
             mean_sd([float(c.groups_branched) for c in runs], 0),
+            mean_sd([float(c.steps) for c in runs], 0),
+            mean_sd([c.ended_per_trained for c in runs]),
         )
     console.print(table)
     if baseline is None:
