@@ -52,15 +52,15 @@ def branching_batch(seed: int = 0) -> DataProto:
     prefix, short = tokens(12), tokens(5)
     # The token after a shared prefix differs by construction, whatever the draws.
     rows = [
-        row(prefix + [1 + i] + tokens(k - 1), tokens(r), "a", rng.random())
+        row([*prefix, 1 + i, *tokens(k - 1)], tokens(r), "a", rng.random())
         for i, (k, r) in enumerate(((1, 6), (3, 2), (1, 9), (2, 4)))
     ]
     rows += [row(short, tokens(r), "b", rng.random()) for r in (3, 7, 1)]
     rows += [row(tokens(6), tokens(5), "c", 0.5)]
     first = tokens(1)
     rows += [
-        row(first + [1] + tokens(3), tokens(4), "d", 0.1),
-        row(first + [2] + tokens(5), tokens(2), "d", 0.9),
+        row([*first, 1, *tokens(3)], tokens(4), "d", 0.1),
+        row([*first, 2, *tokens(5)], tokens(2), "d", 0.9),
     ]
     order = list(range(len(rows)))
     rng.shuffle(order)  # a mini-batch's rows of one group need not be adjacent
