@@ -11,7 +11,7 @@ one per validation task, never trained) against the policy tokens its training r
 the policy server generate (calls answered from a record cost none) and against seconds.
 
     .venv/bin/python -m bench.learning_bench [--modes independent,uniform,surprisal,adaptive]
-        [--seeds 3] [--steps 24] [--threshold 0.6] [--adaptive-success 0.5] [--out DIR]
+        [--seeds 4] [--steps 36] [--threshold 0.6] [--adaptive-success 0.5] [--out DIR]
     .venv/bin/python -m bench.learning_bench --again DIR/curves.json --threshold 0.5
 
 Figures per mode, mean ± sd over seeds: policy tokens and seconds to the threshold, the final
@@ -226,8 +226,8 @@ def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES))
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=36)
     parser.add_argument("--threshold", type=float, default=0.6)
     parser.add_argument(
         "--out", type=Path, default=Path(".darl/bench-learning") / time.strftime("%m%d-%H%M%S")
