@@ -29,7 +29,7 @@ from tests.workflow.test_training_workflow import TIMEOUT, Harness, harness
 
 with workflow.unsafe.imports_passed_through():
     from darl.activities.trainer_rollouts import rollout_specs
-    from darl.workflows.contracts import RolloutResult, RolloutSpec
+    from darl.workflows.contracts import PrefixSpec, RolloutResult, RolloutSpec
     from darl.workflows.rollout_status import RolloutStatus
     from darl.workflows.training_config import GroupsSpec
     from darl.workflows.training_messages import (
@@ -62,11 +62,16 @@ class StubOutcomeRollout:
         epoch = int(group.rsplit(".", 2)[1].removeprefix("e"))
         await workflow.sleep(timedelta(seconds=1 + int(member)))
         prefix_calls = spec.prefix.calls if spec.prefix is not None else 0
-        calls = prefix_calls + 2 if spec.prefix is not None else WHOLE_CALLS
         reward = spec.task["rewards"][epoch][int(member)]
         return await StubBranchingRollout._report(
-            spec, RolloutStatus.SUCCEEDED, reward, calls, prefix_calls, None
+            spec, RolloutStatus.SUCCEEDED, reward, stub_calls(spec.prefix), prefix_calls, None
         )
+
+
+def stub_calls(prefix: PrefixSpec | None) -> int:
+    """The calls StubOutcomeRollout reports: WHOLE_CALLS when whole, a branch its prefix
+    and two calls of its own."""
+    return WHOLE_CALLS if prefix is None else prefix.calls + 2
 
 
 @dataclass
@@ -145,9 +150,8 @@ def check_the_seeds_follow_outcomes(
     seeds = expected_seeds(run_id)
 
     def calls_of(rollout_id: str) -> int:
-        group_id = rollout_id.rsplit(".", 1)[0]
-        (own_prefix,) = {s.prefix for s in by_group[group_id]}
-        return WHOLE_CALLS if own_prefix is None else own_prefix.calls + 2
+        (own_prefix,) = {s.prefix for s in by_group[rollout_id.rsplit(".", 1)[0]]}
+        return stub_calls(own_prefix)
 
     for group_id, specs in by_group.items():
         prefixes = {s.prefix for s in specs}
@@ -156,8 +160,7 @@ def check_the_seeds_follow_outcomes(
             continue
         (prefix,) = prefixes  # every member branches from the same prefix
         assert prefix is not None and prefix.rollout_id == seeds[group_id], group_id
-        # A seed of epoch 0 ran whole; one of epoch 1 is itself a branch, its prefix and
-        # two calls of its own (StubOutcomeRollout).
+        # A seed of epoch 0 ran whole; one of epoch 1 is itself a branch, with more calls.
         assert prefix.attempt == 1 and 1 <= prefix.calls < calls_of(prefix.rollout_id)
         if branch_at == "surprisal":
             assert prefix.calls == SURPRISING_CALL
